@@ -1,0 +1,59 @@
+//! The narrow interface every other crate uses: apply a desired state, a delta or a mode, each as one atomic
+//! batch; read back what the kernel holds. Implemented by [`crate::KernelDataplane`] (netlink) and
+//! [`crate::FakeDataplane`] (memory, for unit tests elsewhere).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::NftError;
+use crate::model::{Delta, DesiredState, Mode, UnknownMacPolicy};
+use crate::observe::Observed;
+
+/// What one successful apply did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct ApplyReport {
+    /// Kernel transactions committed: 1, or 0 when there was nothing to change.
+    pub transactions: u32,
+    /// nf_tables messages in the batch.
+    pub messages: u32,
+    /// Bytes sent.
+    pub bytes: usize,
+    /// Set elements added or removed.
+    pub elements: usize,
+    /// Wall time from building the batch to the last acknowledgement.
+    #[serde(serialize_with = "micros")]
+    pub elapsed: Duration,
+}
+
+fn micros<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u128(d.as_micros())
+}
+
+/// A PXE host's filter. Every mutating call is one atomic kernel transaction: on error nothing changed and the
+/// committed state is what it was before.
+pub trait Dataplane: Send {
+    /// Replaces the whole table with `desired`.
+    fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError>;
+
+    /// Adds and removes MACs. Adding a present MAC or removing an absent one is not an error.
+    fn apply_delta(&mut self, delta: &Delta) -> Result<ApplyReport, NftError>;
+
+    /// Switches the mode (and unknown-MAC policy). Costs the same whatever the size of the sets.
+    fn set_mode(&mut self, mode: Mode, policy: UnknownMacPolicy) -> Result<ApplyReport, NftError>;
+
+    /// The state last committed, if any.
+    fn committed(&self) -> Option<&DesiredState>;
+
+    /// Reads back what the kernel (or the fake) holds.
+    fn observe(&self, with_members: bool) -> Result<Observed, NftError>;
+
+    /// Differences between the kernel and the committed state; empty means none.
+    fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
+        let observed = self.observe(with_members)?;
+        Ok(match self.committed() {
+            Some(d) => observed.drift(d),
+            None => vec!["nothing committed yet".to_string()],
+        })
+    }
+}

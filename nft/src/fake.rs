@@ -1,0 +1,268 @@
+//! [`FakeDataplane`]: the same contract as the kernel backend, in memory, for fast unit tests of the agent and
+//! anything else that drives a dataplane. It counts transactions and can be told to fail, so callers' error
+//! paths (which must all lead to `Blocked`) can be tested without a kernel.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::errno::Errno;
+
+use crate::NftError;
+use crate::dataplane::{ApplyReport, Dataplane};
+use crate::model::{Delta, DesiredState, Mode, UnknownMacPolicy};
+use crate::observe::{Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable};
+use crate::ruleset::{GUARD_TABLE, OWNED_TABLE, SetKind, comments};
+
+/// Shared, inspectable state of a fake (clone the handle to look inside from a test).
+#[derive(Debug, Default)]
+pub struct FakeState {
+    pub committed: Option<DesiredState>,
+    pub guard_installed: bool,
+    pub transactions: u32,
+    /// Errors to return from the next mutating calls, in order (each failure changes nothing).
+    pub fail_next: VecDeque<Errno>,
+}
+
+/// An in-memory dataplane.
+#[derive(Debug, Clone, Default)]
+pub struct FakeDataplane {
+    pub state: Arc<Mutex<FakeState>>,
+    committed: Option<DesiredState>,
+}
+
+impl FakeDataplane {
+    /// A fake host with the guard installed.
+    pub fn new() -> Self {
+        let f = Self::default();
+        f.lock().guard_installed = true;
+        f
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a failure for the next mutating call.
+    pub fn fail_next(&self, errno: Errno) {
+        self.lock().fail_next.push_back(errno);
+    }
+
+    fn commit(
+        &mut self,
+        next: DesiredState,
+        elements: usize,
+        what: &str,
+    ) -> Result<ApplyReport, NftError> {
+        let mut st = self.lock();
+        if let Some(errno) = st.fail_next.pop_front() {
+            return Err(NftError::Rejected {
+                object: format!("{what} (fake)"),
+                errno,
+                reason: None,
+            });
+        }
+        st.transactions += 1;
+        st.committed = Some(next.clone());
+        drop(st);
+        self.committed = Some(next);
+        Ok(ApplyReport {
+            transactions: 1,
+            messages: 1,
+            bytes: 0,
+            elements,
+            elapsed: Duration::ZERO,
+        })
+    }
+}
+
+impl Dataplane for FakeDataplane {
+    fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError> {
+        desired.config.validate()?;
+        let n = desired.allow.len() + desired.deny.len();
+        self.commit(desired.clone(), n, "full apply")
+    }
+
+    fn apply_delta(&mut self, delta: &Delta) -> Result<ApplyReport, NftError> {
+        let mut next = self.committed.clone().ok_or(NftError::NotInitialised)?;
+        let eff = next.merge(delta);
+        if eff.is_empty() {
+            return Ok(ApplyReport::default());
+        }
+        self.commit(next, eff.len(), "delta")
+    }
+
+    fn set_mode(&mut self, mode: Mode, policy: UnknownMacPolicy) -> Result<ApplyReport, NftError> {
+        let cur = self.committed.clone().ok_or(NftError::NotInitialised)?;
+        if cur.mode == mode && cur.unknown_mac_policy == policy {
+            return Ok(ApplyReport::default());
+        }
+        self.commit(
+            DesiredState {
+                mode,
+                unknown_mac_policy: policy,
+                ..cur
+            },
+            0,
+            "mode switch",
+        )
+    }
+
+    fn committed(&self) -> Option<&DesiredState> {
+        self.committed.as_ref()
+    }
+
+    fn observe(&self, with_members: bool) -> Result<Observed, NftError> {
+        let st = self.lock();
+        Ok(Observed {
+            guard: st.guard_installed.then(|| ObservedTable {
+                name: GUARD_TABLE.into(),
+                flags: 0,
+                owner_portid: None,
+                chains: vec![],
+                sets: vec![],
+            }),
+            owned: st.committed.as_ref().map(|d| synthesize(d, with_members)),
+        })
+    }
+}
+
+fn rule(comment: &str) -> ObservedRule {
+    ObservedRule {
+        handle: 0,
+        comment: Some(comment.into()),
+        expressions: vec![],
+        packets: Some(0),
+        bytes: Some(0),
+    }
+}
+
+/// What the kernel backend would read back for `d`.
+fn synthesize(d: &DesiredState, with_members: bool) -> ObservedTable {
+    let mut pxe = vec![];
+    if d.mode == Mode::Blocked {
+        pxe.push(rule(comments::BLOCKED));
+    }
+    pxe.extend([
+        rule(comments::TO_WHITELIST),
+        rule(comments::TO_BLACKLIST),
+        rule(comments::NOT_MARKED),
+    ]);
+    let sets: Vec<SetKind> = SetKind::for_config(&d.config).collect();
+    let mut white = vec![];
+    let mut black = vec![];
+    for k in &sets {
+        match (k.is_allow(), k.is_chaddr()) {
+            (true, false) if d.mode == Mode::Leader => white.push(rule(comments::ALLOW_MAC)),
+            (true, true) if d.mode == Mode::Leader => white.push(rule(comments::ALLOW_CHADDR)),
+            (false, false) => black.push(rule(comments::DENY_MAC)),
+            (false, true) => black.push(rule(comments::DENY_CHADDR)),
+            _ => {}
+        }
+    }
+    if d.mode == Mode::Leader && d.unknown_mac_policy == UnknownMacPolicy::Allow {
+        black.push(rule(comments::PASS));
+    }
+    let mut chains = vec![
+        ObservedChain {
+            name: "pxe".into(),
+            hook: None,
+            priority: None,
+            rules: pxe,
+        },
+        ObservedChain {
+            name: "whitelist".into(),
+            hook: None,
+            priority: None,
+            rules: white,
+        },
+        ObservedChain {
+            name: "blacklist".into(),
+            hook: None,
+            priority: None,
+            rules: black,
+        },
+    ];
+    for h in &d.config.hooks {
+        let n = d.config.ports.len() * d.config.interfaces.len().max(1);
+        chains.push(ObservedChain {
+            name: h.chain_name().into(),
+            hook: Some(h.chain_name().into()),
+            priority: Some(crate::ruleset::OWNED_PRIORITY),
+            rules: (0..n).map(|_| rule(comments::DHCP_JUMP)).collect(),
+        });
+    }
+    let sets = sets
+        .iter()
+        .map(|k| {
+            let m = if k.is_allow() { &d.allow } else { &d.deny };
+            ObservedSet {
+                name: k.name().into(),
+                key_type: if k.is_chaddr() { 4 } else { 9 },
+                key_len: 6,
+                size: Some(crate::ruleset::set_capacity(m.len())),
+                elements: m.len(),
+                members: with_members.then(|| m.clone()),
+                invalid_members: 0,
+            }
+        })
+        .collect();
+    ObservedTable {
+        name: OWNED_TABLE.into(),
+        flags: 2,
+        owner_portid: Some(std::process::id()),
+        chains,
+        sets,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MacAddr;
+    use crate::observe::Verdict;
+
+    fn mac(n: u8) -> MacAddr {
+        MacAddr::from_octets([2, 0, 0, 0, 0, n]).unwrap()
+    }
+
+    #[test]
+    fn fake_follows_the_contract() {
+        let mut f = FakeDataplane::new();
+        assert!(matches!(
+            f.apply_delta(&Delta::default()),
+            Err(NftError::NotInitialised)
+        ));
+        f.apply(&DesiredState::default()).unwrap();
+        assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Blocked);
+        f.set_mode(Mode::Leader, UnknownMacPolicy::Allow).unwrap();
+        assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Leader);
+        f.apply_delta(&Delta {
+            allow_add: vec![mac(1)],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(f.drift(true).unwrap().is_empty());
+
+        // a failed call changes nothing
+        f.fail_next(Errno::ENOBUFS);
+        let before = f.committed().cloned();
+        assert!(
+            f.apply_delta(&Delta {
+                deny_add: vec![mac(2)],
+                ..Default::default()
+            })
+            .is_err()
+        );
+        assert_eq!(f.committed().cloned(), before);
+        assert_eq!(f.state.lock().unwrap().transactions, 3);
+    }
+
+    #[test]
+    fn verdicts() {
+        let f = FakeDataplane::new();
+        assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Closed);
+        f.state.lock().unwrap().guard_installed = false;
+        assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Unguarded);
+    }
+}

@@ -1,0 +1,40 @@
+//! `ironguard-nft` — the only ironguard crate that talks to the kernel.
+//!
+//! - [`mac`]: [`MacAddr`], the strict MAC address type every API takes.
+//! - [`model`]: the desired state ([`RulesetConfig`], [`Mode`], [`DesiredState`], [`Delta`]).
+//! - [`dataplane`]: the [`Dataplane`] trait — apply a state, a delta or a mode as one atomic batch; read back.
+//! - `kernel`: [`KernelDataplane`], the agent's table (`flags owner`) over one long-lived netlink socket.
+//! - [`guard`]: install / remove / status of the persistent guard table.
+//! - [`observe`]: read-back of both tables, the verdict line and drift detection.
+//! - `fake`: [`FakeDataplane`], the in-memory implementation for unit tests elsewhere.
+//! - [`script`]: the same ruleset as `nft -f` text (for benchmarks and for people).
+//! - `ruleset` builds netlink messages with rustables; `netlink` sends them and parses replies and dumps.
+//!
+//! The invariant these serve: a host whose agent is stopped, crashed or failing serves DHCP to nobody. The guard
+//! drops DHCP/PXE traffic without the ironguard mark; only the agent's table sets the mark, and the kernel deletes
+//! that table when the agent's socket closes.
+
+mod dataplane;
+mod error;
+mod fake;
+pub mod guard;
+mod kernel;
+pub mod mac;
+pub mod model;
+mod netlink;
+pub mod observe;
+pub mod ruleset;
+pub mod script;
+
+pub use dataplane::{ApplyReport, Dataplane};
+pub use error::NftError;
+pub use fake::{FakeDataplane, FakeState};
+pub use kernel::KernelDataplane;
+pub use mac::{MacAddr, MacError};
+pub use model::{
+    ConfigError, Delta, DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy,
+};
+pub use observe::{
+    Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, observe,
+};
+pub use ruleset::{GUARD_TABLE, OWNED_TABLE};

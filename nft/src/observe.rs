@@ -1,0 +1,499 @@
+//! Read-back: what the kernel really holds in the guard table and the agent's table, read over netlink from any
+//! process (the owner socket is not needed), plus the verdict line and a drift check against a desired state.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{DesiredState, Mode, UnknownMacPolicy};
+use crate::netlink::{
+    self, Attrs, DumpSocket, Dumped, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET,
+    NFT_MSG_GETSETELEM, NFT_MSG_GETTABLE, be_u32, be_u64,
+};
+use crate::ruleset::{GUARD_TABLE, OWNED_TABLE, SetKind, comments, parse_comment};
+use crate::{MacAddr, NftError};
+
+const NFPROTO_INET: u8 = 1;
+const NFT_TABLE_F_OWNER: u32 = 0x2;
+
+/// What the kernel holds for one table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedTable {
+    pub name: String,
+    pub flags: u32,
+    /// Netlink port id of the owning socket, for tables with the `owner` flag.
+    pub owner_portid: Option<u32>,
+    pub chains: Vec<ObservedChain>,
+    pub sets: Vec<ObservedSet>,
+}
+
+/// One chain and its rules, in kernel order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedChain {
+    pub name: String,
+    /// `input` / `forward` / other hook number, for base chains.
+    pub hook: Option<String>,
+    pub priority: Option<i32>,
+    pub rules: Vec<ObservedRule>,
+}
+
+/// One rule: its comment identifies it; the counter is the packets it matched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedRule {
+    pub handle: u64,
+    pub comment: Option<String>,
+    /// Expression names in order, e.g. `["meta", "cmp", "payload", "cmp", "counter", "immediate"]`.
+    pub expressions: Vec<String>,
+    pub packets: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+/// One set: its size always, its members on request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedSet {
+    pub name: String,
+    pub key_type: u32,
+    pub key_len: u32,
+    /// The size the set was created with (its capacity), when it has one.
+    pub size: Option<u32>,
+    pub elements: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub members: Option<BTreeSet<MacAddr>>,
+    /// Elements whose key is not a valid node MAC (should never happen; counted, not hidden).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub invalid_members: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The kernel state of a host, as far as ironguard is concerned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observed {
+    pub guard: Option<ObservedTable>,
+    pub owned: Option<ObservedTable>,
+}
+
+/// The one-line answer to "does this host serve DHCP, and could it?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Verdict {
+    Leader,
+    Follower,
+    Blocked,
+    Closed,
+    Unguarded,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Leader => "LEADER",
+            Verdict::Follower => "FOLLOWER",
+            Verdict::Blocked => "BLOCKED",
+            Verdict::Closed => "CLOSED (agent absent, guard present)",
+            Verdict::Unguarded => "UNGUARDED (no guard table!)",
+        })
+    }
+}
+
+impl ObservedTable {
+    pub fn chain(&self, name: &str) -> Option<&ObservedChain> {
+        self.chains.iter().find(|c| c.name == name)
+    }
+
+    pub fn set(&self, name: &str) -> Option<&ObservedSet> {
+        self.sets.iter().find(|s| s.name == name)
+    }
+
+    fn has_rule(&self, chain: &str, comment: &str) -> bool {
+        self.chain(chain).is_some_and(|c| {
+            c.rules
+                .iter()
+                .any(|r| r.comment.as_deref() == Some(comment))
+        })
+    }
+
+    /// The mode the agent's table is in, judged from its rules.
+    pub fn mode(&self) -> Mode {
+        if self.has_rule("pxe", comments::BLOCKED) || self.chain("pxe").is_none() {
+            Mode::Blocked
+        } else if self.has_rule("whitelist", comments::ALLOW_MAC)
+            || self.has_rule("whitelist", comments::ALLOW_CHADDR)
+        {
+            Mode::Leader
+        } else {
+            Mode::Follower
+        }
+    }
+
+    /// Whether the pass rule (leader, unknown MACs allowed) is present.
+    pub fn has_pass_rule(&self) -> bool {
+        self.has_rule("blacklist", comments::PASS)
+    }
+}
+
+impl Observed {
+    /// The verdict: a missing guard is reported first because it is the dangerous state.
+    pub fn verdict(&self) -> Verdict {
+        match (&self.guard, &self.owned) {
+            (None, _) => Verdict::Unguarded,
+            (Some(_), None) => Verdict::Closed,
+            (Some(_), Some(t)) => match t.mode() {
+                Mode::Leader => Verdict::Leader,
+                Mode::Follower => Verdict::Follower,
+                Mode::Blocked => Verdict::Blocked,
+            },
+        }
+    }
+
+    /// Differences between what the kernel holds and `desired`. Empty means no drift. Set members are compared
+    /// only if they were read (`observe(true)`); otherwise sizes are compared.
+    pub fn drift(&self, desired: &DesiredState) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.guard.is_none() {
+            out.push(format!("guard table inet {GUARD_TABLE} is missing"));
+        }
+        let Some(t) = &self.owned else {
+            out.push(format!("table inet {OWNED_TABLE} is missing"));
+            return out;
+        };
+        if t.mode() != desired.mode {
+            out.push(format!(
+                "mode is {} in the kernel, {} desired",
+                t.mode(),
+                desired.mode
+            ));
+        }
+        if desired.mode == Mode::Leader {
+            let want_pass = desired.unknown_mac_policy == UnknownMacPolicy::Allow;
+            if t.has_pass_rule() != want_pass {
+                out.push(format!(
+                    "pass rule present={} but unknown-MAC policy is {}",
+                    t.has_pass_rule(),
+                    desired.unknown_mac_policy
+                ));
+            }
+        }
+        for chain in ["pxe", "whitelist", "blacklist"] {
+            if t.chain(chain).is_none() {
+                out.push(format!("chain {chain} is missing"));
+            }
+        }
+        for &h in &desired.config.hooks {
+            let want = desired.config.ports.len() * desired.config.interfaces.len().max(1);
+            match t.chain(h.chain_name()) {
+                None => out.push(format!("base chain {} is missing", h.chain_name())),
+                Some(c) if c.rules.len() != want => out.push(format!(
+                    "base chain {} has {} rules, {want} expected",
+                    c.name,
+                    c.rules.len()
+                )),
+                Some(_) => {}
+            }
+        }
+        for k in SetKind::for_config(&desired.config) {
+            let want = if k.is_allow() {
+                &desired.allow
+            } else {
+                &desired.deny
+            };
+            match t.set(k.name()) {
+                None => out.push(format!("set {} is missing", k.name())),
+                Some(s) => {
+                    if s.elements != want.len() {
+                        out.push(format!(
+                            "set {} holds {} elements, {} desired",
+                            k.name(),
+                            s.elements,
+                            want.len()
+                        ));
+                    }
+                    if let Some(members) = &s.members {
+                        let missing = want.difference(members).count();
+                        let extra = members.difference(want).count();
+                        if missing + extra > 0 {
+                            out.push(format!(
+                                "set {}: {missing} missing, {extra} unexpected",
+                                k.name()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Reads both tables. Retries when the ruleset changes during the read, so the result is one generation.
+pub fn observe(with_members: bool) -> Result<Observed, NftError> {
+    let sock = DumpSocket::open()?;
+    const ATTEMPTS: u32 = 5;
+    for _ in 0..ATTEMPTS {
+        let before = sock.generation()?;
+        let Some(tables) = read_tables(&sock)? else {
+            continue;
+        };
+        let mut observed = Observed {
+            guard: None,
+            owned: None,
+        };
+        let mut consistent = true;
+        for mut t in tables {
+            match read_contents(&sock, &mut t, with_members)? {
+                Dumped::Complete => {}
+                Dumped::Interrupted => consistent = false,
+            }
+            if t.name == GUARD_TABLE {
+                observed.guard = Some(t);
+            } else {
+                observed.owned = Some(t);
+            }
+        }
+        if consistent && sock.generation()? == before {
+            return Ok(observed);
+        }
+    }
+    Err(NftError::Unstable(ATTEMPTS))
+}
+
+/// Reads only whether each table exists (cheap; for status checks).
+pub(crate) fn read_tables(sock: &DumpSocket) -> Result<Option<Vec<ObservedTable>>, NftError> {
+    let mut tables = Vec::new();
+    let done = sock.dump(NFT_MSG_GETTABLE, NFPROTO_INET, &[], &mut |m| {
+        let (mut name, mut flags, mut owner) = (String::new(), 0, None);
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            match ty {
+                1 => name = netlink::string(v),
+                2 => flags = be_u32(v).unwrap_or(0),
+                7 => owner = be_u32(v),
+                _ => {}
+            }
+        }
+        if name == GUARD_TABLE || name == OWNED_TABLE {
+            let owner_portid = if flags & NFT_TABLE_F_OWNER != 0 {
+                owner
+            } else {
+                None
+            };
+            tables.push(ObservedTable {
+                name,
+                flags,
+                owner_portid,
+                chains: vec![],
+                sets: vec![],
+            });
+        }
+        Ok(())
+    })?;
+    Ok(matches!(done, Dumped::Complete).then_some(tables))
+}
+
+fn read_contents(
+    sock: &DumpSocket,
+    t: &mut ObservedTable,
+    with_members: bool,
+) -> Result<Dumped, NftError> {
+    let table = t.name.clone();
+    let mut interrupted = false;
+    let mut chains = Vec::new();
+    let d = sock.dump(NFT_MSG_GETCHAIN, NFPROTO_INET, &[], &mut |m| {
+        let (mut tname, mut name, mut hook, mut priority) =
+            (String::new(), String::new(), None, None);
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            match ty {
+                1 => tname = netlink::string(v),
+                3 => name = netlink::string(v),
+                4 => {
+                    for h in Attrs::new(v) {
+                        let (hty, hv) = h?;
+                        match hty {
+                            1 => {
+                                hook = be_u32(hv).map(|n| match n {
+                                    1 => "input".to_string(),
+                                    2 => "forward".to_string(),
+                                    n => format!("hook {n}"),
+                                })
+                            }
+                            2 => priority = be_u32(hv).map(|p| p as i32),
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if tname == table {
+            chains.push(ObservedChain {
+                name,
+                hook,
+                priority,
+                rules: vec![],
+            });
+        }
+        Ok(())
+    })?;
+    interrupted |= matches!(d, Dumped::Interrupted);
+
+    let mut rules: Vec<(String, ObservedRule)> = Vec::new();
+    let d = sock.dump(
+        NFT_MSG_GETRULE,
+        NFPROTO_INET,
+        &[(1, table.as_str())],
+        &mut |m| {
+            let mut chain = String::new();
+            let mut rule = ObservedRule {
+                handle: 0,
+                comment: None,
+                expressions: vec![],
+                packets: None,
+                bytes: None,
+            };
+            let mut tname = String::new();
+            for a in m.nft_attrs()? {
+                let (ty, v) = a?;
+                match ty {
+                    1 => tname = netlink::string(v),
+                    2 => chain = netlink::string(v),
+                    3 => rule.handle = be_u64(v).unwrap_or(0),
+                    4 => {
+                        for e in Attrs::new(v) {
+                            let (_, ev) = e?;
+                            let mut name = String::new();
+                            let mut data: &[u8] = &[];
+                            for ea in Attrs::new(ev) {
+                                let (ety, eval) = ea?;
+                                match ety {
+                                    1 => name = netlink::string(eval),
+                                    2 => data = eval,
+                                    _ => {}
+                                }
+                            }
+                            if name == "counter" {
+                                for ca in Attrs::new(data) {
+                                    let (cty, cv) = ca?;
+                                    match cty {
+                                        1 => rule.bytes = be_u64(cv),
+                                        2 => rule.packets = be_u64(cv),
+                                        _ => {}
+                                    }
+                                }
+                            }
+                            rule.expressions.push(name);
+                        }
+                    }
+                    7 => rule.comment = parse_comment(v),
+                    _ => {}
+                }
+            }
+            if tname == table {
+                rules.push((chain, rule));
+            }
+            Ok(())
+        },
+    )?;
+    interrupted |= matches!(d, Dumped::Interrupted);
+    for (chain, rule) in rules {
+        if let Some(c) = chains.iter_mut().find(|c| c.name == chain) {
+            c.rules.push(rule);
+        }
+    }
+    t.chains = chains;
+
+    let mut sets = Vec::new();
+    let d = sock.dump(
+        NFT_MSG_GETSET,
+        NFPROTO_INET,
+        &[(1, table.as_str())],
+        &mut |m| {
+            let mut s = ObservedSet {
+                name: String::new(),
+                key_type: 0,
+                key_len: 0,
+                size: None,
+                elements: 0,
+                members: None,
+                invalid_members: 0,
+            };
+            let mut tname = String::new();
+            for a in m.nft_attrs()? {
+                let (ty, v) = a?;
+                match ty {
+                    1 => tname = netlink::string(v),
+                    2 => s.name = netlink::string(v),
+                    4 => s.key_type = be_u32(v).unwrap_or(0),
+                    5 => s.key_len = be_u32(v).unwrap_or(0),
+                    9 => {
+                        for d in Attrs::new(v) {
+                            let (dty, dv) = d?;
+                            if dty == 1 {
+                                s.size = be_u32(dv);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if tname == table {
+                sets.push(s);
+            }
+            Ok(())
+        },
+    )?;
+    interrupted |= matches!(d, Dumped::Interrupted);
+    for s in &mut sets {
+        let mut members = BTreeSet::new();
+        let mut count = 0usize;
+        let mut invalid = 0usize;
+        let d = sock.dump(
+            NFT_MSG_GETSETELEM,
+            NFPROTO_INET,
+            &[(1, table.as_str()), (2, s.name.as_str())],
+            &mut |m| {
+                for a in m.nft_attrs()? {
+                    let (ty, v) = a?;
+                    if ty != 3 {
+                        continue;
+                    }
+                    for elem in Attrs::new(v) {
+                        let (_, ev) = elem?;
+                        count += 1;
+                        if !with_members {
+                            continue;
+                        }
+                        let key = Attrs::new(ev)
+                            .flatten()
+                            .find(|(t, _)| *t == 1)
+                            .and_then(|(_, kv)| Attrs::new(kv).flatten().find(|(t, _)| *t == 1))
+                            .and_then(|(_, data)| <[u8; 6]>::try_from(data.get(..6)?).ok())
+                            .and_then(|o| MacAddr::from_octets(o).ok());
+                        match key {
+                            Some(mac) => {
+                                members.insert(mac);
+                            }
+                            None => invalid += 1,
+                        }
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        interrupted |= matches!(d, Dumped::Interrupted);
+        s.elements = count;
+        s.invalid_members = invalid;
+        if with_members {
+            s.members = Some(members);
+        }
+    }
+    t.sets = sets;
+    Ok(if interrupted {
+        Dumped::Interrupted
+    } else {
+        Dumped::Complete
+    })
+}

@@ -1,0 +1,874 @@
+//! Builds the netlink messages of both tables from the model, one [`Tx`] (one kernel transaction) at a time.
+//!
+//! ```text
+//! table inet ironguard_guard {                     # persistent, installed before dnsmasq starts
+//!   chain input { type filter hook input priority 10; policy accept;
+//!     [iifname IF] udp dport PORT meta mark & MASK != MARK counter drop }
+//! }
+//! table inet ironguard {                           # flags owner: dies with the agent's netlink socket
+//!   set allow_mac, deny_mac { type ether_addr }  set allow_chaddr, deny_chaddr { typeof @th,288,48 }
+//!   chain input { type filter hook input priority -10; policy accept;
+//!     [iifname IF] udp dport PORT counter jump pxe }
+//!   chain pxe { [blocked: counter drop] ; jump whitelist ; jump blacklist ; counter drop }
+//!   chain whitelist { [leader: <match> @allow_* counter meta mark set MARK accept] }
+//!   chain blacklist { <match> @deny_* counter drop ; [leader, policy allow: counter meta mark set MARK accept] }
+//! }
+//! ```
+//!
+//! Known rustables traps handled here: a `Set` does not inherit the table's family (it is set explicitly), and an
+//! element list longer than fits a 16-bit netlink attribute length is silently truncated, so elements go in
+//! chunks of [`ELEMENTS_PER_MESSAGE`], all inside the same batch.
+
+use rustables::expr::{
+    Bitwise, Cmp, CmpOp, Counter, HighLevelPayload, Immediate, LLHeaderField, Lookup, Meta,
+    MetaType, Payload, Register, TransportHeaderField, UDPHeaderField, VerdictKind,
+};
+use rustables::set::SetBuilder;
+use rustables::{
+    Batch, Chain, ChainPolicy, ChainType, Hook, HookClass, MsgType, ProtocolFamily, Rule, Set,
+    Table,
+};
+
+use crate::model::{Delta, DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
+use crate::{MacAddr, NftError};
+
+/// The table owned by the running agent.
+pub const OWNED_TABLE: &str = "ironguard";
+/// The persistent table that drops unmarked DHCP/PXE traffic when the agent is absent.
+pub const GUARD_TABLE: &str = "ironguard_guard";
+/// Base-chain priority of the agent's table: before the guard, so its mark is set when the guard looks.
+pub const OWNED_PRIORITY: i32 = -10;
+/// Base-chain priority of the guard table.
+pub const GUARD_PRIORITY: i32 = 10;
+/// Elements per set-element message. rustables writes the element list as one attribute with a 16-bit length;
+/// past ~3000 MACs that length wraps and the kernel silently receives a truncated list.
+pub const ELEMENTS_PER_MESSAGE: usize = 1000;
+
+const NFT_TABLE_F_OWNER: u32 = 0x2;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+const ARPHRD_ETHER: u16 = 1;
+const IPPROTO_UDP: u8 = 17;
+/// BOOTP `chaddr` is 28 bytes into the BOOTP header, after the 8-byte UDP header: `@th,288,48`.
+pub const CHADDR_OFFSET_BYTES: u32 = 36;
+
+/// Rule comments. They make `nft list ruleset` readable and let a read-back recognise each rule.
+pub mod comments {
+    pub const DHCP_JUMP: &str = "ironguard:dhcp";
+    pub const BLOCKED: &str = "ironguard:blocked";
+    pub const TO_WHITELIST: &str = "ironguard:to-whitelist";
+    pub const TO_BLACKLIST: &str = "ironguard:to-blacklist";
+    pub const NOT_MARKED: &str = "ironguard:not-marked";
+    pub const ALLOW_MAC: &str = "ironguard:allow-mac";
+    pub const ALLOW_CHADDR: &str = "ironguard:allow-chaddr";
+    pub const DENY_MAC: &str = "ironguard:deny-mac";
+    pub const DENY_CHADDR: &str = "ironguard:deny-chaddr";
+    pub const PASS: &str = "ironguard:pass";
+    pub const GUARD_DROP: &str = "ironguard-guard:drop-unmarked";
+}
+
+/// The four sets of the agent's table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetKind {
+    AllowMac,
+    DenyMac,
+    AllowChaddr,
+    DenyChaddr,
+}
+
+impl SetKind {
+    pub const ALL: [SetKind; 4] = [
+        SetKind::AllowMac,
+        SetKind::DenyMac,
+        SetKind::AllowChaddr,
+        SetKind::DenyChaddr,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SetKind::AllowMac => "allow_mac",
+            SetKind::DenyMac => "deny_mac",
+            SetKind::AllowChaddr => "allow_chaddr",
+            SetKind::DenyChaddr => "deny_chaddr",
+        }
+    }
+
+    pub fn is_allow(self) -> bool {
+        matches!(self, SetKind::AllowMac | SetKind::AllowChaddr)
+    }
+
+    pub fn is_chaddr(self) -> bool {
+        matches!(self, SetKind::AllowChaddr | SetKind::DenyChaddr)
+    }
+
+    /// The sets that exist for a configuration.
+    pub fn for_config(config: &RulesetConfig) -> impl Iterator<Item = SetKind> + '_ {
+        Self::ALL.into_iter().filter(|k| {
+            if k.is_chaddr() {
+                config.match_mode.uses_chaddr()
+            } else {
+                config.match_mode.uses_ether()
+            }
+        })
+    }
+
+    fn id(self) -> u32 {
+        self as u32 + 1
+    }
+}
+
+/// nft's set userdata: key byte order big-endian (what `type ether_addr` gets).
+const UDATA_KEY_BIG_ENDIAN: [u8; 6] = [0x00, 0x04, 0x02, 0x00, 0x00, 0x00];
+/// nft's set userdata for `typeof @th,288,48`: byte order, then the typeof expression (a raw payload, base
+/// transport, offset 288, length 48). Without it `nft list` prints the set as a bare integer type that does not
+/// load back with `nft -f`. Captured from nftables 1.0.6; checked by the round-trip test.
+const UDATA_TYPEOF_CHADDR: [u8; 46] = [
+    0x00, 0x04, 0x02, 0x00, 0x00, 0x00, // NFTNL_UDATA_SET_KEYBYTEORDER = big endian
+    0x03, 0x26, // NFTNL_UDATA_SET_KEY_TYPEOF, nested
+    0x00, 0x04, 0x07, 0x00, 0x00, 0x00, //   expression type: payload
+    0x01, 0x1e, //   expression data, nested
+    0x00, 0x04, 0x00, 0x00, 0x00, 0x00, //     payload description: none (raw)
+    0x01, 0x04, 0x00, 0x00, 0x00, 0x00, //     payload type: none (raw)
+    0x02, 0x04, 0x03, 0x00, 0x00, 0x00, //     base: transport header
+    0x03, 0x04, 0x20, 0x01, 0x00, 0x00, //     offset: 288 bits
+    0x04, 0x04, 0x30, 0x00, 0x00, 0x00, //     length: 48 bits
+];
+const NFT_TYPE_INTEGER: u32 = 4;
+const NFT_TYPE_ETHERADDR: u32 = 9;
+
+fn comment_udata(comment: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(comment.len() + 3);
+    v.push(0); // NFTNL_UDATA_RULE_COMMENT
+    v.push((comment.len() + 1) as u8);
+    v.extend_from_slice(comment.as_bytes());
+    v.push(0);
+    v
+}
+
+/// Parses a rule comment out of nft rule userdata.
+pub(crate) fn parse_comment(udata: &[u8]) -> Option<String> {
+    let mut rest = udata;
+    while rest.len() >= 2 {
+        let (ty, len) = (rest[0], rest[1] as usize);
+        let val = rest.get(2..2 + len)?;
+        if ty == 0 {
+            let end = val.iter().position(|&b| b == 0).unwrap_or(val.len());
+            return Some(String::from_utf8_lossy(&val[..end]).into_owned());
+        }
+        rest = &rest[2 + len..];
+    }
+    None
+}
+
+/// One nf_tables transaction under construction, with a description of every message so that a rejection can
+/// name the object the kernel refused.
+pub(crate) struct Tx {
+    /// Messages already numbered (sequence numbers 1..), without the batch begin/end.
+    buf: Vec<u8>,
+    /// rustables batch being filled; its messages get renumbered when flushed into `buf`.
+    pending: Option<Batch>,
+    pending_count: usize,
+    descriptions: Vec<String>,
+    /// Number of set elements added or removed by this transaction.
+    pub(crate) elements: usize,
+}
+
+impl std::fmt::Debug for Tx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tx")
+            .field("messages", &self.descriptions.len())
+            .finish()
+    }
+}
+
+/// A finalized transaction: the bytes to send and the description of each sequence number.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) descriptions: Vec<String>,
+    pub(crate) elements: usize,
+}
+
+impl Finished {
+    pub(crate) fn last_seq(&self) -> u32 {
+        self.descriptions.len() as u32
+    }
+
+    /// The description of the message with sequence number `seq` (1-based; 0 is the batch header).
+    pub(crate) fn describe(&self, seq: u32) -> String {
+        match seq
+            .checked_sub(1)
+            .and_then(|i| self.descriptions.get(i as usize))
+        {
+            Some(d) => d.clone(),
+            None => format!("the batch (message {seq})"),
+        }
+    }
+}
+
+macro_rules! tx_add {
+    ($name:ident, $ty:ty) => {
+        pub(crate) fn $name(&mut self, obj: &$ty, op: MsgType, description: impl Into<String>) {
+            self.pending.get_or_insert_with(Batch::new).add(obj, op);
+            self.pending_count += 1;
+            self.descriptions.push(description.into());
+        }
+    };
+}
+
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFTA_SET_DESC: u16 = 9;
+const NFTA_SET_DESC_SIZE: u16 = 1;
+const NLA_F_NESTED: u16 = 0x8000;
+
+/// The 20-byte batch begin/end message.
+fn batch_marker(ty: u16, seq: u32) -> [u8; 20] {
+    let mut m = [0u8; 20];
+    m[0..4].copy_from_slice(&20u32.to_ne_bytes());
+    m[4..6].copy_from_slice(&ty.to_ne_bytes());
+    m[6..8].copy_from_slice(&1u16.to_ne_bytes()); // NLM_F_REQUEST
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    // nfgenmsg: family unspec, version 0, resource id = the nf_tables subsystem (big endian)
+    m[18..20].copy_from_slice(&NFNL_SUBSYS_NFTABLES.to_be_bytes());
+    m
+}
+
+/// The messages of a finalized rustables batch, without its begin and end markers.
+fn inner_messages(bytes: &[u8]) -> &[u8] {
+    // rustables writes a 20-byte begin and a 20-byte end marker around the messages.
+    &bytes[20..bytes.len() - 20]
+}
+
+impl Tx {
+    pub(crate) fn new() -> Self {
+        Self {
+            buf: Vec::new(),
+            pending: None,
+            pending_count: 0,
+            descriptions: Vec::new(),
+            elements: 0,
+        }
+    }
+
+    tx_add!(table, Table);
+    tx_add!(chain, Chain);
+    tx_add!(rule, Rule);
+    tx_add!(elements, rustables::set::SetElementList);
+
+    /// Moves the pending rustables messages into `buf`, numbering them after the ones already there.
+    fn flush(&mut self) {
+        let Some(batch) = self.pending.take() else {
+            return;
+        };
+        let bytes = batch.finalize();
+        let first_seq = (self.descriptions.len() - self.pending_count) as u32 + 1;
+        self.append_renumbered(inner_messages(&bytes), first_seq);
+        self.pending_count = 0;
+    }
+
+    fn append_renumbered(&mut self, msgs: &[u8], first_seq: u32) {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(msgs);
+        let mut off = start;
+        let mut seq = first_seq;
+        while off + 16 <= self.buf.len() {
+            let len = u32::from_ne_bytes([
+                self.buf[off],
+                self.buf[off + 1],
+                self.buf[off + 2],
+                self.buf[off + 3],
+            ]) as usize;
+            self.buf[off + 8..off + 12].copy_from_slice(&seq.to_ne_bytes());
+            seq += 1;
+            off += crate::netlink::align4(len.max(16));
+        }
+    }
+
+    /// Adds a set with a size hint. rustables' `Set` has no `NFTA_SET_DESC`, so the attribute is appended to the
+    /// message rustables wrote. With a size the kernel picks its fixed-size hash, which loads about twice as fast
+    /// as the resizable one; adding beyond the size fails with ENFILE, so callers rebuild with a larger size first.
+    pub(crate) fn set_with_size(&mut self, set: &Set, size: u32, description: impl Into<String>) {
+        self.flush();
+        let mut one = Batch::new();
+        one.add(set, MsgType::Add);
+        let bytes = one.finalize();
+        let mut msg = inner_messages(&bytes).to_vec();
+        msg.extend_from_slice(&12u16.to_ne_bytes());
+        msg.extend_from_slice(&(NFTA_SET_DESC | NLA_F_NESTED).to_ne_bytes());
+        msg.extend_from_slice(&8u16.to_ne_bytes());
+        msg.extend_from_slice(&NFTA_SET_DESC_SIZE.to_ne_bytes());
+        msg.extend_from_slice(&size.to_be_bytes());
+        let len = msg.len() as u32;
+        msg[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.descriptions.push(description.into());
+        let seq = self.descriptions.len() as u32;
+        self.append_renumbered(&msg, seq);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.descriptions.is_empty()
+    }
+
+    pub(crate) fn finish(mut self) -> Finished {
+        self.flush();
+        let end_seq = self.descriptions.len() as u32 + 1;
+        let mut bytes = Vec::with_capacity(self.buf.len() + 40);
+        bytes.extend_from_slice(&batch_marker(NFNL_MSG_BATCH_BEGIN, 0));
+        bytes.extend_from_slice(&self.buf);
+        bytes.extend_from_slice(&batch_marker(NFNL_MSG_BATCH_END, end_seq));
+        Finished {
+            bytes,
+            descriptions: self.descriptions,
+            elements: self.elements,
+        }
+    }
+}
+
+/// The size given to a set holding `n` elements: room to double, at least [`MIN_SET_CAPACITY`].
+pub fn set_capacity(n: usize) -> u32 {
+    let want = (n.saturating_mul(2)).max(MIN_SET_CAPACITY as usize);
+    want.checked_next_power_of_two()
+        .unwrap_or(1 << 31)
+        .min(1 << 31) as u32
+}
+
+/// Smallest set size: small sites pay ~64 KiB of kernel memory per set, and rebuild only past 2048 MACs.
+pub const MIN_SET_CAPACITY: u32 = 4096;
+
+fn table(name: &str) -> Table {
+    Table::new(ProtocolFamily::Inet).with_name(name)
+}
+
+fn owned_table() -> Table {
+    table(OWNED_TABLE).with_flags(NFT_TABLE_F_OWNER)
+}
+
+fn hook_class(h: HookKind) -> HookClass {
+    match h {
+        HookKind::Input => HookClass::In,
+        HookKind::Forward => HookClass::Forward,
+    }
+}
+
+fn base_chain(t: &Table, h: HookKind, priority: i32) -> Chain {
+    Chain::new(t)
+        .with_name(h.chain_name())
+        .with_hook(Hook::new(hook_class(h), priority))
+        .with_type(ChainType::Filter)
+        .with_policy(ChainPolicy::Accept)
+}
+
+fn regular_chain(t: &Table, name: &str) -> Chain {
+    Chain::new(t).with_name(name)
+}
+
+fn set_object(kind: SetKind, with_id: bool) -> Set {
+    // rustables does not derive the set's family from its table: without this the kernel looks the table up in
+    // family "unspec" and answers ENOENT.
+    let s = Set {
+        family: ProtocolFamily::Inet,
+        ..Set::default()
+    };
+    let mut s = s
+        .with_table(OWNED_TABLE)
+        .with_name(kind.name())
+        .with_key_len(6u32);
+    if with_id {
+        s.set_id(kind.id());
+    }
+    if kind.is_chaddr() {
+        s.with_key_type(NFT_TYPE_INTEGER)
+            .with_userdata(UDATA_TYPEOF_CHADDR.to_vec())
+    } else {
+        s.with_key_type(NFT_TYPE_ETHERADDR)
+            .with_userdata(UDATA_KEY_BIG_ENDIAN.to_vec())
+    }
+}
+
+/// Adds (or removes) `macs` to (from) a set, in as many messages as needed, all in this transaction.
+fn set_elements(tx: &mut Tx, kind: SetKind, macs: &[MacAddr], op: MsgType) -> Result<(), NftError> {
+    let t = table(OWNED_TABLE);
+    let verb = if op == MsgType::Add { "add" } else { "delete" };
+    for (i, chunk) in macs.chunks(ELEMENTS_PER_MESSAGE).enumerate() {
+        let mut b = SetBuilder::<[u8; 6]>::new(kind.name(), &t)?;
+        for m in chunk {
+            b.add(&m.octets());
+        }
+        let (_, list) = b.finish();
+        let first = i * ELEMENTS_PER_MESSAGE + 1;
+        tx.elements(
+            &list,
+            op,
+            format!(
+                "{verb} elements {first}..{} ({}..) of set inet {OWNED_TABLE} {}",
+                first + chunk.len() - 1,
+                chunk[0],
+                kind.name()
+            ),
+        );
+        tx.elements += chunk.len();
+    }
+    Ok(())
+}
+
+fn with_comment(rule: Rule, comment: &str) -> Rule {
+    rule.with_userdata(comment_udata(comment))
+}
+
+/// `[iifname IF] udp dport PORT`
+fn match_dhcp(mut rule: Rule, iface: Option<&str>, port: u16) -> Rule {
+    if let Some(name) = iface {
+        let mut bytes = [0u8; 16];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        rule = rule
+            .with_expr(Meta::new(MetaType::IifName))
+            .with_expr(Cmp::new(CmpOp::Eq, bytes.to_vec()));
+    }
+    rule.with_expr(Meta::new(MetaType::L4Proto))
+        .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
+        .with_expr(
+            HighLevelPayload::Transport(TransportHeaderField::Udp(UDPHeaderField::Dport)).build(),
+        )
+        .with_expr(Cmp::new(CmpOp::Eq, port.to_be_bytes().to_vec()))
+}
+
+/// Loads the address a set of this kind is keyed by into register 1.
+fn load_key(rule: Rule, kind: SetKind) -> Rule {
+    if kind.is_chaddr() {
+        rule.with_expr(
+            Payload::default()
+                .with_base(NFT_PAYLOAD_TRANSPORT_HEADER)
+                .with_offset(CHADDR_OFFSET_BYTES)
+                .with_len(6u32)
+                .with_dreg(Register::Reg1),
+        )
+    } else {
+        rule.with_expr(Meta::new(MetaType::IifType))
+            .with_expr(Cmp::new(CmpOp::Eq, ARPHRD_ETHER.to_ne_bytes().to_vec()))
+            .with_expr(HighLevelPayload::LinkLayer(LLHeaderField::Saddr).build())
+    }
+}
+
+fn lookup(kind: SetKind) -> Result<Lookup, NftError> {
+    // By name: the kernel finds a set created earlier in the same transaction by name as well.
+    Ok(Lookup::new(&set_object(kind, false))?)
+}
+
+/// `meta mark set meta mark & ~MASK | MARK`
+fn set_mark(rule: Rule, config: &RulesetConfig) -> Result<Rule, NftError> {
+    Ok(rule
+        .with_expr(Meta::new(MetaType::Mark))
+        .with_expr(Bitwise::new(
+            (!config.mask).to_ne_bytes().to_vec(),
+            config.mark.to_ne_bytes().to_vec(),
+        )?)
+        .with_expr(
+            Meta::default()
+                .with_key(MetaType::Mark)
+                .with_sreg(Register::Reg1),
+        ))
+}
+
+fn verdict(rule: Rule, v: VerdictKind) -> Rule {
+    rule.with_expr(Immediate::new_verdict(v))
+}
+
+fn counter(rule: Rule) -> Rule {
+    rule.with_expr(Counter::default())
+}
+
+/// The DHCP-matching rules of one base chain, each ending with `verdict`.
+fn dhcp_rules(
+    chain: &Chain,
+    config: &RulesetConfig,
+    build: &dyn Fn(Rule) -> Result<Rule, NftError>,
+) -> Result<Vec<(Rule, String)>, NftError> {
+    let ifaces: Vec<Option<&str>> = if config.interfaces.is_empty() {
+        vec![None]
+    } else {
+        config.interfaces.iter().map(|s| Some(s.as_str())).collect()
+    };
+    let mut out = Vec::new();
+    for iface in &ifaces {
+        for &port in &config.ports {
+            let rule = build(match_dhcp(Rule::new(chain)?, *iface, port))?;
+            let what = match iface {
+                Some(i) => format!("iifname {i} udp dport {port}"),
+                None => format!("udp dport {port}"),
+            };
+            out.push((rule, what));
+        }
+    }
+    Ok(out)
+}
+
+/// The rules of `pxe`, `whitelist` and `blacklist` for a mode and policy. These are the only rules a mode switch
+/// rewrites, so its cost does not depend on the size of the sets.
+fn mode_rules(
+    tx: &mut Tx,
+    config: &RulesetConfig,
+    mode: Mode,
+    policy: UnknownMacPolicy,
+) -> Result<(), NftError> {
+    let t = table(OWNED_TABLE);
+    let pxe = regular_chain(&t, "pxe");
+    let white = regular_chain(&t, "whitelist");
+    let black = regular_chain(&t, "blacklist");
+    let sets: Vec<SetKind> = SetKind::for_config(config).collect();
+    let add = |tx: &mut Tx, rule: Rule, chain: &str, comment: &str| {
+        tx.rule(
+            &with_comment(rule, comment),
+            MsgType::Add,
+            format!("rule \"{comment}\" in chain inet {OWNED_TABLE} {chain}"),
+        );
+    };
+
+    if mode == Mode::Blocked {
+        add(
+            tx,
+            verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop),
+            "pxe",
+            comments::BLOCKED,
+        );
+    }
+    add(
+        tx,
+        verdict(
+            Rule::new(&pxe)?,
+            VerdictKind::Jump {
+                chain: "whitelist".into(),
+            },
+        ),
+        "pxe",
+        comments::TO_WHITELIST,
+    );
+    add(
+        tx,
+        verdict(
+            Rule::new(&pxe)?,
+            VerdictKind::Jump {
+                chain: "blacklist".into(),
+            },
+        ),
+        "pxe",
+        comments::TO_BLACKLIST,
+    );
+    add(
+        tx,
+        verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop),
+        "pxe",
+        comments::NOT_MARKED,
+    );
+
+    if mode == Mode::Leader {
+        for &k in sets.iter().filter(|k| k.is_allow()) {
+            let r = load_key(Rule::new(&white)?, k).with_expr(lookup(k)?);
+            let r = verdict(set_mark(counter(r), config)?, VerdictKind::Accept);
+            let c = if k.is_chaddr() {
+                comments::ALLOW_CHADDR
+            } else {
+                comments::ALLOW_MAC
+            };
+            add(tx, r, "whitelist", c);
+        }
+    }
+    for &k in sets.iter().filter(|k| !k.is_allow()) {
+        let r = load_key(Rule::new(&black)?, k).with_expr(lookup(k)?);
+        let c = if k.is_chaddr() {
+            comments::DENY_CHADDR
+        } else {
+            comments::DENY_MAC
+        };
+        add(tx, verdict(counter(r), VerdictKind::Drop), "blacklist", c);
+    }
+    if mode == Mode::Leader && policy == UnknownMacPolicy::Allow {
+        let r = verdict(
+            set_mark(counter(Rule::new(&black)?), config)?,
+            VerdictKind::Accept,
+        );
+        add(tx, r, "blacklist", comments::PASS);
+    }
+    Ok(())
+}
+
+/// Rebuilds the whole agent's table in one transaction: create (no-op if present), delete, create, then
+/// sets, elements, chains and rules. Packets see either the old table or the new one, never a mix.
+pub(crate) fn full_owned(s: &DesiredState) -> Result<Tx, NftError> {
+    s.config.validate()?;
+    let mut tx = Tx::new();
+    let t = owned_table();
+    let desc = format!("table inet {OWNED_TABLE}");
+    tx.table(&t, MsgType::Add, format!("{desc} (create)"));
+    tx.table(&t, MsgType::Del, format!("{desc} (delete for rebuild)"));
+    tx.table(&t, MsgType::Add, format!("{desc} (rebuild)"));
+    for k in SetKind::for_config(&s.config) {
+        let macs: Vec<MacAddr> = if k.is_allow() {
+            s.allow.iter().copied().collect()
+        } else {
+            s.deny.iter().copied().collect()
+        };
+        let size = set_capacity(macs.len());
+        tx.set_with_size(
+            &set_object(k, true),
+            size,
+            format!("set inet {OWNED_TABLE} {} (size {size})", k.name()),
+        );
+        set_elements(&mut tx, k, &macs, MsgType::Add)?;
+    }
+    for name in ["whitelist", "blacklist", "pxe"] {
+        tx.chain(
+            &regular_chain(&t, name),
+            MsgType::Add,
+            format!("chain inet {OWNED_TABLE} {name}"),
+        );
+    }
+    mode_rules(&mut tx, &s.config, s.mode, s.unknown_mac_policy)?;
+    for &h in &s.config.hooks {
+        let chain = base_chain(&t, h, OWNED_PRIORITY);
+        tx.chain(
+            &chain,
+            MsgType::Add,
+            format!("base chain inet {OWNED_TABLE} {}", h.chain_name()),
+        );
+        let jump = |r: Rule| {
+            Ok(verdict(
+                counter(r),
+                VerdictKind::Jump {
+                    chain: "pxe".into(),
+                },
+            ))
+        };
+        for (rule, what) in dhcp_rules(&chain, &s.config, &jump)? {
+            tx.rule(
+                &with_comment(rule, comments::DHCP_JUMP),
+                MsgType::Add,
+                format!(
+                    "rule \"{what} jump pxe\" in chain inet {OWNED_TABLE} {}",
+                    h.chain_name()
+                ),
+            );
+        }
+    }
+    Ok(tx)
+}
+
+/// Flushes and rebuilds the mode-dependent rules.
+pub(crate) fn switch_mode(
+    config: &RulesetConfig,
+    mode: Mode,
+    policy: UnknownMacPolicy,
+) -> Result<Tx, NftError> {
+    let mut tx = Tx::new();
+    let t = table(OWNED_TABLE);
+    for name in ["pxe", "whitelist", "blacklist"] {
+        // A rule deletion naming only table and chain flushes the chain.
+        tx.rule(
+            &Rule::new(&regular_chain(&t, name))?,
+            MsgType::Del,
+            format!("flush chain inet {OWNED_TABLE} {name}"),
+        );
+    }
+    mode_rules(&mut tx, config, mode, policy)?;
+    Ok(tx)
+}
+
+/// The element changes of an effective delta (only MACs that really change).
+pub(crate) fn delta(config: &RulesetConfig, effective: &Delta) -> Result<Tx, NftError> {
+    let mut tx = Tx::new();
+    for k in SetKind::for_config(config) {
+        let (add, remove) = if k.is_allow() {
+            (&effective.allow_add, &effective.allow_remove)
+        } else {
+            (&effective.deny_add, &effective.deny_remove)
+        };
+        set_elements(&mut tx, k, remove, MsgType::Del)?;
+        set_elements(&mut tx, k, add, MsgType::Add)?;
+    }
+    Ok(tx)
+}
+
+/// Installs or replaces the guard table in one transaction.
+pub(crate) fn guard_install(config: &RulesetConfig) -> Result<Tx, NftError> {
+    config.validate()?;
+    let mut tx = Tx::new();
+    let t = table(GUARD_TABLE);
+    tx.table(
+        &t,
+        MsgType::Add,
+        format!("table inet {GUARD_TABLE} (create)"),
+    );
+    tx.table(
+        &t,
+        MsgType::Del,
+        format!("table inet {GUARD_TABLE} (delete for rebuild)"),
+    );
+    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE}"));
+    for &h in &config.hooks {
+        let chain = base_chain(&t, h, GUARD_PRIORITY);
+        tx.chain(
+            &chain,
+            MsgType::Add,
+            format!("base chain inet {GUARD_TABLE} {}", h.chain_name()),
+        );
+        let drop_unmarked = |r: Rule| -> Result<Rule, NftError> {
+            let r = r
+                .with_expr(Meta::new(MetaType::Mark))
+                .with_expr(Bitwise::new(
+                    config.mask.to_ne_bytes().to_vec(),
+                    vec![0u8; 4],
+                )?)
+                .with_expr(Cmp::new(CmpOp::Neq, config.mark.to_ne_bytes().to_vec()));
+            Ok(verdict(counter(r), VerdictKind::Drop))
+        };
+        for (rule, what) in dhcp_rules(&chain, config, &drop_unmarked)? {
+            tx.rule(
+                &with_comment(rule, comments::GUARD_DROP),
+                MsgType::Add,
+                format!(
+                    "rule \"{what} unmarked drop\" in chain inet {GUARD_TABLE} {}",
+                    h.chain_name()
+                ),
+            );
+        }
+    }
+    Ok(tx)
+}
+
+/// Removes the guard table (create first so that removing an absent guard is not an error).
+pub(crate) fn guard_remove() -> Tx {
+    let mut tx = Tx::new();
+    let t = table(GUARD_TABLE);
+    tx.table(
+        &t,
+        MsgType::Add,
+        format!("table inet {GUARD_TABLE} (create)"),
+    );
+    tx.table(
+        &t,
+        MsgType::Del,
+        format!("table inet {GUARD_TABLE} (delete)"),
+    );
+    tx
+}
+
+/// Test hook: appends an object the kernel must reject (a rule in a chain that does not exist).
+pub(crate) fn add_invalid_object(tx: &mut Tx) -> Result<(), NftError> {
+    let t = table(OWNED_TABLE);
+    let chain = regular_chain(&t, "ironguard-fault-injection");
+    tx.rule(
+        &verdict(Rule::new(&chain)?, VerdictKind::Drop),
+        MsgType::Add,
+        format!("rule in chain inet {OWNED_TABLE} ironguard-fault-injection (injected fault)"),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::{Attrs, Messages};
+
+    fn macs(n: usize) -> Vec<MacAddr> {
+        (0..n)
+            .map(|i| {
+                MacAddr::from_octets([0x02, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 1])
+                    .unwrap()
+            })
+            .collect()
+    }
+
+    /// Counts, per message type, the set elements actually encoded in a finished batch.
+    fn encoded_elements(bytes: &[u8]) -> (usize, Vec<u8>) {
+        let mut total = 0;
+        let mut families = Vec::new();
+        for msg in Messages::new(bytes) {
+            let msg = msg.unwrap();
+            if msg.nft_op() == Some(12) || msg.nft_op() == Some(14) {
+                families.push(msg.payload[0]);
+                for attr in msg.nft_attrs().unwrap() {
+                    let (ty, v) = attr.unwrap();
+                    if ty == 3 {
+                        total += Attrs::new(v).count();
+                    }
+                }
+            }
+            if msg.nft_op() == Some(9) {
+                families.push(msg.payload[0]);
+            }
+        }
+        (total, families)
+    }
+
+    #[test]
+    fn large_element_lists_are_split_and_nothing_is_truncated() {
+        let mut s = DesiredState::default();
+        s.deny.extend(macs(100_000));
+        s.allow.extend(macs(2_500));
+        let tx = full_owned(&s).unwrap().finish();
+        let (encoded, families) = encoded_elements(&tx.bytes);
+        // both match modes by default: every MAC twice
+        assert_eq!(encoded, 2 * (100_000 + 2_500));
+        assert_eq!(tx.elements, encoded);
+        // every set and element message carries family inet (NFPROTO_INET = 1)
+        assert!(
+            !families.is_empty() && families.iter().all(|&f| f == 1),
+            "{families:?}"
+        );
+    }
+
+    #[test]
+    fn one_chunk_is_well_below_the_attribute_limit() {
+        let mut tx = Tx::new();
+        set_elements(
+            &mut tx,
+            SetKind::DenyMac,
+            &macs(ELEMENTS_PER_MESSAGE),
+            MsgType::Add,
+        )
+        .unwrap();
+        let f = tx.finish();
+        let msg = Messages::new(&f.bytes).nth(1).unwrap().unwrap();
+        assert!(msg.payload.len() < 60_000, "{}", msg.payload.len());
+    }
+
+    #[test]
+    fn rejected_message_is_described() {
+        let mut s = DesiredState::default();
+        s.deny.extend(macs(2_001));
+        let f = full_owned(&s).unwrap().finish();
+        let descs: Vec<String> = (1..=f.last_seq()).map(|i| f.describe(i)).collect();
+        assert!(
+            descs
+                .iter()
+                .any(|d| d.contains("elements 2001..2001") && d.contains("deny_mac")),
+            "{descs:#?}"
+        );
+        assert_eq!(f.describe(0), "the batch (message 0)");
+    }
+
+    #[test]
+    fn mode_switch_does_not_touch_sets() {
+        let c = RulesetConfig::default();
+        let f = switch_mode(&c, Mode::Leader, UnknownMacPolicy::Allow)
+            .unwrap()
+            .finish();
+        assert_eq!(f.elements, 0);
+        assert!(
+            f.descriptions
+                .iter()
+                .all(|d| !d.contains("element") && !d.contains("set ")),
+            "{:#?}",
+            f.descriptions
+        );
+    }
+
+    #[test]
+    fn comments_round_trip() {
+        assert_eq!(
+            parse_comment(&comment_udata(comments::PASS)).as_deref(),
+            Some(comments::PASS)
+        );
+        assert_eq!(parse_comment(&[0x05, 0x01]), None);
+    }
+}
