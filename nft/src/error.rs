@@ -13,9 +13,7 @@ pub enum NftError {
     Config(#[from] ConfigError),
     #[error("could not open a netlink socket to nf_tables (is CAP_NET_ADMIN held?)")]
     Open(#[source] Errno),
-    #[error(
-        "could not size the netlink send buffer for a {bytes}-byte batch (SO_SNDBUFFORCE needs CAP_NET_ADMIN)"
-    )]
+    #[error("could not size the netlink send buffer for a {bytes}-byte batch (SO_SNDBUFFORCE needs CAP_NET_ADMIN)")]
     SocketBuffer {
         bytes: usize,
         #[source]
@@ -41,10 +39,7 @@ pub enum NftError {
         reason: Option<String>,
     },
     #[error("a netlink query failed: {errno}{}", reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default())]
-    Query {
-        errno: Errno,
-        reason: Option<String>,
-    },
+    Query { errno: Errno, reason: Option<String> },
     #[error(
         "table inet {table} is owned by another process (netlink port {portid}); is another ironguard-agent running in this network namespace?"
     )]

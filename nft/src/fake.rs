@@ -48,31 +48,16 @@ impl FakeDataplane {
         self.lock().fail_next.push_back(errno);
     }
 
-    fn commit(
-        &mut self,
-        next: DesiredState,
-        elements: usize,
-        what: &str,
-    ) -> Result<ApplyReport, NftError> {
+    fn commit(&mut self, next: DesiredState, elements: usize, what: &str) -> Result<ApplyReport, NftError> {
         let mut st = self.lock();
         if let Some(errno) = st.fail_next.pop_front() {
-            return Err(NftError::Rejected {
-                object: format!("{what} (fake)"),
-                errno,
-                reason: None,
-            });
+            return Err(NftError::Rejected { object: format!("{what} (fake)"), errno, reason: None });
         }
         st.transactions += 1;
         st.committed = Some(next.clone());
         drop(st);
         self.committed = Some(next);
-        Ok(ApplyReport {
-            transactions: 1,
-            messages: 1,
-            bytes: 0,
-            elements,
-            elapsed: Duration::ZERO,
-        })
+        Ok(ApplyReport { transactions: 1, messages: 1, bytes: 0, elements, elapsed: Duration::ZERO })
     }
 }
 
@@ -97,15 +82,7 @@ impl Dataplane for FakeDataplane {
         if cur.mode == mode && cur.unknown_mac_policy == policy {
             return Ok(ApplyReport::default());
         }
-        self.commit(
-            DesiredState {
-                mode,
-                unknown_mac_policy: policy,
-                ..cur
-            },
-            0,
-            "mode switch",
-        )
+        self.commit(DesiredState { mode, unknown_mac_policy: policy, ..cur }, 0, "mode switch")
     }
 
     fn committed(&self) -> Option<&DesiredState> {
@@ -128,13 +105,7 @@ impl Dataplane for FakeDataplane {
 }
 
 fn rule(comment: &str) -> ObservedRule {
-    ObservedRule {
-        handle: 0,
-        comment: Some(comment.into()),
-        expressions: vec![],
-        packets: Some(0),
-        bytes: Some(0),
-    }
+    ObservedRule { handle: 0, comment: Some(comment.into()), expressions: vec![], packets: Some(0), bytes: Some(0) }
 }
 
 /// What the kernel backend would read back for `d`.
@@ -143,11 +114,7 @@ fn synthesize(d: &DesiredState, with_members: bool) -> ObservedTable {
     if d.mode == Mode::Blocked {
         pxe.push(rule(comments::BLOCKED));
     }
-    pxe.extend([
-        rule(comments::TO_WHITELIST),
-        rule(comments::TO_BLACKLIST),
-        rule(comments::NOT_MARKED),
-    ]);
+    pxe.extend([rule(comments::TO_WHITELIST), rule(comments::TO_BLACKLIST), rule(comments::NOT_MARKED)]);
     let sets: Vec<SetKind> = SetKind::for_config(&d.config).collect();
     let mut white = vec![];
     let mut black = vec![];
@@ -164,24 +131,9 @@ fn synthesize(d: &DesiredState, with_members: bool) -> ObservedTable {
         black.push(rule(comments::PASS));
     }
     let mut chains = vec![
-        ObservedChain {
-            name: "pxe".into(),
-            hook: None,
-            priority: None,
-            rules: pxe,
-        },
-        ObservedChain {
-            name: "whitelist".into(),
-            hook: None,
-            priority: None,
-            rules: white,
-        },
-        ObservedChain {
-            name: "blacklist".into(),
-            hook: None,
-            priority: None,
-            rules: black,
-        },
+        ObservedChain { name: "pxe".into(), hook: None, priority: None, rules: pxe },
+        ObservedChain { name: "whitelist".into(), hook: None, priority: None, rules: white },
+        ObservedChain { name: "blacklist".into(), hook: None, priority: None, rules: black },
     ];
     for h in &d.config.hooks {
         let n = d.config.ports.len() * d.config.interfaces.len().max(1);
@@ -207,13 +159,7 @@ fn synthesize(d: &DesiredState, with_members: bool) -> ObservedTable {
             }
         })
         .collect();
-    ObservedTable {
-        name: OWNED_TABLE.into(),
-        flags: 2,
-        owner_portid: Some(std::process::id()),
-        chains,
-        sets,
-    }
+    ObservedTable { name: OWNED_TABLE.into(), flags: 2, owner_portid: Some(std::process::id()), chains, sets }
 }
 
 #[cfg(test)]
@@ -229,31 +175,18 @@ mod tests {
     #[test]
     fn fake_follows_the_contract() {
         let mut f = FakeDataplane::new();
-        assert!(matches!(
-            f.apply_delta(&Delta::default()),
-            Err(NftError::NotInitialised)
-        ));
+        assert!(matches!(f.apply_delta(&Delta::default()), Err(NftError::NotInitialised)));
         f.apply(&DesiredState::default()).unwrap();
         assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Blocked);
         f.set_mode(Mode::Leader, UnknownMacPolicy::Allow).unwrap();
         assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Leader);
-        f.apply_delta(&Delta {
-            allow_add: vec![mac(1)],
-            ..Default::default()
-        })
-        .unwrap();
+        f.apply_delta(&Delta { allow_add: vec![mac(1)], ..Default::default() }).unwrap();
         assert!(f.drift(true).unwrap().is_empty());
 
         // a failed call changes nothing
         f.fail_next(Errno::ENOBUFS);
         let before = f.committed().cloned();
-        assert!(
-            f.apply_delta(&Delta {
-                deny_add: vec![mac(2)],
-                ..Default::default()
-            })
-            .is_err()
-        );
+        assert!(f.apply_delta(&Delta { deny_add: vec![mac(2)], ..Default::default() }).is_err());
         assert_eq!(f.committed().cloned(), before);
         assert_eq!(f.state.lock().unwrap().transactions, 3);
     }

@@ -51,23 +51,13 @@ pub fn status(config: &RulesetConfig) -> Result<GuardStatus, NftError> {
         match t.chain(h.chain_name()) {
             None => problems.push(format!("base chain {} is missing", h.chain_name())),
             Some(c) => {
-                let drops = c
-                    .rules
-                    .iter()
-                    .filter(|r| r.comment.as_deref() == Some(ruleset::comments::GUARD_DROP))
-                    .count();
+                let drops =
+                    c.rules.iter().filter(|r| r.comment.as_deref() == Some(ruleset::comments::GUARD_DROP)).count();
                 if drops != want_rules {
-                    problems.push(format!(
-                        "base chain {} has {drops} drop rules, {want_rules} configured",
-                        c.name
-                    ));
+                    problems.push(format!("base chain {} has {drops} drop rules, {want_rules} configured", c.name));
                 }
             }
         }
     }
-    Ok(GuardStatus {
-        installed: true,
-        table: Some(t),
-        problems,
-    })
+    Ok(GuardStatus { installed: true, table: Some(t), problems })
 }

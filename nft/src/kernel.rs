@@ -27,12 +27,7 @@ impl KernelDataplane {
     /// Opens the owner socket. Fails with [`NftError::OwnedByOther`] if another process owns the table.
     pub fn open() -> Result<Self, NftError> {
         let sock = NetlinkSocket::open()?;
-        let dp = Self {
-            sock,
-            committed: None,
-            capacity: (0, 0),
-            inject_invalid: false,
-        };
+        let dp = Self { sock, committed: None, capacity: (0, 0), inject_invalid: false };
         if let Some(tables) = observe::read_tables(&DumpSocket::open()?)? {
             if let Some(t) = tables.iter().find(|t| t.name == OWNED_TABLE) {
                 return Err(NftError::OwnedByOther {
@@ -64,16 +59,10 @@ impl KernelDataplane {
         }
         let start = Instant::now();
         let f = tx.finish();
-        let span = info_span!(
-            "nft_commit",
-            what,
-            messages = f.last_seq(),
-            bytes = f.bytes.len(),
-            elements = f.elements
-        );
+        let span =
+            info_span!("nft_commit", what, messages = f.last_seq(), bytes = f.bytes.len(), elements = f.elements);
         let _g = span.enter();
-        self.sock
-            .send_batch(&f.bytes, f.last_seq(), &|seq| f.describe(seq))?;
+        self.sock.send_batch(&f.bytes, f.last_seq(), &|seq| f.describe(seq))?;
         let report = ApplyReport {
             transactions: 1,
             messages: f.last_seq(),
@@ -91,10 +80,8 @@ impl Dataplane for KernelDataplane {
         let tx = ruleset::full_owned(desired)?;
         let report = self.commit(tx, "full")?;
         self.committed = Some(desired.clone());
-        self.capacity = (
-            ruleset::set_capacity(desired.allow.len()) as usize,
-            ruleset::set_capacity(desired.deny.len()) as usize,
-        );
+        self.capacity =
+            (ruleset::set_capacity(desired.allow.len()) as usize, ruleset::set_capacity(desired.deny.len()) as usize);
         Ok(report)
     }
 

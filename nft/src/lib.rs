@@ -31,10 +31,6 @@ pub use error::NftError;
 pub use fake::{FakeDataplane, FakeState};
 pub use kernel::KernelDataplane;
 pub use mac::{MacAddr, MacError};
-pub use model::{
-    ConfigError, Delta, DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy,
-};
-pub use observe::{
-    Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, observe,
-};
+pub use model::{ConfigError, Delta, DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
+pub use observe::{Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, observe};
 pub use ruleset::{GUARD_TABLE, OWNED_TABLE};

@@ -23,10 +23,7 @@ pub struct MacError {
 impl MacAddr {
     /// Builds an address from its octets, applying the same checks as parsing.
     pub fn from_octets(octets: [u8; 6]) -> Result<Self, MacError> {
-        Self::check(octets).map_err(|reason| MacError {
-            input: Self(octets).to_string(),
-            reason,
-        })
+        Self::check(octets).map_err(|reason| MacError { input: Self(octets).to_string(), reason })
     }
 
     /// The six octets, in wire order.
@@ -52,14 +49,9 @@ impl FromStr for MacAddr {
     type Err = MacError;
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let err = |reason| MacError {
-            input: input.chars().take(64).collect(),
-            reason,
-        };
+        let err = |reason| MacError { input: input.chars().take(64).collect(), reason };
         if input.len() != 17 {
-            return Err(err(
-                "expected 6 hexadecimal octets separated by ':' or '-' (17 characters)",
-            ));
+            return Err(err("expected 6 hexadecimal octets separated by ':' or '-' (17 characters)"));
         }
         let bytes = input.as_bytes();
         let sep = bytes[2];
@@ -92,11 +84,7 @@ fn hex_value(c: u8) -> Option<u8> {
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let o = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            o[0], o[1], o[2], o[3], o[4], o[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3], o[4], o[5])
     }
 }
 
@@ -126,12 +114,7 @@ mod tests {
     #[test]
     fn accepts_colon_and_dash_in_any_case() {
         let want = MacAddr([0x52, 0x54, 0x00, 0xab, 0xcd, 0xef]);
-        for s in [
-            "52:54:00:ab:cd:ef",
-            "52:54:00:AB:CD:EF",
-            "52-54-00-ab-cd-EF",
-            "52:54:00:aB:Cd:eF",
-        ] {
+        for s in ["52:54:00:ab:cd:ef", "52:54:00:AB:CD:EF", "52-54-00-ab-cd-EF", "52:54:00:aB:Cd:eF"] {
             assert_eq!(s.parse::<MacAddr>().unwrap(), want, "{s}");
         }
         assert_eq!(want.to_string(), "52:54:00:ab:cd:ef");
@@ -153,10 +136,7 @@ mod tests {
             "52:54:00:ab:cd:+f",
         ] {
             let err = s.parse::<MacAddr>().unwrap_err();
-            assert!(
-                err.to_string().contains(&format!("{s:?}")),
-                "{err} should quote {s:?}"
-            );
+            assert!(err.to_string().contains(&format!("{s:?}")), "{err} should quote {s:?}");
         }
     }
 

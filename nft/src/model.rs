@@ -188,9 +188,7 @@ impl RulesetConfig {
         for name in &self.interfaces {
             let valid = !name.is_empty()
                 && name.len() < 16
-                && !name
-                    .bytes()
-                    .any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace());
+                && !name.bytes().any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace());
             if !valid {
                 return Err(ConfigError::InterfaceName(name.clone()));
             }
@@ -202,10 +200,7 @@ impl RulesetConfig {
             return Err(ConfigError::ZeroMask);
         }
         if self.mark & !self.mask != 0 {
-            return Err(ConfigError::MarkOutsideMask {
-                mark: self.mark,
-                mask: self.mask,
-            });
+            return Err(ConfigError::MarkOutsideMask { mark: self.mark, mask: self.mask });
         }
         if self.mark == 0 {
             return Err(ConfigError::ZeroMark);
@@ -227,10 +222,7 @@ pub struct DesiredState {
 impl DesiredState {
     /// An empty, blocked state for this configuration.
     pub fn blocked(config: RulesetConfig) -> Self {
-        Self {
-            config,
-            ..Self::default()
-        }
+        Self { config, ..Self::default() }
     }
 
     /// Applies a delta to the in-memory state, returning what really changed (adds of present MACs and
@@ -262,11 +254,7 @@ impl DesiredState {
 
     /// What the delta would change, without changing anything (and without copying the sets).
     pub fn effective(&self, delta: &Delta) -> Delta {
-        fn one(
-            present: &BTreeSet<MacAddr>,
-            add: &[MacAddr],
-            remove: &[MacAddr],
-        ) -> (Vec<MacAddr>, Vec<MacAddr>) {
+        fn one(present: &BTreeSet<MacAddr>, add: &[MacAddr], remove: &[MacAddr]) -> (Vec<MacAddr>, Vec<MacAddr>) {
             let adding: BTreeSet<&MacAddr> = add.iter().collect();
             let mut seen = BTreeSet::new();
             // removals apply first: a MAC removed and re-added is unchanged if present, added if absent
@@ -276,21 +264,12 @@ impl DesiredState {
                 .copied()
                 .collect();
             let mut seen = BTreeSet::new();
-            let add = add
-                .iter()
-                .filter(|m| !present.contains(m) && seen.insert(**m))
-                .copied()
-                .collect();
+            let add = add.iter().filter(|m| !present.contains(m) && seen.insert(**m)).copied().collect();
             (add, rem)
         }
         let (allow_add, allow_remove) = one(&self.allow, &delta.allow_add, &delta.allow_remove);
         let (deny_add, deny_remove) = one(&self.deny, &delta.deny_add, &delta.deny_remove);
-        Delta {
-            allow_add,
-            allow_remove,
-            deny_add,
-            deny_remove,
-        }
+        Delta { allow_add, allow_remove, deny_add, deny_remove }
     }
 }
 
@@ -316,22 +295,14 @@ impl Delta {
 
     /// Number of MACs named.
     pub fn len(&self) -> usize {
-        self.allow_add.len()
-            + self.allow_remove.len()
-            + self.deny_add.len()
-            + self.deny_remove.len()
+        self.allow_add.len() + self.allow_remove.len() + self.deny_add.len() + self.deny_remove.len()
     }
 
     /// Appends `later` so that the result has the effect of applying `self` then `later`.
     ///
     /// Used to coalesce a burst of deltas into one kernel transaction.
     pub fn then(&mut self, later: &Delta) {
-        fn fold(
-            adds: &mut Vec<MacAddr>,
-            removes: &mut Vec<MacAddr>,
-            l_add: &[MacAddr],
-            l_rem: &[MacAddr],
-        ) {
+        fn fold(adds: &mut Vec<MacAddr>, removes: &mut Vec<MacAddr>, l_add: &[MacAddr], l_rem: &[MacAddr]) {
             let rem: BTreeSet<_> = l_rem.iter().collect();
             let add: BTreeSet<_> = l_add.iter().collect();
             adds.retain(|m| !rem.contains(m));
@@ -339,18 +310,8 @@ impl Delta {
             adds.extend(l_add.iter().copied());
             removes.extend(l_rem.iter().copied());
         }
-        fold(
-            &mut self.allow_add,
-            &mut self.allow_remove,
-            &later.allow_add,
-            &later.allow_remove,
-        );
-        fold(
-            &mut self.deny_add,
-            &mut self.deny_remove,
-            &later.deny_add,
-            &later.deny_remove,
-        );
+        fold(&mut self.allow_add, &mut self.allow_remove, &later.allow_add, &later.allow_remove);
+        fold(&mut self.deny_add, &mut self.deny_remove, &later.deny_add, &later.deny_remove);
     }
 }
 
@@ -371,77 +332,16 @@ mod tests {
     fn invalid_configs_are_rejected() {
         let base = RulesetConfig::default();
         let cases: Vec<(RulesetConfig, &str)> = vec![
-            (
-                RulesetConfig {
-                    ports: vec![],
-                    ..base.clone()
-                },
-                "no DHCP/PXE port",
-            ),
-            (
-                RulesetConfig {
-                    ports: vec![67, 67],
-                    ..base.clone()
-                },
-                "twice",
-            ),
-            (
-                RulesetConfig {
-                    ports: vec![0],
-                    ..base.clone()
-                },
-                "port 0",
-            ),
-            (
-                RulesetConfig {
-                    hooks: vec![],
-                    ..base.clone()
-                },
-                "no hook",
-            ),
-            (
-                RulesetConfig {
-                    interfaces: vec!["a".repeat(16)],
-                    ..base.clone()
-                },
-                "interface name",
-            ),
-            (
-                RulesetConfig {
-                    interfaces: vec!["".into()],
-                    ..base.clone()
-                },
-                "interface name",
-            ),
-            (
-                RulesetConfig {
-                    interfaces: vec!["eth 0".into()],
-                    ..base.clone()
-                },
-                "interface name",
-            ),
-            (
-                RulesetConfig {
-                    mask: 0,
-                    ..base.clone()
-                },
-                "mask is 0",
-            ),
-            (
-                RulesetConfig {
-                    mark: 0x3,
-                    mask: 0x1,
-                    ..base.clone()
-                },
-                "outside the mask",
-            ),
-            (
-                RulesetConfig {
-                    mark: 0,
-                    ..base.clone()
-                },
-                "mark is 0",
-            ),
+            (RulesetConfig { ports: vec![], ..base.clone() }, "no DHCP/PXE port"),
+            (RulesetConfig { ports: vec![67, 67], ..base.clone() }, "twice"),
+            (RulesetConfig { ports: vec![0], ..base.clone() }, "port 0"),
+            (RulesetConfig { hooks: vec![], ..base.clone() }, "no hook"),
+            (RulesetConfig { interfaces: vec!["a".repeat(16)], ..base.clone() }, "interface name"),
+            (RulesetConfig { interfaces: vec!["".into()], ..base.clone() }, "interface name"),
+            (RulesetConfig { interfaces: vec!["eth 0".into()], ..base.clone() }, "interface name"),
+            (RulesetConfig { mask: 0, ..base.clone() }, "mask is 0"),
+            (RulesetConfig { mark: 0x3, mask: 0x1, ..base.clone() }, "outside the mask"),
+            (RulesetConfig { mark: 0, ..base.clone() }, "mark is 0"),
         ];
         for (cfg, want) in cases {
             let err = cfg.validate().unwrap_err().to_string();
@@ -491,24 +391,10 @@ mod tests {
     #[test]
     fn coalesced_deltas_have_the_effect_of_applying_them_in_order() {
         let steps = [
-            Delta {
-                allow_add: vec![mac(1), mac(2)],
-                ..Default::default()
-            },
-            Delta {
-                allow_remove: vec![mac(1)],
-                deny_add: vec![mac(1)],
-                ..Default::default()
-            },
-            Delta {
-                allow_add: vec![mac(1)],
-                deny_remove: vec![mac(1)],
-                ..Default::default()
-            },
-            Delta {
-                allow_remove: vec![mac(2)],
-                ..Default::default()
-            },
+            Delta { allow_add: vec![mac(1), mac(2)], ..Default::default() },
+            Delta { allow_remove: vec![mac(1)], deny_add: vec![mac(1)], ..Default::default() },
+            Delta { allow_add: vec![mac(1)], deny_remove: vec![mac(1)], ..Default::default() },
+            Delta { allow_remove: vec![mac(2)], ..Default::default() },
         ];
         let mut one_by_one = DesiredState::default();
         let mut combined = Delta::default();

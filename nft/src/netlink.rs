@@ -13,9 +13,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::socket::{
-    self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, sockopt,
-};
+use nix::sys::socket::{self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, sockopt};
 use nix::sys::time::TimeVal;
 
 use crate::error::NftError;
@@ -72,17 +70,9 @@ impl NetlinkSocket {
         // Best effort: capped acks keep the receive buffer small, extended acks carry the kernel's reason.
         set_int_opt(&fd, NETLINK_CAP_ACK, 1);
         set_int_opt(&fd, NETLINK_EXT_ACK, 1);
-        socket::setsockopt(
-            &fd,
-            sockopt::ReceiveTimeout,
-            &TimeVal::new(ACK_TIMEOUT.as_secs() as i64, 0),
-        )
-        .map_err(NftError::Open)?;
-        let mut s = Self {
-            fd,
-            portid: addr.pid(),
-            sndbuf: 0,
-        };
+        socket::setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(ACK_TIMEOUT.as_secs() as i64, 0))
+            .map_err(NftError::Open)?;
+        let mut s = Self { fd, portid: addr.pid(), sndbuf: 0 };
         // Forced buffers need CAP_NET_ADMIN; fall back to what the sysctl allows (small batches still work).
         if socket::setsockopt(&s.fd, sockopt::RcvBufForce, &RCVBUF_BYTES).is_err() {
             let _ = socket::setsockopt(&s.fd, sockopt::RcvBuf, &RCVBUF_BYTES);
@@ -107,10 +97,7 @@ impl NetlinkSocket {
             .map_err(|source| NftError::SocketBuffer { bytes: len, source })?;
         self.sndbuf = socket::getsockopt(&self.fd, sockopt::SndBuf).unwrap_or(0);
         if self.sndbuf < need {
-            return Err(NftError::SocketBuffer {
-                bytes: len,
-                source: Errno::EMSGSIZE,
-            });
+            return Err(NftError::SocketBuffer { bytes: len, source: Errno::EMSGSIZE });
         }
         Ok(())
     }
@@ -138,18 +125,10 @@ impl NetlinkSocket {
     ) -> Result<(), NftError> {
         self.drain();
         self.ensure_sndbuf(bytes.len())?;
-        let sent =
-            socket::send(self.fd.as_raw_fd(), bytes, MsgFlags::empty()).map_err(|source| {
-                NftError::Send {
-                    bytes: bytes.len(),
-                    source,
-                }
-            })?;
+        let sent = socket::send(self.fd.as_raw_fd(), bytes, MsgFlags::empty())
+            .map_err(|source| NftError::Send { bytes: bytes.len(), source })?;
         if sent != bytes.len() {
-            return Err(NftError::Send {
-                bytes: bytes.len(),
-                source: Errno::EMSGSIZE,
-            });
+            return Err(NftError::Send { bytes: bytes.len(), source: Errno::EMSGSIZE });
         }
         let mut pending = vec![true; last_seq as usize + 1];
         pending[0] = false;
@@ -224,9 +203,10 @@ impl Message<'_> {
 
     /// The attributes of an nf_tables message (after the nfgenmsg header).
     pub(crate) fn nft_attrs(&self) -> Result<Attrs<'_>, NftError> {
-        let body = self.payload.get(NFGENMSG_LEN..).ok_or_else(|| {
-            NftError::Decode("nf_tables message shorter than its nfgenmsg header".into())
-        })?;
+        let body = self
+            .payload
+            .get(NFGENMSG_LEN..)
+            .ok_or_else(|| NftError::Decode("nf_tables message shorter than its nfgenmsg header".into()))?;
         Ok(Attrs::new(body))
     }
 }
@@ -252,9 +232,7 @@ impl<'a> Iterator for Messages<'a> {
         let len = u32::from_ne_bytes(self.buf[0..4].try_into().ok()?) as usize;
         if len < NLMSG_HDRLEN || len > self.buf.len() {
             self.buf = &[];
-            return Some(Err(NftError::Decode(format!(
-                "netlink message length {len} out of bounds"
-            ))));
+            return Some(Err(NftError::Decode(format!("netlink message length {len} out of bounds"))));
         }
         let msg = Message {
             ty: u16::from_ne_bytes([self.buf[4], self.buf[5]]),
@@ -280,19 +258,11 @@ fn parse_error(msg: &Message<'_>) -> Result<(i32, u32, Option<String>), NftError
         // With NETLINK_CAP_ACK the original payload is not echoed, so the TLVs follow the header directly.
         let orig_len = u32::from_ne_bytes([orig[0], orig[1], orig[2], orig[3]]) as usize;
         let capped = msg.flags & 0x100 != 0;
-        let tlv_start = 4 + if capped {
-            NLMSG_HDRLEN
-        } else {
-            align4(orig_len)
-        };
+        let tlv_start = 4 + if capped { NLMSG_HDRLEN } else { align4(orig_len) };
         if let Some(tlvs) = p.get(tlv_start..) {
             for (ty, val) in Attrs::new(tlvs).flatten() {
                 if ty == NLMSGERR_ATTR_MSG {
-                    reason = Some(
-                        String::from_utf8_lossy(val)
-                            .trim_end_matches('\0')
-                            .to_string(),
-                    );
+                    reason = Some(String::from_utf8_lossy(val).trim_end_matches('\0').to_string());
                 }
             }
         }
@@ -327,9 +297,7 @@ impl<'a> Iterator for Attrs<'a> {
         let ty = u16::from_ne_bytes([self.buf[2], self.buf[3]]) & 0x3fff;
         if len < 4 || len > self.buf.len() {
             self.buf = &[];
-            return Some(Err(NftError::Decode(format!(
-                "netlink attribute length {len} out of bounds"
-            ))));
+            return Some(Err(NftError::Decode(format!("netlink attribute length {len} out of bounds"))));
         }
         let val = &self.buf[4..len];
         let advance = align4(len).min(self.buf.len());
@@ -398,8 +366,7 @@ impl DumpSocket {
         )
         .map_err(NftError::Open)?;
         socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(NftError::Open)?;
-        socket::setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(10, 0))
-            .map_err(NftError::Open)?;
+        socket::setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(10, 0)).map_err(NftError::Open)?;
         if socket::setsockopt(&fd, sockopt::RcvBufForce, &RCVBUF_BYTES).is_err() {
             let _ = socket::setsockopt(&fd, sockopt::RcvBuf, &RCVBUF_BYTES);
         }
@@ -438,12 +405,8 @@ impl DumpSocket {
         dump: bool,
         each: &mut dyn FnMut(&Message<'_>) -> Result<(), NftError>,
     ) -> Result<Dumped, NftError> {
-        socket::send(self.fd.as_raw_fd(), req, MsgFlags::empty()).map_err(|source| {
-            NftError::Send {
-                bytes: req.len(),
-                source,
-            }
-        })?;
+        socket::send(self.fd.as_raw_fd(), req, MsgFlags::empty())
+            .map_err(|source| NftError::Send { bytes: req.len(), source })?;
         let mut buf = vec![0u8; 256 * 1024];
         let mut interrupted = false;
         loop {
@@ -460,19 +423,12 @@ impl DumpSocket {
                 }
                 match msg.ty {
                     NLMSG_DONE => {
-                        return Ok(if interrupted {
-                            Dumped::Interrupted
-                        } else {
-                            Dumped::Complete
-                        });
+                        return Ok(if interrupted { Dumped::Interrupted } else { Dumped::Complete });
                     }
                     NLMSG_ERROR => {
                         let (errno, _, reason) = parse_error(&msg)?;
                         if errno != 0 {
-                            return Err(NftError::Query {
-                                errno: Errno::from_raw(errno),
-                                reason,
-                            });
+                            return Err(NftError::Query { errno: Errno::from_raw(errno), reason });
                         }
                         if !dump {
                             return Ok(Dumped::Complete);

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{DesiredState, Mode, UnknownMacPolicy};
 use crate::netlink::{
-    self, Attrs, DumpSocket, Dumped, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET,
-    NFT_MSG_GETSETELEM, NFT_MSG_GETTABLE, be_u32, be_u64,
+    self, Attrs, DumpSocket, Dumped, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
+    NFT_MSG_GETTABLE, be_u32, be_u64,
 };
 use crate::ruleset::{GUARD_TABLE, OWNED_TABLE, SetKind, comments, parse_comment};
 use crate::{MacAddr, NftError};
@@ -109,19 +109,14 @@ impl ObservedTable {
     }
 
     fn has_rule(&self, chain: &str, comment: &str) -> bool {
-        self.chain(chain).is_some_and(|c| {
-            c.rules
-                .iter()
-                .any(|r| r.comment.as_deref() == Some(comment))
-        })
+        self.chain(chain).is_some_and(|c| c.rules.iter().any(|r| r.comment.as_deref() == Some(comment)))
     }
 
     /// The mode the agent's table is in, judged from its rules.
     pub fn mode(&self) -> Mode {
         if self.has_rule("pxe", comments::BLOCKED) || self.chain("pxe").is_none() {
             Mode::Blocked
-        } else if self.has_rule("whitelist", comments::ALLOW_MAC)
-            || self.has_rule("whitelist", comments::ALLOW_CHADDR)
+        } else if self.has_rule("whitelist", comments::ALLOW_MAC) || self.has_rule("whitelist", comments::ALLOW_CHADDR)
         {
             Mode::Leader
         } else {
@@ -161,11 +156,7 @@ impl Observed {
             return out;
         };
         if t.mode() != desired.mode {
-            out.push(format!(
-                "mode is {} in the kernel, {} desired",
-                t.mode(),
-                desired.mode
-            ));
+            out.push(format!("mode is {} in the kernel, {} desired", t.mode(), desired.mode));
         }
         if desired.mode == Mode::Leader {
             let want_pass = desired.unknown_mac_policy == UnknownMacPolicy::Allow;
@@ -186,39 +177,25 @@ impl Observed {
             let want = desired.config.ports.len() * desired.config.interfaces.len().max(1);
             match t.chain(h.chain_name()) {
                 None => out.push(format!("base chain {} is missing", h.chain_name())),
-                Some(c) if c.rules.len() != want => out.push(format!(
-                    "base chain {} has {} rules, {want} expected",
-                    c.name,
-                    c.rules.len()
-                )),
+                Some(c) if c.rules.len() != want => {
+                    out.push(format!("base chain {} has {} rules, {want} expected", c.name, c.rules.len()))
+                }
                 Some(_) => {}
             }
         }
         for k in SetKind::for_config(&desired.config) {
-            let want = if k.is_allow() {
-                &desired.allow
-            } else {
-                &desired.deny
-            };
+            let want = if k.is_allow() { &desired.allow } else { &desired.deny };
             match t.set(k.name()) {
                 None => out.push(format!("set {} is missing", k.name())),
                 Some(s) => {
                     if s.elements != want.len() {
-                        out.push(format!(
-                            "set {} holds {} elements, {} desired",
-                            k.name(),
-                            s.elements,
-                            want.len()
-                        ));
+                        out.push(format!("set {} holds {} elements, {} desired", k.name(), s.elements, want.len()));
                     }
                     if let Some(members) = &s.members {
                         let missing = want.difference(members).count();
                         let extra = members.difference(want).count();
                         if missing + extra > 0 {
-                            out.push(format!(
-                                "set {}: {missing} missing, {extra} unexpected",
-                                k.name()
-                            ));
+                            out.push(format!("set {}: {missing} missing, {extra} unexpected", k.name()));
                         }
                     }
                 }
@@ -237,10 +214,7 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
         let Some(tables) = read_tables(&sock)? else {
             continue;
         };
-        let mut observed = Observed {
-            guard: None,
-            owned: None,
-        };
+        let mut observed = Observed { guard: None, owned: None };
         let mut consistent = true;
         for mut t in tables {
             match read_contents(&sock, &mut t, with_members)? {
@@ -275,35 +249,20 @@ pub(crate) fn read_tables(sock: &DumpSocket) -> Result<Option<Vec<ObservedTable>
             }
         }
         if name == GUARD_TABLE || name == OWNED_TABLE {
-            let owner_portid = if flags & NFT_TABLE_F_OWNER != 0 {
-                owner
-            } else {
-                None
-            };
-            tables.push(ObservedTable {
-                name,
-                flags,
-                owner_portid,
-                chains: vec![],
-                sets: vec![],
-            });
+            let owner_portid = if flags & NFT_TABLE_F_OWNER != 0 { owner } else { None };
+            tables.push(ObservedTable { name, flags, owner_portid, chains: vec![], sets: vec![] });
         }
         Ok(())
     })?;
     Ok(matches!(done, Dumped::Complete).then_some(tables))
 }
 
-fn read_contents(
-    sock: &DumpSocket,
-    t: &mut ObservedTable,
-    with_members: bool,
-) -> Result<Dumped, NftError> {
+fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -> Result<Dumped, NftError> {
     let table = t.name.clone();
     let mut interrupted = false;
     let mut chains = Vec::new();
     let d = sock.dump(NFT_MSG_GETCHAIN, NFPROTO_INET, &[], &mut |m| {
-        let (mut tname, mut name, mut hook, mut priority) =
-            (String::new(), String::new(), None, None);
+        let (mut tname, mut name, mut hook, mut priority) = (String::new(), String::new(), None, None);
         for a in m.nft_attrs()? {
             let (ty, v) = a?;
             match ty {
@@ -329,74 +288,58 @@ fn read_contents(
             }
         }
         if tname == table {
-            chains.push(ObservedChain {
-                name,
-                hook,
-                priority,
-                rules: vec![],
-            });
+            chains.push(ObservedChain { name, hook, priority, rules: vec![] });
         }
         Ok(())
     })?;
     interrupted |= matches!(d, Dumped::Interrupted);
 
     let mut rules: Vec<(String, ObservedRule)> = Vec::new();
-    let d = sock.dump(
-        NFT_MSG_GETRULE,
-        NFPROTO_INET,
-        &[(1, table.as_str())],
-        &mut |m| {
-            let mut chain = String::new();
-            let mut rule = ObservedRule {
-                handle: 0,
-                comment: None,
-                expressions: vec![],
-                packets: None,
-                bytes: None,
-            };
-            let mut tname = String::new();
-            for a in m.nft_attrs()? {
-                let (ty, v) = a?;
-                match ty {
-                    1 => tname = netlink::string(v),
-                    2 => chain = netlink::string(v),
-                    3 => rule.handle = be_u64(v).unwrap_or(0),
-                    4 => {
-                        for e in Attrs::new(v) {
-                            let (_, ev) = e?;
-                            let mut name = String::new();
-                            let mut data: &[u8] = &[];
-                            for ea in Attrs::new(ev) {
-                                let (ety, eval) = ea?;
-                                match ety {
-                                    1 => name = netlink::string(eval),
-                                    2 => data = eval,
+    let d = sock.dump(NFT_MSG_GETRULE, NFPROTO_INET, &[(1, table.as_str())], &mut |m| {
+        let mut chain = String::new();
+        let mut rule = ObservedRule { handle: 0, comment: None, expressions: vec![], packets: None, bytes: None };
+        let mut tname = String::new();
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            match ty {
+                1 => tname = netlink::string(v),
+                2 => chain = netlink::string(v),
+                3 => rule.handle = be_u64(v).unwrap_or(0),
+                4 => {
+                    for e in Attrs::new(v) {
+                        let (_, ev) = e?;
+                        let mut name = String::new();
+                        let mut data: &[u8] = &[];
+                        for ea in Attrs::new(ev) {
+                            let (ety, eval) = ea?;
+                            match ety {
+                                1 => name = netlink::string(eval),
+                                2 => data = eval,
+                                _ => {}
+                            }
+                        }
+                        if name == "counter" {
+                            for ca in Attrs::new(data) {
+                                let (cty, cv) = ca?;
+                                match cty {
+                                    1 => rule.bytes = be_u64(cv),
+                                    2 => rule.packets = be_u64(cv),
                                     _ => {}
                                 }
                             }
-                            if name == "counter" {
-                                for ca in Attrs::new(data) {
-                                    let (cty, cv) = ca?;
-                                    match cty {
-                                        1 => rule.bytes = be_u64(cv),
-                                        2 => rule.packets = be_u64(cv),
-                                        _ => {}
-                                    }
-                                }
-                            }
-                            rule.expressions.push(name);
                         }
+                        rule.expressions.push(name);
                     }
-                    7 => rule.comment = parse_comment(v),
-                    _ => {}
                 }
+                7 => rule.comment = parse_comment(v),
+                _ => {}
             }
-            if tname == table {
-                rules.push((chain, rule));
-            }
-            Ok(())
-        },
-    )?;
+        }
+        if tname == table {
+            rules.push((chain, rule));
+        }
+        Ok(())
+    })?;
     interrupted |= matches!(d, Dumped::Interrupted);
     for (chain, rule) in rules {
         if let Some(c) = chains.iter_mut().find(|c| c.name == chain) {
@@ -406,55 +349,47 @@ fn read_contents(
     t.chains = chains;
 
     let mut sets = Vec::new();
-    let d = sock.dump(
-        NFT_MSG_GETSET,
-        NFPROTO_INET,
-        &[(1, table.as_str())],
-        &mut |m| {
-            let mut s = ObservedSet {
-                name: String::new(),
-                key_type: 0,
-                key_len: 0,
-                size: None,
-                elements: 0,
-                members: None,
-                invalid_members: 0,
-            };
-            let mut tname = String::new();
-            for a in m.nft_attrs()? {
-                let (ty, v) = a?;
-                match ty {
-                    1 => tname = netlink::string(v),
-                    2 => s.name = netlink::string(v),
-                    4 => s.key_type = be_u32(v).unwrap_or(0),
-                    5 => s.key_len = be_u32(v).unwrap_or(0),
-                    9 => {
-                        for d in Attrs::new(v) {
-                            let (dty, dv) = d?;
-                            if dty == 1 {
-                                s.size = be_u32(dv);
-                            }
+    let d = sock.dump(NFT_MSG_GETSET, NFPROTO_INET, &[(1, table.as_str())], &mut |m| {
+        let mut s = ObservedSet {
+            name: String::new(),
+            key_type: 0,
+            key_len: 0,
+            size: None,
+            elements: 0,
+            members: None,
+            invalid_members: 0,
+        };
+        let mut tname = String::new();
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            match ty {
+                1 => tname = netlink::string(v),
+                2 => s.name = netlink::string(v),
+                4 => s.key_type = be_u32(v).unwrap_or(0),
+                5 => s.key_len = be_u32(v).unwrap_or(0),
+                9 => {
+                    for d in Attrs::new(v) {
+                        let (dty, dv) = d?;
+                        if dty == 1 {
+                            s.size = be_u32(dv);
                         }
                     }
-                    _ => {}
                 }
+                _ => {}
             }
-            if tname == table {
-                sets.push(s);
-            }
-            Ok(())
-        },
-    )?;
+        }
+        if tname == table {
+            sets.push(s);
+        }
+        Ok(())
+    })?;
     interrupted |= matches!(d, Dumped::Interrupted);
     for s in &mut sets {
         let mut members = BTreeSet::new();
         let mut count = 0usize;
         let mut invalid = 0usize;
-        let d = sock.dump(
-            NFT_MSG_GETSETELEM,
-            NFPROTO_INET,
-            &[(1, table.as_str()), (2, s.name.as_str())],
-            &mut |m| {
+        let d =
+            sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, table.as_str()), (2, s.name.as_str())], &mut |m| {
                 for a in m.nft_attrs()? {
                     let (ty, v) = a?;
                     if ty != 3 {
@@ -481,8 +416,7 @@ fn read_contents(
                     }
                 }
                 Ok(())
-            },
-        )?;
+            })?;
         interrupted |= matches!(d, Dumped::Interrupted);
         s.elements = count;
         s.invalid_members = invalid;
@@ -491,9 +425,5 @@ fn read_contents(
         }
     }
     t.sets = sets;
-    Ok(if interrupted {
-        Dumped::Interrupted
-    } else {
-        Dumped::Complete
-    })
+    Ok(if interrupted { Dumped::Interrupted } else { Dumped::Complete })
 }

@@ -20,14 +20,11 @@
 //! chunks of [`ELEMENTS_PER_MESSAGE`], all inside the same batch.
 
 use rustables::expr::{
-    Bitwise, Cmp, CmpOp, Counter, HighLevelPayload, Immediate, LLHeaderField, Lookup, Meta,
-    MetaType, Payload, Register, TransportHeaderField, UDPHeaderField, VerdictKind,
+    Bitwise, Cmp, CmpOp, Counter, HighLevelPayload, Immediate, LLHeaderField, Lookup, Meta, MetaType, Payload,
+    Register, TransportHeaderField, UDPHeaderField, VerdictKind,
 };
 use rustables::set::SetBuilder;
-use rustables::{
-    Batch, Chain, ChainPolicy, ChainType, Hook, HookClass, MsgType, ProtocolFamily, Rule, Set,
-    Table,
-};
+use rustables::{Batch, Chain, ChainPolicy, ChainType, Hook, HookClass, MsgType, ProtocolFamily, Rule, Set, Table};
 
 use crate::model::{Delta, DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
 use crate::{MacAddr, NftError};
@@ -76,12 +73,7 @@ pub enum SetKind {
 }
 
 impl SetKind {
-    pub const ALL: [SetKind; 4] = [
-        SetKind::AllowMac,
-        SetKind::DenyMac,
-        SetKind::AllowChaddr,
-        SetKind::DenyChaddr,
-    ];
+    pub const ALL: [SetKind; 4] = [SetKind::AllowMac, SetKind::DenyMac, SetKind::AllowChaddr, SetKind::DenyChaddr];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -102,13 +94,9 @@ impl SetKind {
 
     /// The sets that exist for a configuration.
     pub fn for_config(config: &RulesetConfig) -> impl Iterator<Item = SetKind> + '_ {
-        Self::ALL.into_iter().filter(|k| {
-            if k.is_chaddr() {
-                config.match_mode.uses_chaddr()
-            } else {
-                config.match_mode.uses_ether()
-            }
-        })
+        Self::ALL
+            .into_iter()
+            .filter(|k| if k.is_chaddr() { config.match_mode.uses_chaddr() } else { config.match_mode.uses_ether() })
     }
 
     fn id(self) -> u32 {
@@ -174,9 +162,7 @@ pub(crate) struct Tx {
 
 impl std::fmt::Debug for Tx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tx")
-            .field("messages", &self.descriptions.len())
-            .finish()
+        f.debug_struct("Tx").field("messages", &self.descriptions.len()).finish()
     }
 }
 
@@ -195,10 +181,7 @@ impl Finished {
 
     /// The description of the message with sequence number `seq` (1-based; 0 is the batch header).
     pub(crate) fn describe(&self, seq: u32) -> String {
-        match seq
-            .checked_sub(1)
-            .and_then(|i| self.descriptions.get(i as usize))
-        {
+        match seq.checked_sub(1).and_then(|i| self.descriptions.get(i as usize)) {
             Some(d) => d.clone(),
             None => format!("the batch (message {seq})"),
         }
@@ -242,13 +225,7 @@ fn inner_messages(bytes: &[u8]) -> &[u8] {
 
 impl Tx {
     pub(crate) fn new() -> Self {
-        Self {
-            buf: Vec::new(),
-            pending: None,
-            pending_count: 0,
-            descriptions: Vec::new(),
-            elements: 0,
-        }
+        Self { buf: Vec::new(), pending: None, pending_count: 0, descriptions: Vec::new(), elements: 0 }
     }
 
     tx_add!(table, Table);
@@ -273,12 +250,8 @@ impl Tx {
         let mut off = start;
         let mut seq = first_seq;
         while off + 16 <= self.buf.len() {
-            let len = u32::from_ne_bytes([
-                self.buf[off],
-                self.buf[off + 1],
-                self.buf[off + 2],
-                self.buf[off + 3],
-            ]) as usize;
+            let len =
+                u32::from_ne_bytes([self.buf[off], self.buf[off + 1], self.buf[off + 2], self.buf[off + 3]]) as usize;
             self.buf[off + 8..off + 12].copy_from_slice(&seq.to_ne_bytes());
             seq += 1;
             off += crate::netlink::align4(len.max(16));
@@ -317,20 +290,14 @@ impl Tx {
         bytes.extend_from_slice(&batch_marker(NFNL_MSG_BATCH_BEGIN, 0));
         bytes.extend_from_slice(&self.buf);
         bytes.extend_from_slice(&batch_marker(NFNL_MSG_BATCH_END, end_seq));
-        Finished {
-            bytes,
-            descriptions: self.descriptions,
-            elements: self.elements,
-        }
+        Finished { bytes, descriptions: self.descriptions, elements: self.elements }
     }
 }
 
 /// The size given to a set holding `n` elements: room to double, at least [`MIN_SET_CAPACITY`].
 pub fn set_capacity(n: usize) -> u32 {
     let want = (n.saturating_mul(2)).max(MIN_SET_CAPACITY as usize);
-    want.checked_next_power_of_two()
-        .unwrap_or(1 << 31)
-        .min(1 << 31) as u32
+    want.checked_next_power_of_two().unwrap_or(1 << 31).min(1 << 31) as u32
 }
 
 /// Smallest set size: small sites pay ~64 KiB of kernel memory per set, and rebuild only past 2048 MACs.
@@ -366,23 +333,15 @@ fn regular_chain(t: &Table, name: &str) -> Chain {
 fn set_object(kind: SetKind, with_id: bool) -> Set {
     // rustables does not derive the set's family from its table: without this the kernel looks the table up in
     // family "unspec" and answers ENOENT.
-    let s = Set {
-        family: ProtocolFamily::Inet,
-        ..Set::default()
-    };
-    let mut s = s
-        .with_table(OWNED_TABLE)
-        .with_name(kind.name())
-        .with_key_len(6u32);
+    let s = Set { family: ProtocolFamily::Inet, ..Set::default() };
+    let mut s = s.with_table(OWNED_TABLE).with_name(kind.name()).with_key_len(6u32);
     if with_id {
         s.set_id(kind.id());
     }
     if kind.is_chaddr() {
-        s.with_key_type(NFT_TYPE_INTEGER)
-            .with_userdata(UDATA_TYPEOF_CHADDR.to_vec())
+        s.with_key_type(NFT_TYPE_INTEGER).with_userdata(UDATA_TYPEOF_CHADDR.to_vec())
     } else {
-        s.with_key_type(NFT_TYPE_ETHERADDR)
-            .with_userdata(UDATA_KEY_BIG_ENDIAN.to_vec())
+        s.with_key_type(NFT_TYPE_ETHERADDR).with_userdata(UDATA_KEY_BIG_ENDIAN.to_vec())
     }
 }
 
@@ -421,15 +380,11 @@ fn match_dhcp(mut rule: Rule, iface: Option<&str>, port: u16) -> Rule {
     if let Some(name) = iface {
         let mut bytes = [0u8; 16];
         bytes[..name.len()].copy_from_slice(name.as_bytes());
-        rule = rule
-            .with_expr(Meta::new(MetaType::IifName))
-            .with_expr(Cmp::new(CmpOp::Eq, bytes.to_vec()));
+        rule = rule.with_expr(Meta::new(MetaType::IifName)).with_expr(Cmp::new(CmpOp::Eq, bytes.to_vec()));
     }
     rule.with_expr(Meta::new(MetaType::L4Proto))
         .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
-        .with_expr(
-            HighLevelPayload::Transport(TransportHeaderField::Udp(UDPHeaderField::Dport)).build(),
-        )
+        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(UDPHeaderField::Dport)).build())
         .with_expr(Cmp::new(CmpOp::Eq, port.to_be_bytes().to_vec()))
 }
 
@@ -459,15 +414,8 @@ fn lookup(kind: SetKind) -> Result<Lookup, NftError> {
 fn set_mark(rule: Rule, config: &RulesetConfig) -> Result<Rule, NftError> {
     Ok(rule
         .with_expr(Meta::new(MetaType::Mark))
-        .with_expr(Bitwise::new(
-            (!config.mask).to_ne_bytes().to_vec(),
-            config.mark.to_ne_bytes().to_vec(),
-        )?)
-        .with_expr(
-            Meta::default()
-                .with_key(MetaType::Mark)
-                .with_sreg(Register::Reg1),
-        ))
+        .with_expr(Bitwise::new((!config.mask).to_ne_bytes().to_vec(), config.mark.to_ne_bytes().to_vec())?)
+        .with_expr(Meta::default().with_key(MetaType::Mark).with_sreg(Register::Reg1)))
 }
 
 fn verdict(rule: Rule, v: VerdictKind) -> Rule {
@@ -505,12 +453,7 @@ fn dhcp_rules(
 
 /// The rules of `pxe`, `whitelist` and `blacklist` for a mode and policy. These are the only rules a mode switch
 /// rewrites, so its cost does not depend on the size of the sets.
-fn mode_rules(
-    tx: &mut Tx,
-    config: &RulesetConfig,
-    mode: Mode,
-    policy: UnknownMacPolicy,
-) -> Result<(), NftError> {
+fn mode_rules(tx: &mut Tx, config: &RulesetConfig, mode: Mode, policy: UnknownMacPolicy) -> Result<(), NftError> {
     let t = table(OWNED_TABLE);
     let pxe = regular_chain(&t, "pxe");
     let white = regular_chain(&t, "whitelist");
@@ -525,68 +468,27 @@ fn mode_rules(
     };
 
     if mode == Mode::Blocked {
-        add(
-            tx,
-            verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop),
-            "pxe",
-            comments::BLOCKED,
-        );
+        add(tx, verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop), "pxe", comments::BLOCKED);
     }
-    add(
-        tx,
-        verdict(
-            Rule::new(&pxe)?,
-            VerdictKind::Jump {
-                chain: "whitelist".into(),
-            },
-        ),
-        "pxe",
-        comments::TO_WHITELIST,
-    );
-    add(
-        tx,
-        verdict(
-            Rule::new(&pxe)?,
-            VerdictKind::Jump {
-                chain: "blacklist".into(),
-            },
-        ),
-        "pxe",
-        comments::TO_BLACKLIST,
-    );
-    add(
-        tx,
-        verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop),
-        "pxe",
-        comments::NOT_MARKED,
-    );
+    add(tx, verdict(Rule::new(&pxe)?, VerdictKind::Jump { chain: "whitelist".into() }), "pxe", comments::TO_WHITELIST);
+    add(tx, verdict(Rule::new(&pxe)?, VerdictKind::Jump { chain: "blacklist".into() }), "pxe", comments::TO_BLACKLIST);
+    add(tx, verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop), "pxe", comments::NOT_MARKED);
 
     if mode == Mode::Leader {
         for &k in sets.iter().filter(|k| k.is_allow()) {
             let r = load_key(Rule::new(&white)?, k).with_expr(lookup(k)?);
             let r = verdict(set_mark(counter(r), config)?, VerdictKind::Accept);
-            let c = if k.is_chaddr() {
-                comments::ALLOW_CHADDR
-            } else {
-                comments::ALLOW_MAC
-            };
+            let c = if k.is_chaddr() { comments::ALLOW_CHADDR } else { comments::ALLOW_MAC };
             add(tx, r, "whitelist", c);
         }
     }
     for &k in sets.iter().filter(|k| !k.is_allow()) {
         let r = load_key(Rule::new(&black)?, k).with_expr(lookup(k)?);
-        let c = if k.is_chaddr() {
-            comments::DENY_CHADDR
-        } else {
-            comments::DENY_MAC
-        };
+        let c = if k.is_chaddr() { comments::DENY_CHADDR } else { comments::DENY_MAC };
         add(tx, verdict(counter(r), VerdictKind::Drop), "blacklist", c);
     }
     if mode == Mode::Leader && policy == UnknownMacPolicy::Allow {
-        let r = verdict(
-            set_mark(counter(Rule::new(&black)?), config)?,
-            VerdictKind::Accept,
-        );
+        let r = verdict(set_mark(counter(Rule::new(&black)?), config)?, VerdictKind::Accept);
         add(tx, r, "blacklist", comments::PASS);
     }
     Ok(())
@@ -603,50 +505,25 @@ pub(crate) fn full_owned(s: &DesiredState) -> Result<Tx, NftError> {
     tx.table(&t, MsgType::Del, format!("{desc} (delete for rebuild)"));
     tx.table(&t, MsgType::Add, format!("{desc} (rebuild)"));
     for k in SetKind::for_config(&s.config) {
-        let macs: Vec<MacAddr> = if k.is_allow() {
-            s.allow.iter().copied().collect()
-        } else {
-            s.deny.iter().copied().collect()
-        };
+        let macs: Vec<MacAddr> =
+            if k.is_allow() { s.allow.iter().copied().collect() } else { s.deny.iter().copied().collect() };
         let size = set_capacity(macs.len());
-        tx.set_with_size(
-            &set_object(k, true),
-            size,
-            format!("set inet {OWNED_TABLE} {} (size {size})", k.name()),
-        );
+        tx.set_with_size(&set_object(k, true), size, format!("set inet {OWNED_TABLE} {} (size {size})", k.name()));
         set_elements(&mut tx, k, &macs, MsgType::Add)?;
     }
     for name in ["whitelist", "blacklist", "pxe"] {
-        tx.chain(
-            &regular_chain(&t, name),
-            MsgType::Add,
-            format!("chain inet {OWNED_TABLE} {name}"),
-        );
+        tx.chain(&regular_chain(&t, name), MsgType::Add, format!("chain inet {OWNED_TABLE} {name}"));
     }
     mode_rules(&mut tx, &s.config, s.mode, s.unknown_mac_policy)?;
     for &h in &s.config.hooks {
         let chain = base_chain(&t, h, OWNED_PRIORITY);
-        tx.chain(
-            &chain,
-            MsgType::Add,
-            format!("base chain inet {OWNED_TABLE} {}", h.chain_name()),
-        );
-        let jump = |r: Rule| {
-            Ok(verdict(
-                counter(r),
-                VerdictKind::Jump {
-                    chain: "pxe".into(),
-                },
-            ))
-        };
+        tx.chain(&chain, MsgType::Add, format!("base chain inet {OWNED_TABLE} {}", h.chain_name()));
+        let jump = |r: Rule| Ok(verdict(counter(r), VerdictKind::Jump { chain: "pxe".into() }));
         for (rule, what) in dhcp_rules(&chain, &s.config, &jump)? {
             tx.rule(
                 &with_comment(rule, comments::DHCP_JUMP),
                 MsgType::Add,
-                format!(
-                    "rule \"{what} jump pxe\" in chain inet {OWNED_TABLE} {}",
-                    h.chain_name()
-                ),
+                format!("rule \"{what} jump pxe\" in chain inet {OWNED_TABLE} {}", h.chain_name()),
             );
         }
     }
@@ -654,20 +531,12 @@ pub(crate) fn full_owned(s: &DesiredState) -> Result<Tx, NftError> {
 }
 
 /// Flushes and rebuilds the mode-dependent rules.
-pub(crate) fn switch_mode(
-    config: &RulesetConfig,
-    mode: Mode,
-    policy: UnknownMacPolicy,
-) -> Result<Tx, NftError> {
+pub(crate) fn switch_mode(config: &RulesetConfig, mode: Mode, policy: UnknownMacPolicy) -> Result<Tx, NftError> {
     let mut tx = Tx::new();
     let t = table(OWNED_TABLE);
     for name in ["pxe", "whitelist", "blacklist"] {
         // A rule deletion naming only table and chain flushes the chain.
-        tx.rule(
-            &Rule::new(&regular_chain(&t, name))?,
-            MsgType::Del,
-            format!("flush chain inet {OWNED_TABLE} {name}"),
-        );
+        tx.rule(&Rule::new(&regular_chain(&t, name))?, MsgType::Del, format!("flush chain inet {OWNED_TABLE} {name}"));
     }
     mode_rules(&mut tx, config, mode, policy)?;
     Ok(tx)
@@ -693,31 +562,16 @@ pub(crate) fn guard_install(config: &RulesetConfig) -> Result<Tx, NftError> {
     config.validate()?;
     let mut tx = Tx::new();
     let t = table(GUARD_TABLE);
-    tx.table(
-        &t,
-        MsgType::Add,
-        format!("table inet {GUARD_TABLE} (create)"),
-    );
-    tx.table(
-        &t,
-        MsgType::Del,
-        format!("table inet {GUARD_TABLE} (delete for rebuild)"),
-    );
+    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE} (create)"));
+    tx.table(&t, MsgType::Del, format!("table inet {GUARD_TABLE} (delete for rebuild)"));
     tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE}"));
     for &h in &config.hooks {
         let chain = base_chain(&t, h, GUARD_PRIORITY);
-        tx.chain(
-            &chain,
-            MsgType::Add,
-            format!("base chain inet {GUARD_TABLE} {}", h.chain_name()),
-        );
+        tx.chain(&chain, MsgType::Add, format!("base chain inet {GUARD_TABLE} {}", h.chain_name()));
         let drop_unmarked = |r: Rule| -> Result<Rule, NftError> {
             let r = r
                 .with_expr(Meta::new(MetaType::Mark))
-                .with_expr(Bitwise::new(
-                    config.mask.to_ne_bytes().to_vec(),
-                    vec![0u8; 4],
-                )?)
+                .with_expr(Bitwise::new(config.mask.to_ne_bytes().to_vec(), vec![0u8; 4])?)
                 .with_expr(Cmp::new(CmpOp::Neq, config.mark.to_ne_bytes().to_vec()));
             Ok(verdict(counter(r), VerdictKind::Drop))
         };
@@ -725,10 +579,7 @@ pub(crate) fn guard_install(config: &RulesetConfig) -> Result<Tx, NftError> {
             tx.rule(
                 &with_comment(rule, comments::GUARD_DROP),
                 MsgType::Add,
-                format!(
-                    "rule \"{what} unmarked drop\" in chain inet {GUARD_TABLE} {}",
-                    h.chain_name()
-                ),
+                format!("rule \"{what} unmarked drop\" in chain inet {GUARD_TABLE} {}", h.chain_name()),
             );
         }
     }
@@ -739,16 +590,8 @@ pub(crate) fn guard_install(config: &RulesetConfig) -> Result<Tx, NftError> {
 pub(crate) fn guard_remove() -> Tx {
     let mut tx = Tx::new();
     let t = table(GUARD_TABLE);
-    tx.table(
-        &t,
-        MsgType::Add,
-        format!("table inet {GUARD_TABLE} (create)"),
-    );
-    tx.table(
-        &t,
-        MsgType::Del,
-        format!("table inet {GUARD_TABLE} (delete)"),
-    );
+    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE} (create)"));
+    tx.table(&t, MsgType::Del, format!("table inet {GUARD_TABLE} (delete)"));
     tx
 }
 
@@ -770,12 +613,7 @@ mod tests {
     use crate::netlink::{Attrs, Messages};
 
     fn macs(n: usize) -> Vec<MacAddr> {
-        (0..n)
-            .map(|i| {
-                MacAddr::from_octets([0x02, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 1])
-                    .unwrap()
-            })
-            .collect()
+        (0..n).map(|i| MacAddr::from_octets([0x02, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 1]).unwrap()).collect()
     }
 
     /// Counts, per message type, the set elements actually encoded in a finished batch.
@@ -811,22 +649,13 @@ mod tests {
         assert_eq!(encoded, 2 * (100_000 + 2_500));
         assert_eq!(tx.elements, encoded);
         // every set and element message carries family inet (NFPROTO_INET = 1)
-        assert!(
-            !families.is_empty() && families.iter().all(|&f| f == 1),
-            "{families:?}"
-        );
+        assert!(!families.is_empty() && families.iter().all(|&f| f == 1), "{families:?}");
     }
 
     #[test]
     fn one_chunk_is_well_below_the_attribute_limit() {
         let mut tx = Tx::new();
-        set_elements(
-            &mut tx,
-            SetKind::DenyMac,
-            &macs(ELEMENTS_PER_MESSAGE),
-            MsgType::Add,
-        )
-        .unwrap();
+        set_elements(&mut tx, SetKind::DenyMac, &macs(ELEMENTS_PER_MESSAGE), MsgType::Add).unwrap();
         let f = tx.finish();
         let msg = Messages::new(&f.bytes).nth(1).unwrap().unwrap();
         assert!(msg.payload.len() < 60_000, "{}", msg.payload.len());
@@ -838,37 +667,21 @@ mod tests {
         s.deny.extend(macs(2_001));
         let f = full_owned(&s).unwrap().finish();
         let descs: Vec<String> = (1..=f.last_seq()).map(|i| f.describe(i)).collect();
-        assert!(
-            descs
-                .iter()
-                .any(|d| d.contains("elements 2001..2001") && d.contains("deny_mac")),
-            "{descs:#?}"
-        );
+        assert!(descs.iter().any(|d| d.contains("elements 2001..2001") && d.contains("deny_mac")), "{descs:#?}");
         assert_eq!(f.describe(0), "the batch (message 0)");
     }
 
     #[test]
     fn mode_switch_does_not_touch_sets() {
         let c = RulesetConfig::default();
-        let f = switch_mode(&c, Mode::Leader, UnknownMacPolicy::Allow)
-            .unwrap()
-            .finish();
+        let f = switch_mode(&c, Mode::Leader, UnknownMacPolicy::Allow).unwrap().finish();
         assert_eq!(f.elements, 0);
-        assert!(
-            f.descriptions
-                .iter()
-                .all(|d| !d.contains("element") && !d.contains("set ")),
-            "{:#?}",
-            f.descriptions
-        );
+        assert!(f.descriptions.iter().all(|d| !d.contains("element") && !d.contains("set ")), "{:#?}", f.descriptions);
     }
 
     #[test]
     fn comments_round_trip() {
-        assert_eq!(
-            parse_comment(&comment_udata(comments::PASS)).as_deref(),
-            Some(comments::PASS)
-        );
+        assert_eq!(parse_comment(&comment_udata(comments::PASS)).as_deref(), Some(comments::PASS));
         assert_eq!(parse_comment(&[0x05, 0x01]), None);
     }
 }
