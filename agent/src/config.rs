@@ -28,8 +28,8 @@ impl AgentConfig {
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
             Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
         };
-        let cfg: Self =
-            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{} is not a valid agent configuration: {e}", path.display()))?;
+        let cfg: Self = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a valid agent configuration: {e}", path.display()))?;
         Ok(cfg)
     }
 }

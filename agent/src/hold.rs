@@ -25,7 +25,8 @@ pub struct StaticState {
 impl StaticState {
     /// Reads a state file; `.json` files are JSON, anything else TOML.
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read state file {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read state file {}", path.display()))?;
         let parsed = if path.extension().is_some_and(|e| e == "json") {
             serde_json::from_str(&text).map_err(anyhow::Error::from)
         } else {

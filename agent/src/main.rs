@@ -6,13 +6,17 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
+use ironguard_agent::AgentConfig;
 use ironguard_agent::hold::{self, HoldOptions, StaticState};
 use ironguard_agent::logging::{self, LogFormat};
-use ironguard_agent::AgentConfig;
 use ironguard_nft::{HookKind, MacAddr, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
 
 #[derive(Debug, Parser)]
-#[command(name = "ironguard-agent", version, about = "ironguard PXE-host agent: keeps the DHCP/PXE firewall, fails closed")]
+#[command(
+    name = "ironguard-agent",
+    version,
+    about = "ironguard PXE-host agent: keeps the DHCP/PXE firewall, fails closed"
+)]
 struct Cli {
     /// Configuration file (TOML). Default: /etc/ironguard/agent.toml if it exists.
     #[arg(long, global = true, env = "IRONGUARD_AGENT_CONFIG")]

@@ -13,6 +13,7 @@ pub fn enter(name: &str) -> anyhow::Result<()> {
     }
     let path = format!("/run/netns/{name}");
     let f = File::open(&path).with_context(|| format!("network namespace {name:?} not found ({path})"))?;
-    setns(f, CloneFlags::CLONE_NEWNET).with_context(|| format!("cannot enter network namespace {name:?} (CAP_SYS_ADMIN needed)"))?;
+    setns(f, CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("cannot enter network namespace {name:?} (CAP_SYS_ADMIN needed)"))?;
     Ok(())
 }

@@ -1,0 +1,492 @@
+//! Harness for ironguard's privileged end-to-end tests.
+//!
+//! Every test builds its own topology from uniquely named network namespaces ([`Netns`]) joined by veth pairs,
+//! starts a real dnsmasq ([`Dnsmasq`]) in a "PXE host" namespace and real DHCP clients (busybox `udhcpc`, see
+//! [`dhcp`]) in "node" namespaces, and runs the real ironguard binaries ([`bin`]). Nothing touches the host's
+//! own firewall: all nftables state lives inside the test namespaces, which are deleted (with every process in
+//! them) when the test ends, whether it passed or panicked.
+//!
+//! These tests need root (for `ip netns`) and the tools the README's test command installs. When either is
+//! missing they fail with a message naming what is missing; they never skip.
+#![forbid(unsafe_code)]
+
+use std::fs::File;
+use std::io::Read as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ironguard_nft::MacAddr;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn unique(tag: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("ig-{tag}-{}-{n}", std::process::id())
+}
+
+/// Fails the test unless it runs as root with every tool the end-to-end tests use. Called by every harness
+/// constructor, so a test cannot silently run without its real parts.
+pub fn require_privileges() {
+    static CHECK: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = CHECK.get_or_init(|| {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("end-to-end tests need root (ip netns, nftables). Run the README's test command as root.".into());
+        }
+        let mut missing = vec![];
+        for tool in ["ip", "nft", "dnsmasq", "busybox", "setpriv", "ss"] {
+            let found = Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !found {
+                missing.push(tool);
+            }
+        }
+        if !missing.is_empty() {
+            return Err(format!(
+                "missing tools for the end-to-end tests: {}. The README's test command installs them (nftables, dnsmasq-base, busybox, util-linux, iproute2).",
+                missing.join(", ")
+            ));
+        }
+        Ok(())
+    });
+    if let Err(e) = r {
+        panic!("cannot set up the end-to-end test: {e}");
+    }
+}
+
+/// Path of a workspace binary (built by `cargo build --workspace` before the tests run).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace binaries first (cargo build --workspace --bins)",
+        p.display()
+    );
+    p
+}
+
+/// Runs a command to completion; panics with its output if it fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A temporary directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(unique(tag));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        // World-writable: some tests run ironguard as an unprivileged user that writes its ready file here.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o1777)).expect("chmod temp dir");
+        Self(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A uniquely named network namespace, deleted with all its processes on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Self {
+        require_privileges();
+        let name = unique(tag);
+        run_ok(Command::new("ip").args(["netns", "add", &name]));
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A command that runs inside this namespace.
+    pub fn cmd(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+
+    /// `ip ARGS` inside the namespace; panics on failure.
+    pub fn ip(&self, args: &[&str]) -> Output {
+        run_ok(self.cmd("ip").args(args))
+    }
+
+    /// `nft ARGS` inside the namespace.
+    pub fn nft(&self, args: &[&str]) -> Output {
+        self.cmd("nft").args(args).output().expect("run nft")
+    }
+
+    /// Pids of every process in the namespace.
+    pub fn pids(&self) -> Vec<i32> {
+        let out = Command::new("ip").args(["netns", "pids", &self.name]).output().expect("ip netns pids");
+        String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// Connects `a_if` in `a` to `b_if` in `b` with a veth pair (created directly in the namespaces, so interface
+/// names never collide between tests).
+pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) {
+    run_ok(Command::new("ip").args([
+        "link",
+        "add",
+        a_if,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_if,
+        "netns",
+        b.name(),
+    ]));
+    a.ip(&["link", "set", a_if, "up"]);
+    b.ip(&["link", "set", b_if, "up"]);
+}
+
+/// A child process killed (SIGKILL) and reaped on drop; its output goes to a log file shown on failure.
+#[derive(Debug)]
+pub struct Proc {
+    pub child: Option<Child>,
+    pub what: String,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Spawns `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(what: &str, mut cmd: Command, log: PathBuf) -> Self {
+        let f = File::options().create(true).append(true).open(&log).expect("open log");
+        let f2 = f.try_clone().expect("clone log fd");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f)
+            .stderr(f2)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what} ({cmd:?}): {e}"));
+        Self { child: Some(child), what: what.to_string(), log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig);
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if thread::panicking() {
+            eprintln!("---- log of {} ({}) ----\n{}", self.what, self.log.display(), self.log_text());
+        }
+    }
+}
+
+/// Polls `f` every 10 ms until it returns `Some`, up to `timeout`.
+pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A real dnsmasq serving DHCP in a namespace.
+#[derive(Debug)]
+pub struct Dnsmasq {
+    pub proc: Proc,
+}
+
+impl Dnsmasq {
+    /// Starts dnsmasq on `iface` in `ns` with a DHCP range, and waits until it listens on UDP 67.
+    pub fn start(ns: &Netns, dir: &TempDir, iface: &str, range: (&str, &str), extra: &[&str]) -> Self {
+        let tag = format!("dnsmasq-{iface}");
+        let mut cmd = ns.cmd("dnsmasq");
+        cmd.args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--port=0",
+            "--user=root",
+            "--log-facility=-",
+            "--log-dhcp",
+            "--no-ping",
+            "--dhcp-authoritative",
+        ])
+        .arg(format!("--interface={iface}"))
+        .arg(format!("--dhcp-range={},{},255.255.255.0,1h", range.0, range.1))
+        .arg(format!("--dhcp-leasefile={}", dir.join(&format!("{tag}.leases")).display()))
+        .arg(format!("--pid-file={}", dir.join(&format!("{tag}.pid")).display()))
+        .args(extra);
+        let proc = Proc::spawn(&tag, cmd, dir.join(&format!("{tag}.log")));
+        let mut d = Self { proc };
+        d.wait_listening(ns);
+        d
+    }
+
+    fn wait_listening(&mut self, ns: &Netns) {
+        let ok = wait_for(Duration::from_secs(10), || {
+            let out = ns.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
+            (!out.stdout.is_empty()).then_some(())
+        });
+        assert!(
+            ok.is_some() && self.proc.running(),
+            "dnsmasq did not start listening on udp/67:\n{}",
+            self.proc.log_text()
+        );
+    }
+}
+
+/// A lease obtained by a DHCP client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub ip: Ipv4Addr,
+    pub server_id: Ipv4Addr,
+}
+
+fn udhcpc_script() -> &'static Path {
+    static SCRIPT: OnceLock<PathBuf> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let p = std::env::temp_dir().join(format!("ig-udhcpc-{}.sh", std::process::id()));
+        std::fs::write(&p, "#!/bin/sh\n[ \"$1\" = bound ] && echo \"LEASE $ip $serverid\"\nexit 0\n")
+            .expect("write script");
+        run_ok(Command::new("chmod").arg("755").arg(&p));
+        p
+    })
+}
+
+/// How long a client keeps trying before it counts as "no lease": 3 DISCOVERs, 1 s apart.
+pub const DHCP_TRIES: u32 = 3;
+
+/// Sets `iface`'s MAC in `node` and starts a busybox udhcpc; collect the result with [`DhcpAttempt::finish`].
+pub fn dhcp_start(node: &Netns, iface: &str, mac: MacAddr) -> DhcpAttempt {
+    node.ip(&["link", "set", iface, "down"]);
+    node.ip(&["link", "set", iface, "address", &mac.to_string()]);
+    node.ip(&["link", "set", iface, "up"]);
+    let child = node
+        .cmd("busybox")
+        .args(["udhcpc", "-i", iface, "-f", "-q", "-n", "-t", &DHCP_TRIES.to_string(), "-T", "1", "-A", "1", "-s"])
+        .arg(udhcpc_script())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn udhcpc");
+    DhcpAttempt { child, mac }
+}
+
+/// A DHCP client run in progress.
+#[derive(Debug)]
+pub struct DhcpAttempt {
+    child: Child,
+    pub mac: MacAddr,
+}
+
+impl DhcpAttempt {
+    /// Waits for the client; `Some(lease)` if it got one.
+    pub fn finish(self) -> Option<Lease> {
+        let out = self.child.wait_with_output().expect("wait udhcpc");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lease = text.lines().find_map(|l| {
+            let mut f = l.strip_prefix("LEASE ")?.split_whitespace();
+            Some(Lease { ip: f.next()?.parse().ok()?, server_id: f.next()?.parse().ok()? })
+        });
+        if out.status.success() != lease.is_some() {
+            panic!(
+                "udhcpc exit status {} disagrees with its output:\n{text}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        lease
+    }
+}
+
+/// One DHCP exchange with a fixed MAC: `Some(lease)` or `None` after [`DHCP_TRIES`] DISCOVERs.
+pub fn dhcp(node: &Netns, iface: &str, mac: MacAddr) -> Option<Lease> {
+    dhcp_start(node, iface, mac).finish()
+}
+
+/// Parses a MAC literal (tests only).
+pub fn mac(s: &str) -> MacAddr {
+    s.parse().expect("valid MAC")
+}
+
+/// A PXE host namespace with a bridge `br0` (10.77.0.1/24) serving DHCP with a real dnsmasq, and `n` node
+/// namespaces, each with an `eth0` on that bridge.
+#[derive(Debug)]
+pub struct PxeLan {
+    pub dnsmasq: Dnsmasq,
+    pub nodes: Vec<Netns>,
+    pub pxe: Netns,
+    pub dir: TempDir,
+}
+
+impl PxeLan {
+    pub const SERVER: &'static str = "10.77.0.1";
+
+    pub fn new(n: usize) -> Self {
+        let dir = TempDir::new("lan");
+        let pxe = Netns::new("pxe");
+        pxe.ip(&["link", "add", "br0", "type", "bridge", "forward_delay", "0"]);
+        pxe.ip(&["addr", "add", "10.77.0.1/24", "dev", "br0"]);
+        pxe.ip(&["link", "set", "br0", "up"]);
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            let node = Netns::new("node");
+            let port = format!("p{i}");
+            veth(&node, "eth0", &pxe, &port);
+            pxe.ip(&["link", "set", &port, "master", "br0"]);
+            nodes.push(node);
+        }
+        let dnsmasq = Dnsmasq::start(&pxe, &dir, "br0", ("10.77.0.100", "10.77.0.250"), &[]);
+        Self { dnsmasq, nodes, pxe, dir }
+    }
+
+    /// Runs one DHCP client per (node index, MAC) at the same time; results in the same order.
+    pub fn dhcp_all(&self, clients: &[(usize, MacAddr)]) -> Vec<Option<Lease>> {
+        let attempts: Vec<DhcpAttempt> = clients.iter().map(|(i, m)| dhcp_start(&self.nodes[*i], "eth0", *m)).collect();
+        attempts.into_iter().map(DhcpAttempt::finish).collect()
+    }
+}
+
+/// An `ironguard-agent hold` process in a namespace, waited on until its table is in place.
+pub fn start_hold(ns: &Netns, dir: &TempDir, args: &[&str]) -> Proc {
+    start_hold_as(ns, dir, args, None)
+}
+
+/// Like [`start_hold`], optionally wrapped in another command (e.g. `setpriv ...` to drop privileges).
+pub fn start_hold_as(ns: &Netns, dir: &TempDir, args: &[&str], wrapper: Option<&[&str]>) -> Proc {
+    let ready = dir.join(&unique("ready"));
+    let mut cmd = match wrapper {
+        Some(w) => {
+            let mut c = ns.cmd(w[0]);
+            c.args(&w[1..]).arg(bin("ironguard-agent"));
+            c
+        }
+        None => ns.cmd(bin("ironguard-agent")),
+    };
+    cmd.arg("hold").args(args).arg("--ready-file").arg(&ready).env("RUST_LOG", "info");
+    let log = dir.join(&unique("agent-log"));
+    let mut p = Proc::spawn("ironguard-agent hold", cmd, log);
+    let ok = wait_for(Duration::from_secs(10), || {
+        if !p.running() {
+            return Some(false);
+        }
+        ready.exists().then_some(true)
+    });
+    assert_eq!(ok, Some(true), "ironguard-agent hold did not become ready:\n{}", p.log_text());
+    p
+}
+
+/// `ironguardctl chains --netns NS --json`, parsed.
+pub fn chains_json(ns: &Netns) -> serde_json::Value {
+    let out = run_ok(Command::new(bin("ironguardctl")).args(["chains", "--json", "--netns", ns.name()]));
+    serde_json::from_slice(&out.stdout).expect("ironguardctl chains --json prints JSON")
+}
+
+/// The verdict string of `ironguardctl chains --json`.
+pub fn verdict(ns: &Netns) -> String {
+    chains_json(ns)["verdict"].as_str().expect("verdict").to_string()
+}
+
+/// Runs `f` on a thread that has entered `ns`, so in-process netlink sockets live in that namespace.
+pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{}", ns.name());
+    thread::spawn(move || {
+        let fd = File::open(&path).expect("open netns");
+        nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}

@@ -1,0 +1,401 @@
+//! Dataplane end-to-end: the real kernel's nftables in network namespaces, a real dnsmasq, real DHCP clients.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ironguard_netns_tests::*;
+use ironguard_nft::{
+    Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, NftError, RulesetConfig, UnknownMacPolicy,
+};
+use nix::sys::signal::Signal;
+
+const ALLOWED: &str = "52:54:00:aa:00:01";
+const DENIED: &str = "52:54:00:dd:00:02";
+const BOTH: &str = "52:54:00:bb:00:03";
+const UNKNOWN: &str = "52:54:00:cc:00:04";
+
+fn hold_args(mode: &str, policy: &str) -> Vec<String> {
+    [
+        "--interface",
+        "br0",
+        "--mode",
+        mode,
+        "--unknown-mac-policy",
+        policy,
+        "--allow",
+        ALLOWED,
+        "--allow",
+        BOTH,
+        "--deny",
+        DENIED,
+        "--deny",
+        BOTH,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn guard_install(ns: &Netns, iface: &str) {
+    run_ok(ns.cmd(bin("ironguard-agent")).args(["guard", "install", "--interface", iface]));
+}
+
+#[test]
+fn without_ironguard_dnsmasq_serves_everyone() {
+    // Control experiment: the topology works, so "no lease" below means the firewall, not the harness.
+    let lan = PxeLan::new(1);
+    let lease = dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).expect("a lease with no firewall at all");
+    assert_eq!(lease.server_id.to_string(), PxeLan::SERVER);
+    assert_eq!(verdict(&lan.pxe), "UNGUARDED");
+}
+
+#[test]
+fn guard_alone_blocks_every_node() {
+    let lan = PxeLan::new(2);
+    guard_install(&lan.pxe, "br0");
+    let r = lan.dhcp_all(&[(0, mac(ALLOWED)), (1, mac(UNKNOWN))]);
+    assert_eq!(r, vec![None, None], "the guard alone must block DHCP");
+    assert_eq!(verdict(&lan.pxe), "CLOSED");
+    let j = chains_json(&lan.pxe);
+    assert_eq!(j["verdict_text"], "CLOSED (agent absent, guard present)");
+    // The guard counted the DISCOVERs it dropped.
+    let packets = j["guard"]["chains"][0]["rules"][0]["packets"].as_u64().unwrap();
+    assert!(packets >= 2, "guard drop counter: {packets}");
+}
+
+#[test]
+fn leader_with_policy_allow() {
+    let lan = PxeLan::new(4);
+    let args = hold_args("leader", "allow");
+    let _agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(verdict(&lan.pxe), "LEADER");
+    let r = lan.dhcp_all(&[(0, mac(ALLOWED)), (1, mac(DENIED)), (2, mac(BOTH)), (3, mac(UNKNOWN))]);
+    assert!(r[0].is_some(), "allowed MAC must get a lease");
+    assert!(r[1].is_none(), "denied MAC must not get a lease");
+    assert!(r[2].is_some(), "a MAC in both sets gets a lease (whitelist first)");
+    assert!(r[3].is_some(), "unknown MAC gets a lease under policy allow");
+    let j = chains_json(&lan.pxe);
+    assert_eq!(j["mode"], "leader");
+    assert_eq!(j["pass_rule"], true);
+}
+
+#[test]
+fn leader_with_policy_deny() {
+    let lan = PxeLan::new(4);
+    let args = hold_args("leader", "deny");
+    let _agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let r = lan.dhcp_all(&[(0, mac(ALLOWED)), (1, mac(DENIED)), (2, mac(BOTH)), (3, mac(UNKNOWN))]);
+    assert!(r[0].is_some(), "allowed MAC must get a lease");
+    assert!(r[1].is_none(), "denied MAC must not get a lease");
+    assert!(r[2].is_some(), "a MAC in both sets gets a lease (whitelist first)");
+    assert!(r[3].is_none(), "unknown MAC gets no lease under policy deny");
+    assert_eq!(chains_json(&lan.pxe)["pass_rule"], false);
+    assert_eq!(verdict(&lan.pxe), "LEADER");
+}
+
+#[test]
+fn follower_and_blocked_serve_nobody() {
+    let lan = PxeLan::new(3);
+    for mode in ["follower", "blocked"] {
+        let args = hold_args(mode, "allow");
+        let mut agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(verdict(&lan.pxe), mode.to_uppercase());
+        let r = lan.dhcp_all(&[(0, mac(ALLOWED)), (1, mac(UNKNOWN)), (2, mac(BOTH))]);
+        assert_eq!(r, vec![None, None, None], "{mode}: nobody may get a lease");
+        agent.signal(Signal::SIGTERM);
+        assert!(agent.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()), "{}", agent.log_text());
+    }
+}
+
+#[test]
+fn sigkill_of_the_owner_closes_dhcp_within_a_second_and_leaves_the_guard() {
+    let lan = PxeLan::new(1);
+    let args = hold_args("leader", "allow");
+    let mut agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(dhcp(&lan.nodes[0], "eth0", mac(ALLOWED)).is_some(), "leader serves the allowed MAC");
+
+    let killed = Instant::now();
+    agent.signal(Signal::SIGKILL);
+    // The kernel deletes the owned table when the owner's socket closes: poll the kernel state.
+    let closed = wait_for(Duration::from_secs(1), || (verdict(&lan.pxe) == "CLOSED").then_some(killed.elapsed()));
+    let closed = closed.expect("the owned table must be gone within 1 s of SIGKILL");
+    eprintln!("owned table gone {closed:?} after SIGKILL");
+    let j = chains_json(&lan.pxe);
+    assert_eq!(j["guard_present"], true, "the guard survives the agent");
+    assert_eq!(j["owned_present"], false);
+    assert!(dhcp(&lan.nodes[0], "eth0", mac(ALLOWED)).is_none(), "no lease once the agent is dead");
+}
+
+#[test]
+fn relayed_dhcp_is_filtered_by_chaddr() {
+    // node --(eth0 | r0 10.78.1.1)-- relay --(r1 10.78.2.2 | s0 10.78.2.1)-- pxe
+    let dir = TempDir::new("relay");
+    let pxe = Netns::new("rpxe");
+    let relay = Netns::new("relay");
+    let node = Netns::new("rnode");
+    veth(&node, "eth0", &relay, "r0");
+    veth(&relay, "r1", &pxe, "s0");
+    relay.ip(&["addr", "add", "10.78.1.1/24", "dev", "r0"]);
+    relay.ip(&["addr", "add", "10.78.2.2/24", "dev", "r1"]);
+    pxe.ip(&["addr", "add", "10.78.2.1/24", "dev", "s0"]);
+    pxe.ip(&["route", "add", "10.78.1.0/24", "via", "10.78.2.2"]);
+    let _server = Dnsmasq::start(&pxe, &dir, "s0", ("10.78.1.100", "10.78.1.200"), &[]);
+    let mut relay_cmd = relay.cmd("dnsmasq");
+    relay_cmd.args([
+        "--keep-in-foreground",
+        "--conf-file=/dev/null",
+        "--port=0",
+        "--user=root",
+        "--log-facility=-",
+        "--dhcp-relay=10.78.1.1,10.78.2.1",
+        "--interface=r0",
+        "--interface=r1",
+    ]);
+    let mut relay_proc = Proc::spawn("dnsmasq relay", relay_cmd, dir.join("relay.log"));
+    wait_for(Duration::from_secs(5), || {
+        let out = relay.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
+        (!out.stdout.is_empty()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("relay did not start: {}", relay_proc.log_text()));
+    assert!(relay_proc.running());
+
+    // Control: the relay path works and the server sees the relay's Ethernet address, not the node's.
+    let relay_mac = String::from_utf8(relay.ip(&["-br", "link", "show", "r1"]).stdout).unwrap();
+    assert!(dhcp(&node, "eth0", mac(UNKNOWN)).is_some(), "relayed DHCP works without a firewall");
+
+    // Policy allow, the node's chaddr denied: no offer although the Ethernet source (the relay) is unknown.
+    let mut agent = start_hold(
+        &pxe,
+        &dir,
+        &[
+            "--interface",
+            "s0",
+            "--mode",
+            "leader",
+            "--unknown-mac-policy",
+            "allow",
+            "--deny",
+            DENIED,
+            "--allow",
+            ALLOWED,
+        ],
+    );
+    assert!(dhcp(&node, "eth0", mac(DENIED)).is_none(), "denied chaddr behind a relay must get no offer ({relay_mac})");
+    assert!(dhcp(&node, "eth0", mac(UNKNOWN)).is_some(), "unknown chaddr passes under policy allow");
+    let j = chains_json(&pxe);
+    let deny_chaddr_hits = j["owned"]["chains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["rules"].as_array().unwrap().iter())
+        .find(|r| r["comment"] == "ironguard:deny-chaddr")
+        .and_then(|r| r["packets"].as_u64())
+        .unwrap();
+    assert!(deny_chaddr_hits >= 1, "the chaddr rule (not the ether rule) dropped the relayed DISCOVERs");
+    agent.signal(Signal::SIGTERM);
+    agent.wait_exit(Duration::from_secs(5));
+
+    // Policy deny: only the allowed chaddr gets an offer through the relay.
+    let _agent = start_hold(
+        &pxe,
+        &dir,
+        &["--interface", "s0", "--mode", "leader", "--unknown-mac-policy", "deny", "--allow", ALLOWED],
+    );
+    assert!(dhcp(&node, "eth0", mac(ALLOWED)).is_some(), "allowed chaddr behind a relay gets a lease");
+    assert!(dhcp(&node, "eth0", mac(UNKNOWN)).is_none(), "unknown chaddr behind a relay is denied under policy deny");
+}
+
+fn many_macs(n: usize, tag: u8) -> Vec<MacAddr> {
+    (0..n).map(|i| MacAddr::from_octets([0x02, tag, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x01]).unwrap()).collect()
+}
+
+#[test]
+fn hundred_thousand_elements_are_all_in_the_kernel() {
+    let ns = Netns::new("big");
+    let (counts, drift) = in_netns(&ns, || {
+        let mut dp = KernelDataplane::open().unwrap();
+        let mut s = DesiredState::blocked(RulesetConfig::default());
+        s.allow.extend(many_macs(100_000, 0xa));
+        s.deny.extend(many_macs(100_000, 0xd));
+        dp.apply(&s).unwrap();
+        let o = dp.observe(true).unwrap();
+        let counts: Vec<(String, usize, usize)> = o
+            .owned
+            .unwrap()
+            .sets
+            .iter()
+            .map(|s| (s.name.clone(), s.elements, s.members.as_ref().unwrap().len()))
+            .collect();
+        (counts, dp.drift(true).unwrap())
+    });
+    assert_eq!(counts.len(), 4);
+    for (name, n, members) in counts {
+        assert_eq!(n, 100_000, "set {name} must hold exactly 100000 elements");
+        assert_eq!(members, 100_000, "set {name}: every element read back is a distinct valid MAC");
+    }
+    // Drift compares the member lists too, so this is an element-by-element check.
+    assert_eq!(drift, vec!["guard table inet ironguard_guard is missing".to_string()]);
+}
+
+#[test]
+fn a_batch_with_an_invalid_object_changes_nothing() {
+    let ns = Netns::new("atomic");
+    let (before, after, err, after_mode, err2) = in_netns(&ns, || {
+        let mut dp = KernelDataplane::open().unwrap();
+        let mut s = DesiredState::blocked(RulesetConfig::default());
+        s.mode = Mode::Leader;
+        s.allow.extend(many_macs(10, 1));
+        s.deny.extend(many_macs(5000, 2));
+        dp.apply(&s).unwrap();
+        let before = dp.observe(true).unwrap();
+        // A delta touching thousands of elements in several messages, then an object the kernel must refuse.
+        dp.inject_invalid_object_once();
+        let delta = Delta {
+            allow_add: many_macs(3000, 3),
+            deny_remove: many_macs(2500, 2),
+            deny_add: many_macs(100, 4),
+            ..Default::default()
+        };
+        let err = dp.apply_delta(&delta).unwrap_err();
+        let after = dp.observe(true).unwrap();
+        // And a failed mode switch leaves the mode alone.
+        dp.inject_invalid_object_once();
+        let err2 = dp.set_mode(Mode::Follower, UnknownMacPolicy::Allow).unwrap_err();
+        let after_mode = dp.observe(true).unwrap();
+        assert_eq!(dp.committed().unwrap(), &s, "the committed model is unchanged too");
+        (before, after, err, after_mode, err2)
+    });
+    let msg = err.to_string();
+    assert!(matches!(err, NftError::Rejected { .. }), "{msg}");
+    assert!(msg.contains("ironguard-fault-injection") && msg.contains("rolled back"), "error names the object: {msg}");
+    assert_eq!(before, after, "read-back before == after a rejected delta");
+    assert_eq!(before, after_mode, "read-back before == after a rejected mode switch");
+    assert!(err2.to_string().contains("ironguard-fault-injection"));
+}
+
+#[test]
+fn the_table_refuses_a_second_owner() {
+    let ns = Netns::new("owner");
+    let msg = in_netns(&ns, || {
+        let mut first = KernelDataplane::open().unwrap();
+        first.apply(&DesiredState::default()).unwrap();
+        let err = KernelDataplane::open().unwrap_err();
+        err.to_string()
+    });
+    assert!(msg.contains("owned by another process"), "{msg}");
+}
+
+#[test]
+fn ruleset_dump_loads_back_with_nft_and_matches_the_script() {
+    let ns = Netns::new("dump");
+    let fresh = Netns::new("load");
+    let dir = TempDir::new("dump");
+    let mut s = DesiredState::blocked(RulesetConfig {
+        interfaces: vec!["br0".into()],
+        ports: vec![67, 4011],
+        ..Default::default()
+    });
+    s.mode = Mode::Leader;
+    s.allow.extend(many_macs(3, 1));
+    s.deny.extend(many_macs(5, 2));
+    let st = s.clone();
+    let dump = in_netns(&ns, move || {
+        ironguard_nft::guard::install(&st.config).unwrap();
+        let mut dp = KernelDataplane::open().unwrap();
+        dp.apply(&st).unwrap();
+        let out = Command::new("nft").args(["list", "ruleset"]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    });
+    assert!(dump.contains("typeof @th,288,48"), "chaddr sets carry their typeof:\n{dump}");
+    // Load the dump into a fresh namespace: it must parse, and list the same (the owner flag makes a table that
+    // lives as long as the nft process, so drop it for the reload).
+    let reloadable: String = dump.lines().filter(|l| !l.contains("flags owner")).map(|l| format!("{l}\n")).collect();
+    let reloadable = reloadable.replace(" # progname", " #");
+    std::fs::write(dir.join("dump.nft"), &reloadable).unwrap();
+    let out = fresh.nft(&["-f", dir.join("dump.nft").to_str().unwrap()]);
+    assert!(out.status.success(), "nft -f rejected the dump: {}\n{reloadable}", String::from_utf8_lossy(&out.stderr));
+    let relisted = String::from_utf8(fresh.nft(&["list", "ruleset"]).stdout).unwrap();
+    let normalize = |t: &str| -> String {
+        t.lines()
+            .filter(|l| !l.contains("flags owner") && !l.trim().is_empty())
+            .map(|l| l.split(" #").next().unwrap().trim_end().to_string() + "\n")
+            .collect()
+    };
+    assert_eq!(normalize(&relisted), normalize(&dump));
+
+    // The nft script renderer (used by the benchmark) describes exactly the same ruleset.
+    let third = Netns::new("script");
+    let script = ironguard_nft::script::guard_table_script("ironguard_guard", &s.config)
+        + &ironguard_nft::script::owned_table_script("ironguard", &s, false);
+    std::fs::write(dir.join("script.nft"), &script).unwrap();
+    let out = third.nft(&["-f", dir.join("script.nft").to_str().unwrap()]);
+    assert!(out.status.success(), "nft -f rejected the script: {}\n{script}", String::from_utf8_lossy(&out.stderr));
+    let listed = String::from_utf8(third.nft(&["list", "ruleset"]).stdout).unwrap();
+    assert_eq!(normalize(&listed), normalize(&dump), "script and netlink backend build the same ruleset");
+}
+
+#[test]
+fn guard_install_is_idempotent_and_status_reports_it() {
+    let ns = Netns::new("guard");
+    let agent = bin("ironguard-agent");
+    let status = |extra: &[&str]| ns.cmd(&agent).args(["guard", "status", "--json"]).args(extra).output().unwrap();
+    let out = status(&[]);
+    assert_eq!(out.status.code(), Some(1), "missing guard => exit 1");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["installed"], false);
+    for _ in 0..2 {
+        run_ok(ns.cmd(&agent).args(["guard", "install", "--port", "67", "--port", "4011"]));
+    }
+    let out = status(&["--port", "67", "--port", "4011"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    // Status against a different configuration reports the difference.
+    let out = status(&["--port", "67"]);
+    assert_eq!(out.status.code(), Some(1));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(j["problems"][0].as_str().unwrap().contains("drop rules"), "{j}");
+    for _ in 0..2 {
+        run_ok(ns.cmd(&agent).args(["guard", "remove"]));
+    }
+    assert_eq!(status(&[]).status.code(), Some(1));
+    // Invalid configuration: a clear error and nothing installed.
+    let out = ns.cmd(&agent).args(["guard", "install", "--mark", "0x3", "--mask", "0x1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("outside the mask"));
+    assert_eq!(verdict(&ns), "UNGUARDED");
+}
+
+#[test]
+fn works_as_a_non_root_user_with_only_cap_net_admin() {
+    let lan = PxeLan::new(2);
+    let setpriv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all,+net_admin",
+        "--ambient-caps=-all,+net_admin",
+        "--bounding-set=-all,+net_admin",
+    ];
+    // The guard, installed by the unprivileged user.
+    let mut guard = lan.pxe.cmd(setpriv[0]);
+    guard.args(&setpriv[1..]).arg(bin("ironguard-agent")).args(["guard", "install", "--interface", "br0"]);
+    run_ok(&mut guard);
+    let args = hold_args("leader", "deny");
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.push("--no-guard");
+    let agent = start_hold_as(&lan.pxe, &lan.dir, &args, Some(&setpriv));
+    // Prove who holds the table: uid 65534 with CAP_NET_ADMIN only.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", find_agent_pid(&agent))).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let cap_eff = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+    assert!(uid_line.split_whitespace().nth(1) == Some("65534"), "{uid_line}");
+    assert_eq!(cap_eff.split_whitespace().nth(1), Some("0000000000001000"), "only CAP_NET_ADMIN: {cap_eff}");
+    let r = lan.dhcp_all(&[(0, mac(ALLOWED)), (1, mac(DENIED))]);
+    assert!(r[0].is_some() && r[1].is_none(), "{r:?}");
+    assert_eq!(verdict(&lan.pxe), "LEADER");
+}
+
+/// The pid of the ironguard-agent process itself (the spawned process is `ip netns exec`, which execs).
+fn find_agent_pid(p: &Proc) -> i32 {
+    p.pid()
+}
