@@ -9,6 +9,8 @@
 //! These tests need root (for `ip netns`) and the tools the README's test command installs. When either is
 //! missing they fail with a message naming what is missing; they never skip.
 #![forbid(unsafe_code)]
+// A test harness: a failed set-up step must abort the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs::File;
 use std::io::Read as _;

@@ -1,4 +1,5 @@
 //! Dataplane end-to-end: the real kernel's nftables in network namespaces, a real dnsmasq, real DHCP clients.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -398,4 +399,64 @@ fn works_as_a_non_root_user_with_only_cap_net_admin() {
 /// The pid of the ironguard-agent process itself (the spawned process is `ip netns exec`, which execs).
 fn find_agent_pid(p: &Proc) -> i32 {
     p.pid()
+}
+
+#[test]
+fn deltas_change_exactly_the_named_macs() {
+    let ns = Netns::new("delta");
+    let results = in_netns(&ns, || {
+        let mut dp = KernelDataplane::open().unwrap();
+        let mut s = DesiredState::blocked(RulesetConfig::default());
+        s.deny.extend(many_macs(3000, 2));
+        dp.apply(&s).unwrap();
+        let present = many_macs(3000, 2)[0];
+        let absent = many_macs(1, 9)[0];
+        let added = many_macs(2500, 3);
+        let delta = Delta {
+            // adding a present MAC and removing an absent one are not errors
+            deny_add: vec![present],
+            deny_remove: vec![absent, many_macs(3000, 2)[1]],
+            allow_add: added.clone(),
+            ..Default::default()
+        };
+        let r = dp.apply_delta(&delta).unwrap();
+        assert_eq!(r.transactions, 1, "one delta, one kernel transaction");
+        let o = dp.observe(true).unwrap().owned.unwrap();
+        let deny = o.set("deny_mac").unwrap().members.clone().unwrap();
+        let deny_ch = o.set("deny_chaddr").unwrap().members.clone().unwrap();
+        let allow = o.set("allow_chaddr").unwrap().members.clone().unwrap();
+        let r2 = dp.apply_delta(&Delta { allow_remove: added.clone(), ..Default::default() }).unwrap();
+        let after = dp.observe(true).unwrap().owned.unwrap();
+        let drift = dp.drift(true).unwrap();
+        (deny, deny_ch, allow, after.set("allow_mac").unwrap().elements, r2.elements, drift, added, present)
+    });
+    let (deny, deny_ch, allow, allow_after, removed, drift, added, present) = results;
+    assert_eq!(deny.len(), 2999, "exactly one deny MAC removed");
+    assert_eq!(deny, deny_ch, "both keys of a set change together");
+    assert!(deny.contains(&present));
+    assert!(!deny.contains(&many_macs(3000, 2)[1]));
+    assert_eq!(allow.len(), 2500);
+    assert!(added.iter().all(|m| allow.contains(m)));
+    assert_eq!(allow_after, 0, "removals reach the kernel");
+    assert_eq!(removed, 5000, "2500 MACs removed from two sets");
+    assert_eq!(drift, vec!["guard table inet ironguard_guard is missing".to_string()]);
+}
+
+#[test]
+fn sets_grow_past_their_size_by_an_atomic_rebuild() {
+    let ns = Netns::new("grow");
+    let (sizes_before, sizes_after, count) = in_netns(&ns, || {
+        let mut dp = KernelDataplane::open().unwrap();
+        dp.apply(&DesiredState::blocked(RulesetConfig::default())).unwrap();
+        let size = |dp: &KernelDataplane| dp.observe(false).unwrap().owned.unwrap().set("deny_mac").unwrap().size;
+        let before = size(&dp);
+        // 5000 > the minimum size 4096: the fixed-size set cannot take them, so the delta becomes a rebuild.
+        dp.apply_delta(&Delta { deny_add: many_macs(5000, 5), ..Default::default() }).unwrap();
+        let after = size(&dp);
+        let count = dp.observe(false).unwrap().owned.unwrap().set("deny_mac").unwrap().elements;
+        (before, after, count)
+    });
+    assert_eq!(sizes_before, Some(4096));
+    assert!(sizes_after.unwrap() >= 10_000, "{sizes_after:?}");
+    assert_eq!(count, 5000);
 }

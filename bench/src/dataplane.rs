@@ -1,0 +1,324 @@
+//! The dataplane benchmark.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, RulesetConfig, UnknownMacPolicy};
+use serde_json::json;
+
+use crate::stats::{Samples, human, ms};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Full-load sizes (MACs in the deny set; each also goes into the chaddr set, as in the default match mode).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    sizes: Vec<usize>,
+    /// Repetitions of each full load (median reported).
+    #[arg(long, default_value_t = 5)]
+    load_reps: usize,
+    /// Size at which one-MAC deltas and mode switches are measured.
+    #[arg(long, default_value_t = 100_000)]
+    delta_at: usize,
+    /// Repetitions of one-MAC add / delete / mode switch.
+    #[arg(long, default_value_t = 200)]
+    reps: usize,
+    /// MACs added with one iptables process each (ironic-inspector's approach).
+    #[arg(long, default_value_t = 2000)]
+    iptables_macs: usize,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "bench-results/dataplane.json")]
+    json: PathBuf,
+}
+
+fn macs(n: usize, tag: u8) -> Vec<MacAddr> {
+    (0..n)
+        .map(|i| MacAddr::from_octets([0x02, tag, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x01]))
+        .collect::<Result<_, _>>()
+        .unwrap_or_default()
+}
+
+fn state(n: usize) -> DesiredState {
+    let mut s = DesiredState::blocked(RulesetConfig::default());
+    s.mode = Mode::Leader;
+    s.unknown_mac_policy = UnknownMacPolicy::Allow;
+    s.deny.extend(macs(n, 0xd));
+    s.allow.extend(macs(10, 0xa));
+    s
+}
+
+const NFT_TABLE: &str = "bench_nft";
+
+fn nft(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("nft").args(args).output().context("running nft")?;
+    if !out.status.success() {
+        bail!("nft {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+fn timed_nft(args: &[&str]) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    nft(args)?;
+    Ok(t.elapsed())
+}
+
+fn set_sizes_in(table: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = vec![];
+    for set in ["allow_mac", "deny_mac", "allow_chaddr", "deny_chaddr"] {
+        let o = Command::new("nft").args(["-j", "list", "set", "inet", table, set]).output()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).context("nft -j output")?;
+        let n = v["nftables"]
+            .as_array()
+            .and_then(|a| a.iter().find_map(|x| x["set"]["elem"].as_array().map(|e| e.len())))
+            .unwrap_or(0);
+        out.push(n);
+    }
+    Ok(out)
+}
+
+struct Row {
+    name: String,
+    ironguard: Duration,
+    nft: Option<Duration>,
+    note: String,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .context("entering a private network namespace (run as root)")?;
+    let dir = std::env::temp_dir().join(format!("ironguard-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut rows: Vec<Row> = vec![];
+    let mut results = serde_json::Map::new();
+
+    // 1. Full loads.
+    let mut loads = vec![];
+    for &n in &args.sizes {
+        let s = state(n);
+        let script_path = dir.join(format!("load-{n}.nft"));
+        std::fs::write(&script_path, ironguard_nft::script::owned_table_script(NFT_TABLE, &s, false))?;
+        let script = script_path.to_string_lossy().to_string();
+        let (mut ig, mut nf) = (vec![], vec![]);
+        for rep in 0..args.load_reps {
+            // Alternate which goes first so neither benefits from a warm cache.
+            let first_nft = rep % 2 == 1;
+            if first_nft {
+                nf.push(timed_nft(&["-f", &script])?);
+            }
+            let mut dp = KernelDataplane::open()?;
+            let r = dp.apply(&s)?;
+            ig.push(r.elapsed);
+            if rep == 0 {
+                // Same content: both tables hold the same number of elements in every set.
+                if !first_nft {
+                    nf.push(timed_nft(&["-f", &script])?);
+                }
+                let a = set_sizes_in(ironguard_nft::OWNED_TABLE)?;
+                let b = set_sizes_in(NFT_TABLE)?;
+                if a != b || a[1] != n {
+                    bail!("content differs: ironguard {a:?} vs nft -f {b:?}");
+                }
+            } else if !first_nft {
+                nf.push(timed_nft(&["-f", &script])?);
+            }
+            drop(dp); // closing the owner socket deletes the table
+            nft(&["delete", "table", "inet", NFT_TABLE])?;
+        }
+        let (ig, nf) = (Samples::new(ig), Samples::new(nf));
+        eprintln!("full load {n}: ironguard {} nft -f {}", human(ig.median()), human(nf.median()));
+        rows.push(Row {
+            name: format!("full load {n} MACs ({} elements)", 2 * (n + 10)),
+            ironguard: ig.median(),
+            nft: Some(nf.median()),
+            note: format!("median of {}", ig.len()),
+        });
+        loads.push(json!({"macs": n, "elements": 2 * (n + 10), "ironguard_ms": ms(ig.median()), "nft_f_ms": ms(nf.median()),
+            "ratio": ms(ig.median()) / ms(nf.median()), "reps": ig.len()}));
+    }
+    results.insert("full_load".into(), json!(loads));
+
+    // 2. One-MAC deltas and mode switches at `delta_at`, with the same content loaded via nft -f for comparison.
+    let n = args.delta_at;
+    let s = state(n);
+    let script_path = dir.join("delta-base.nft");
+    std::fs::write(&script_path, ironguard_nft::script::owned_table_script(NFT_TABLE, &s, false))?;
+    nft(&["-f", &script_path.to_string_lossy()])?;
+    let mut dp = KernelDataplane::open()?;
+    dp.apply(&s)?;
+    let probe = macs(args.reps, 0x77);
+    let (mut add, mut del, mut nadd, mut ndel) = (vec![], vec![], vec![], vec![]);
+    let mut transactions = 0;
+    for m in &probe {
+        let t = Instant::now();
+        transactions += dp.apply_delta(&Delta { allow_add: vec![*m], ..Default::default() })?.transactions;
+        add.push(t.elapsed());
+        let t = Instant::now();
+        transactions += dp.apply_delta(&Delta { allow_remove: vec![*m], ..Default::default() })?.transactions;
+        del.push(t.elapsed());
+    }
+    for m in probe.iter().take(args.reps.min(50)) {
+        let e = format!("{{ {m} }}");
+        nadd.push(timed_nft(&["add", "element", "inet", NFT_TABLE, "allow_mac", &e])?);
+        ndel.push(timed_nft(&["delete", "element", "inet", NFT_TABLE, "allow_mac", &e])?);
+    }
+    let (add, del, nadd, ndel) = (Samples::new(add), Samples::new(del), Samples::new(nadd), Samples::new(ndel));
+    rows.push(Row {
+        name: format!("one-MAC add at {n}"),
+        ironguard: add.median(),
+        nft: Some(nadd.median()),
+        note: format!("p99 {} (in-process); nft add element", human(add.percentile(99.0))),
+    });
+    rows.push(Row {
+        name: format!("one-MAC delete at {n}"),
+        ironguard: del.median(),
+        nft: Some(ndel.median()),
+        note: format!("p99 {}; nft delete element", human(del.percentile(99.0))),
+    });
+    results.insert(
+        "one_mac".into(),
+        json!({"at": n, "reps": add.len(), "transactions": transactions,
+            "add_p50_ms": ms(add.median()), "add_p99_ms": ms(add.percentile(99.0)),
+            "delete_p50_ms": ms(del.median()), "delete_p99_ms": ms(del.percentile(99.0)),
+            "nft_add_p50_ms": ms(nadd.median()), "nft_delete_p50_ms": ms(ndel.median())}),
+    );
+
+    // Mode switch Follower -> Leader at n, and at 1k to show it does not depend on set size.
+    drop(dp);
+    let mut switches = vec![];
+    for size in [n, 1000] {
+        switches.push((size, measure_switch(&state(size), args.reps)?));
+    }
+    // nft -f equivalent of the switch: flush the three chains and write the leader rules.
+    let leader_rules: String = {
+        let full = ironguard_nft::script::owned_table_script(NFT_TABLE, &s, false);
+        let mut out = String::new();
+        let mut chain = None;
+        for line in full.lines() {
+            let t = line.trim();
+            if let Some(c) = t.strip_prefix("chain ").and_then(|c| c.strip_suffix(" {")) {
+                chain = ["whitelist", "blacklist", "pxe"].contains(&c).then(|| c.to_string());
+                if let Some(c) = &chain {
+                    out.push_str(&format!("flush chain inet {NFT_TABLE} {c}\n"));
+                }
+            } else if t == "}" {
+                chain = None;
+            } else if let Some(c) = &chain {
+                out.push_str(&format!("add rule inet {NFT_TABLE} {c} {t}\n"));
+            }
+        }
+        out
+    };
+    let switch_path = dir.join("switch.nft");
+    std::fs::write(&switch_path, leader_rules)?;
+    let nsw = Samples::new(
+        (0..args.reps.min(50)).map(|_| timed_nft(&["-f", &switch_path.to_string_lossy()])).collect::<Result<_, _>>()?,
+    );
+    for (size, sm) in &switches {
+        rows.push(Row {
+            name: format!("Follower->Leader at {size}"),
+            ironguard: sm.median(),
+            nft: (*size == n).then(|| nsw.median()),
+            note: format!("p99 {}", human(sm.percentile(99.0))),
+        });
+    }
+    results.insert(
+        "mode_switch".into(),
+        json!(switches.iter().map(|(size, sm)| json!({"macs": size, "p50_ms": ms(sm.median()), "p99_ms": ms(sm.percentile(99.0))}))
+            .collect::<Vec<_>>()),
+    );
+    results.insert("mode_switch_nft_f_p50_ms".into(), json!(ms(nsw.median())));
+    let _ = nft(&["delete", "table", "inet", NFT_TABLE]);
+
+    // 3. One iptables process per MAC, as ironic-inspector does.
+    let ipt_version = Command::new("iptables").arg("-V").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let chain = "ironic-inspector";
+    let st = Command::new("iptables").args(["-N", chain]).status().context("running iptables")?;
+    if !st.success() {
+        bail!("iptables -N failed");
+    }
+    let ipt_macs = macs(args.iptables_macs, 0x1a);
+    let t = Instant::now();
+    let mut last_100 = Duration::ZERO;
+    for (i, m) in ipt_macs.iter().enumerate() {
+        let one = Instant::now();
+        let st = Command::new("iptables")
+            .args(["-A", chain, "-m", "mac", "--mac-source", &m.to_string(), "-j", "DROP"])
+            .status()?;
+        if !st.success() {
+            bail!("iptables -A failed for {m}");
+        }
+        if i + 100 >= ipt_macs.len() {
+            last_100 += one.elapsed();
+        }
+    }
+    let ipt_total = t.elapsed();
+    let per_mac = ipt_total / ipt_macs.len().max(1) as u32;
+    let per_mac_last = last_100 / 100.min(ipt_macs.len()).max(1) as u32;
+    results.insert(
+        "iptables_per_mac".into(),
+        json!({"macs": ipt_macs.len(), "total_ms": ms(ipt_total), "per_mac_ms": ms(per_mac),
+            "per_mac_last_100_ms": ms(per_mac_last), "version": ipt_version}),
+    );
+    let ig_per_mac = loads
+        .iter()
+        .find(|l| l["macs"] == json!(1000))
+        .and_then(|l| l["ironguard_ms"].as_f64())
+        .map(|v| v / 1000.0);
+    let nft_per_mac =
+        loads.iter().find(|l| l["macs"] == json!(1000)).and_then(|l| l["nft_f_ms"].as_f64()).map(|v| v / 1000.0);
+
+    // The table.
+    let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    let nft_version = Command::new("nft").arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    println!("ironguard dataplane benchmark — kernel {kernel}, {nft_version}, {ipt_version}; private network namespace");
+    println!("ratio = ironguard / nft -f on the same content (< 1 is faster); all figures from this run");
+    println!();
+    println!("| operation | ironguard | nft -f (same content) | ratio | notes |");
+    println!("|---|---:|---:|---:|---|");
+    for r in &rows {
+        let (nft, ratio) = match r.nft {
+            Some(n) => (human(n), ratio(r.ironguard, n)),
+            None => ("—".into(), "—".into()),
+        };
+        println!("| {} | {} | {} | {} | {} |", r.name, human(r.ironguard), nft, ratio, r.note);
+    }
+    if let (Some(ig), Some(nf)) = (ig_per_mac, nft_per_mac) {
+        println!(
+            "| per-MAC cost, full load of 1000 | {:.2} µs | {:.2} µs | {:.2}× | iptables, one process per MAC (ironic-inspector): {} per MAC over {} MACs ({} total; last 100: {} per MAC) |",
+            ig * 1e3,
+            nf * 1e3,
+            ig / nf,
+            human(per_mac),
+            ipt_macs.len(),
+            human(ipt_total),
+            human(per_mac_last)
+        );
+        println!("iptables per MAC / ironguard per MAC: {:.0}×", ms(per_mac) / ig);
+    }
+    results.insert("kernel".into(), json!(kernel));
+    results.insert("nft_version".into(), json!(nft_version));
+    crate::write_json(&args.json, &serde_json::Value::Object(results))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Loads `s`, then times `reps` Follower -> Leader switches.
+fn measure_switch(s: &DesiredState, reps: usize) -> anyhow::Result<Samples> {
+    let mut dp = KernelDataplane::open()?;
+    dp.apply(s)?;
+    let mut samples = vec![];
+    for _ in 0..reps {
+        dp.set_mode(Mode::Follower, UnknownMacPolicy::Allow)?;
+        let t = Instant::now();
+        dp.set_mode(Mode::Leader, UnknownMacPolicy::Allow)?;
+        samples.push(t.elapsed());
+    }
+    Ok(Samples::new(samples))
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    let r = a.as_secs_f64() / b.as_secs_f64();
+    if r < 0.01 { format!("{r:.4}×") } else { format!("{r:.2}×") }
+}

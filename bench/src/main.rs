@@ -1,0 +1,44 @@
+//! `ironguard-bench` — benchmarks that print a table and write JSON, every figure measured side by side in one
+//! run. Run as root: each benchmark moves itself into a private network namespace first, so the host's firewall
+//! is never touched.
+//!
+//! - `dataplane`: full loads (ironguard vs `nft -f` on the same content vs one `iptables` process per MAC, as
+//!   ironic-inspector does), one-MAC add/delete at 100k, and mode switches.
+#![forbid(unsafe_code)]
+
+mod dataplane;
+mod stats;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "ironguard-bench", about = "ironguard benchmarks (run as root; uses a private network namespace)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Dataplane: full load, one-MAC deltas and mode switches vs nft -f and iptables-per-MAC.
+    Dataplane(dataplane::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Dataplane(args) => dataplane::run(args),
+    }
+}
+
+/// Writes `value` as pretty JSON to `path`, creating parent directories.
+pub(crate) fn write_json(path: &PathBuf, value: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}

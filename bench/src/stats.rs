@@ -1,0 +1,47 @@
+//! Small statistics helpers: medians and percentiles of durations, formatted for tables.
+
+use std::time::Duration;
+
+/// Sorted samples of one measurement.
+#[derive(Debug, Clone)]
+pub struct Samples(Vec<Duration>);
+
+impl Samples {
+    pub fn new(mut v: Vec<Duration>) -> Self {
+        v.sort();
+        Self(v)
+    }
+
+    pub fn percentile(&self, p: f64) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        let idx = ((self.0.len() - 1) as f64 * p / 100.0).round() as usize;
+        self.0[idx.min(self.0.len() - 1)]
+    }
+
+    pub fn median(&self) -> Duration {
+        self.percentile(50.0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Milliseconds as a float, for JSON.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Human formatting: µs under 1 ms, ms under 10 s, s above.
+pub fn human(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else if us < 10e6 {
+        format!("{:.1} ms", us / 1e3)
+    } else {
+        format!("{:.1} s", us / 1e6)
+    }
+}

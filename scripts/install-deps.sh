@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every system package ironguard's demo and tests need on Debian 12 (run as root). Idempotent: packages
+# already present are not fetched again.
+set -euo pipefail
+
+packages=(
+  nftables iptables iproute2 util-linux procps   # the kernel's firewall tools, ip netns, setpriv
+  dnsmasq-base busybox                            # a real DHCP server and a real DHCP client (udhcpc)
+  etcd-server etcd-client                         # the coordination service for HA tests
+  python3-scapy                                   # crafted (relayed) DHCP packets
+  libclang-dev clang protobuf-compiler            # rustables' bindgen and the gRPC code generator
+  build-essential pkg-config ca-certificates curl git
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # Do not let package scripts start services (etcd) on the host: tests start their own on loopback.
+  policy=/usr/sbin/policy-rc.d
+  created_policy=0
+  if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; created_policy=1; fi
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if [ "$created_policy" = 1 ]; then rm -f "$policy"; fi
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "installing the Rust toolchain with rustup (Debian 12's rustc is too old for this workspace)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+fi
