@@ -112,7 +112,7 @@ fn follower_and_blocked_serve_nobody() {
 fn sigkill_of_the_owner_closes_dhcp_within_a_second_and_leaves_the_guard() {
     let lan = PxeLan::new(1);
     let args = hold_args("leader", "allow");
-    let mut agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(dhcp(&lan.nodes[0], "eth0", mac(ALLOWED)).is_some(), "leader serves the allowed MAC");
 
     let killed = Instant::now();
