@@ -1,0 +1,127 @@
+//! Control-plane configuration: defaults < TOML file < environment < flags. `--print-config` shows the result.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use ironguard_nft::UnknownMacPolicy;
+use serde::{Deserialize, Serialize};
+
+/// Where the control plane looks for its configuration when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/ironguard/controlplane.toml";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlPlaneConfig {
+    pub server: ServerConfig,
+    pub store: StoreConfig,
+    pub filter: FilterConfig,
+    pub agents: AgentsConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// gRPC (agents, ironguardctl, Ironic integrations).
+    pub grpc_listen: SocketAddr,
+    /// Admin HTTP: /metrics, /healthz, /readyz.
+    pub admin_listen: SocketAddr,
+    /// Seconds between heartbeats on an idle WatchFilters stream.
+    pub heartbeat_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Directory of the embedded store (used when no etcd endpoints are configured).
+    pub data_dir: PathBuf,
+    /// Revisions kept for agents to catch up with deltas; older agents get a snapshot.
+    pub change_log_length: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FilterConfig {
+    /// What the leader agent does with MACs in neither set.
+    pub unknown_mac_policy: UnknownMacPolicy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentsConfig {
+    /// An agent that has not reported for this long is shown as stale.
+    pub stale_after_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// "text" or "json".
+    pub format: String,
+    /// A tracing filter, e.g. "info" or "ironguard_controlplane=debug,info". RUST_LOG overrides it.
+    pub level: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            grpc_listen: SocketAddr::from(([0, 0, 0, 0], 9100)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9101)),
+            heartbeat_secs: 2,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { data_dir: PathBuf::from("/var/lib/ironguard/controlplane"), change_log_length: 100_000 }
+    }
+}
+
+impl Default for FilterConfig {
+    fn default() -> Self {
+        Self { unknown_mac_policy: UnknownMacPolicy::Allow }
+    }
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        Self { stale_after_secs: 15 }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { format: "text".into(), level: "info".into() }
+    }
+}
+
+impl ControlPlaneConfig {
+    /// Reads `path`, or the default path if it exists, or the defaults.
+    pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        let (path, required) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{} is not a valid control-plane configuration: {e}", path.display())),
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        }
+    }
+
+    /// Rejects settings that cannot work.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.server.heartbeat_secs == 0 {
+            anyhow::bail!("server.heartbeat_secs must be at least 1");
+        }
+        if self.store.change_log_length == 0 {
+            anyhow::bail!("store.change_log_length must be at least 1");
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            anyhow::bail!("log.format must be \"text\" or \"json\", not {:?}", self.log.format);
+        }
+        Ok(())
+    }
+}

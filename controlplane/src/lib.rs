@@ -1,0 +1,139 @@
+//! `ironguard-controlplane` — the unprivileged service that owns the filter state and serves it to agents.
+//!
+//! - [`filter`]: per-MAC allow/deny reasons, revisions, and the pure rules that turn requests into deltas.
+//! - [`store`]: the [`store::FilterStore`] interface and its embedded (redb) backend.
+//! - [`service`]: the `PxeFilter` gRPC service (UpdatePxeFilters, WatchFilters, ReportStatus, …).
+//! - [`agents`]: what each agent last reported.
+//! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`config`]: TOML + environment + flags.
+//!
+//! [`serve`] binds the listeners and [`Server::run`] serves until the shutdown future resolves; tests call them
+//! with `127.0.0.1:0`.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod agents;
+pub mod config;
+pub mod filter;
+pub mod metrics;
+pub mod service;
+pub mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ironguard_proto::v1::pxe_filter_server::PxeFilterServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tracing::info;
+
+pub use config::ControlPlaneConfig;
+
+use crate::agents::AgentRegistry;
+use crate::metrics::Metrics;
+use crate::service::PxeFilterService;
+use crate::store::FilterStore;
+use crate::store::embedded::EmbeddedStore;
+
+/// A control plane with its listeners bound, ready to [`run`](Server::run).
+pub struct Server {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub store: Arc<dyn FilterStore>,
+    grpc: TcpListener,
+    admin: TcpListener,
+    service: PxeFilterService,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server").field("grpc_addr", &self.grpc_addr).field("admin_addr", &self.admin_addr).finish()
+    }
+}
+
+/// Opens the store and binds both listeners.
+pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
+    config.validate()?;
+    let store: Arc<dyn FilterStore> = Arc::new(
+        EmbeddedStore::open(&config.store.data_dir, config.store.change_log_length).context("opening the filter store")?,
+    );
+    // Publish the configured unknown-MAC policy (a new revision only if it differs from the stored one).
+    store
+        .apply(vec![], Some(config.filter.unknown_mac_policy))
+        .await
+        .context("recording the unknown-MAC policy")?;
+    let metrics = Arc::new(Metrics::new());
+    let grpc = TcpListener::bind(config.server.grpc_listen)
+        .await
+        .with_context(|| format!("binding the gRPC listener on {}", config.server.grpc_listen))?;
+    let admin = TcpListener::bind(config.server.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin listener on {}", config.server.admin_listen))?;
+    let service = PxeFilterService {
+        store: store.clone(),
+        agents: Arc::new(AgentRegistry::new(Duration::from_secs(config.agents.stale_after_secs))),
+        metrics: metrics.clone(),
+        heartbeat: Duration::from_secs(config.server.heartbeat_secs),
+    };
+    let snap = store.snapshot();
+    metrics.revision.set(snap.revision as i64);
+    metrics.allowed.set(snap.allow.len() as i64);
+    metrics.denied.set(snap.deny.len() as i64);
+    Ok(Server {
+        grpc_addr: grpc.local_addr()?,
+        admin_addr: admin.local_addr()?,
+        store,
+        grpc,
+        admin,
+        service,
+        metrics,
+        ready: Arc::new(AtomicBool::new(false)),
+    })
+}
+
+impl Server {
+    /// Serves gRPC (with health and reflection) and the admin endpoint until `shutdown` resolves.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter.set_serving::<PxeFilterServer<PxeFilterService>>().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(ironguard_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .context("building the reflection service")?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let admin_state = admin::AdminState { metrics: self.metrics.clone(), ready: self.ready.clone() };
+        let mut admin_stop = stop_rx.clone();
+        let admin = axum::serve(self.admin, admin::router(admin_state))
+            .with_graceful_shutdown(async move {
+                let _ = admin_stop.wait_for(|v| *v).await;
+            });
+        let mut grpc_stop = stop_rx.clone();
+        let grpc = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(PxeFilterServer::new(self.service))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
+                let _ = grpc_stop.wait_for(|v| *v).await;
+            });
+        info!(grpc = %self.grpc_addr, admin = %self.admin_addr, "control plane serving");
+        self.ready.store(true, Ordering::Relaxed);
+        tokio::spawn(async move {
+            shutdown.await;
+            info!("shutting down");
+            let _ = stop_tx.send(true);
+        });
+        let (g, a) = tokio::join!(grpc, admin);
+        g.context("gRPC server")?;
+        a.context("admin server")?;
+        Ok(())
+    }
+}

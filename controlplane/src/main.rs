@@ -1,0 +1,120 @@
+//! `ironguard-controlplane` command line. See `--help`.
+#![forbid(unsafe_code)]
+
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use ironguard_controlplane::ControlPlaneConfig;
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "ironguard-controlplane", version, about = "ironguard control plane: filter state and gRPC API")]
+struct Cli {
+    /// Configuration file (TOML). Default: /etc/ironguard/controlplane.toml if it exists.
+    #[arg(long, env = "IRONGUARD_CP_CONFIG")]
+    config: Option<PathBuf>,
+    /// gRPC listen address (server.grpc_listen).
+    #[arg(long, env = "IRONGUARD_CP_GRPC_LISTEN")]
+    grpc_listen: Option<SocketAddr>,
+    /// Admin HTTP listen address for /metrics, /healthz, /readyz (server.admin_listen).
+    #[arg(long, env = "IRONGUARD_CP_ADMIN_LISTEN")]
+    admin_listen: Option<SocketAddr>,
+    /// Directory of the embedded store (store.data_dir).
+    #[arg(long, env = "IRONGUARD_CP_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Unknown-MAC policy published to agents: allow or deny (filter.unknown_mac_policy).
+    #[arg(long, env = "IRONGUARD_CP_UNKNOWN_MAC_POLICY", value_parser = ["allow", "deny"])]
+    unknown_mac_policy: Option<String>,
+    /// Log format: text or json (log.format).
+    #[arg(long, env = "IRONGUARD_LOG_FORMAT")]
+    log_format: Option<String>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn effective(cli: &Cli) -> anyhow::Result<ControlPlaneConfig> {
+    let mut c = ControlPlaneConfig::load(cli.config.as_deref())?;
+    if let Some(a) = cli.grpc_listen {
+        c.server.grpc_listen = a;
+    }
+    if let Some(a) = cli.admin_listen {
+        c.server.admin_listen = a;
+    }
+    if let Some(d) = &cli.data_dir {
+        c.store.data_dir = d.clone();
+    }
+    if let Some(p) = &cli.unknown_mac_policy {
+        c.filter.unknown_mac_policy =
+            if p == "deny" { ironguard_nft::UnknownMacPolicy::Deny } else { ironguard_nft::UnknownMacPolicy::Allow };
+    }
+    if let Some(f) = &cli.log_format {
+        c.log.format = f.clone();
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match effective(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ironguard-controlplane: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.print_config {
+        match toml::to_string_pretty(&config) {
+            Ok(s) => {
+                print!("{s}");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                eprintln!("ironguard-controlplane: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log.level));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if config.log.format == "json" {
+        b.json().flatten_event(true).try_init()
+    } else {
+        b.with_ansi(std::io::stderr().is_terminal()).try_init()
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ironguard-controlplane: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(async {
+        let server = ironguard_controlplane::serve(&config).await?;
+        server.run(shutdown_signal()).await
+    }) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "control plane failed");
+            eprintln!("ironguard-controlplane: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        // Without signal handlers, run until killed.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

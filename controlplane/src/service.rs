@@ -1,0 +1,243 @@
+//! The `PxeFilter` gRPC service.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use ironguard_proto::v1::pxe_filter_server::PxeFilter;
+use ironguard_proto::v1::{
+    self as pb, AgentStatus, FilterDelta, FilterEntry, FilterEvent, FilterSnapshot, FilterState, GetFilterStateRequest,
+    Heartbeat, ListAgentsRequest, ListAgentsResponse, ReportStatusResponse, UpdatePxeFiltersRequest,
+    UpdatePxeFiltersResponse, WatchFiltersRequest, filter_event::Event,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument as _, info, info_span, warn};
+
+use crate::agents::AgentRegistry;
+use crate::filter::{self, RevisionDelta};
+use crate::metrics::{AgentLabel, Metrics, ResultLabel};
+use crate::store::{FilterStore, Snapshot};
+
+/// Shared by every request handler.
+pub struct PxeFilterService {
+    pub store: Arc<dyn FilterStore>,
+    pub agents: Arc<AgentRegistry>,
+    pub metrics: Arc<Metrics>,
+    pub heartbeat: Duration,
+}
+
+impl std::fmt::Debug for PxeFilterService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PxeFilterService").finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn policy_to_pb(p: UnknownMacPolicy) -> pb::UnknownMacPolicy {
+    match p {
+        UnknownMacPolicy::Allow => pb::UnknownMacPolicy::Allow,
+        UnknownMacPolicy::Deny => pb::UnknownMacPolicy::Deny,
+    }
+}
+
+fn strings(v: impl IntoIterator<Item = MacAddr>) -> Vec<String> {
+    v.into_iter().map(|m| m.to_string()).collect()
+}
+
+fn snapshot_event(s: Snapshot) -> FilterEvent {
+    FilterEvent {
+        event: Some(Event::Snapshot(FilterSnapshot {
+            revision: s.revision,
+            allow: strings(s.allow),
+            deny: strings(s.deny),
+            unknown_mac_policy: policy_to_pb(s.policy) as i32,
+        })),
+    }
+}
+
+fn delta_event(d: RevisionDelta) -> FilterEvent {
+    FilterEvent {
+        event: Some(Event::Delta(FilterDelta {
+            revision: d.revision,
+            allow_add: strings(d.delta.allow_add),
+            allow_remove: strings(d.delta.allow_remove),
+            deny_add: strings(d.delta.deny_add),
+            deny_remove: strings(d.delta.deny_remove),
+            unknown_mac_policy: d.policy.map(|p| policy_to_pb(p) as i32).unwrap_or(0),
+        })),
+    }
+}
+
+impl PxeFilterService {
+    fn publish_gauges(&self) {
+        let s = self.store.snapshot();
+        self.metrics.revision.set(s.revision as i64);
+        self.metrics.allowed.set(s.allow.len() as i64);
+        self.metrics.denied.set(s.deny.len() as i64);
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<FilterEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl PxeFilter for PxeFilterService {
+    async fn update_pxe_filters(
+        &self,
+        request: Request<UpdatePxeFiltersRequest>,
+    ) -> Result<Response<UpdatePxeFiltersResponse>, Status> {
+        let started = Instant::now();
+        let r = request.into_inner();
+        let changes = match filter::api_changes(&r.allow, &r.deny, &r.remove) {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.updates.get_or_create(&ResultLabel { result: "invalid" }).inc();
+                warn!(error = %e, "UpdatePxeFilters rejected");
+                return Err(Status::invalid_argument(e.to_string()));
+            }
+        };
+        let applied = self.store.apply(changes, None).await.map_err(|e| {
+            self.metrics.updates.get_or_create(&ResultLabel { result: "error" }).inc();
+            Status::unavailable(format!("the filter state could not be saved: {e}"))
+        })?;
+        let changed = applied.record.as_ref().map(|r| r.delta.len()).unwrap_or(0) as u32;
+        self.metrics.updates.get_or_create(&ResultLabel { result: "ok" }).inc();
+        self.metrics.update_seconds.observe(started.elapsed().as_secs_f64());
+        self.publish_gauges();
+        info!(
+            revision = applied.revision,
+            allow = r.allow.len(),
+            deny = r.deny.len(),
+            remove = r.remove.len(),
+            changed,
+            "UpdatePxeFilters"
+        );
+        Ok(Response::new(UpdatePxeFiltersResponse { revision: applied.revision, changed }))
+    }
+
+    type WatchFiltersStream = EventStream;
+
+    async fn watch_filters(&self, request: Request<WatchFiltersRequest>) -> Result<Response<EventStream>, Status> {
+        let r = request.into_inner();
+        if r.agent_id.is_empty() {
+            return Err(Status::invalid_argument("agent_id is required"));
+        }
+        let (tx, rx) = mpsc::channel::<Result<FilterEvent, Status>>(256);
+        let store = self.store.clone();
+        let metrics = self.metrics.clone();
+        let heartbeat = self.heartbeat;
+        let span = info_span!("watch", agent = %r.agent_id, host = %r.host, network = %r.network);
+        tokio::spawn(
+            async move {
+                metrics.watchers.inc();
+                let mut rev_rx = store.revision();
+                // Start: deltas if the log still covers the agent's revision, else a snapshot.
+                let mut last = match (r.since_revision, store.deltas_since(r.since_revision)) {
+                    (since, Some(deltas)) if since > 0 => {
+                        metrics.resumes_served.inc();
+                        info!(since, deltas = deltas.len(), "agent resumes from its revision (no snapshot)");
+                        let mut last = since;
+                        for d in deltas {
+                            last = d.revision;
+                            if tx.send(Ok(delta_event(d))).await.is_err() {
+                                metrics.watchers.dec();
+                                return;
+                            }
+                        }
+                        last
+                    }
+                    (since, _) => {
+                        let s = store.snapshot();
+                        metrics.snapshots_sent.inc();
+                        info!(since, revision = s.revision, allow = s.allow.len(), deny = s.deny.len(), "sending snapshot");
+                        let rev = s.revision;
+                        if tx.send(Ok(snapshot_event(s))).await.is_err() {
+                            metrics.watchers.dec();
+                            return;
+                        }
+                        rev
+                    }
+                };
+                let mut tick = tokio::time::interval(heartbeat);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        changed = rev_rx.changed() => {
+                            if changed.is_err() { break; }
+                            match store.deltas_since(last) {
+                                Some(deltas) => {
+                                    for d in deltas {
+                                        last = d.revision;
+                                        if tx.send(Ok(delta_event(d))).await.is_err() { break; }
+                                    }
+                                }
+                                None => {
+                                    // Fell behind the log while sending: start over from a snapshot.
+                                    let s = store.snapshot();
+                                    metrics.snapshots_sent.inc();
+                                    last = s.revision;
+                                    if tx.send(Ok(snapshot_event(s))).await.is_err() { break; }
+                                }
+                            }
+                        }
+                        _ = tick.tick() => {
+                            let hb = FilterEvent { event: Some(Event::Heartbeat(Heartbeat { revision: last })) };
+                            if tx.send(Ok(hb)).await.is_err() { break; }
+                        }
+                        _ = tx.closed() => break,
+                    }
+                }
+                metrics.watchers.dec();
+                info!("watch ended");
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report_status(&self, request: Request<AgentStatus>) -> Result<Response<ReportStatusResponse>, Status> {
+        let s = request.into_inner();
+        if s.agent_id.is_empty() {
+            return Err(Status::invalid_argument("agent_id is required"));
+        }
+        let current = *self.store.revision().borrow();
+        let label = AgentLabel { agent: s.agent_id.clone(), network: s.network.clone() };
+        self.metrics.agent_lag.get_or_create(&label).set(current.saturating_sub(s.applied_revision) as i64);
+        self.metrics.agent_mode.get_or_create(&label).set(s.mode as i64);
+        self.agents.report(s);
+        Ok(Response::new(ReportStatusResponse { current_revision: current }))
+    }
+
+    async fn get_filter_state(&self, request: Request<GetFilterStateRequest>) -> Result<Response<FilterState>, Status> {
+        let r = request.into_inner();
+        let macs = r
+            .macs
+            .iter()
+            .map(|m| m.parse::<MacAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let snap = self.store.snapshot();
+        let (revision, entries) = self.store.entries(&macs);
+        Ok(Response::new(FilterState {
+            revision,
+            entries: entries
+                .into_iter()
+                .map(|(mac, e)| FilterEntry {
+                    mac: mac.to_string(),
+                    allow_reasons: e.allow.into_iter().collect(),
+                    deny_reasons: e.deny.into_iter().collect(),
+                })
+                .collect(),
+            unknown_mac_policy: policy_to_pb(snap.policy) as i32,
+            allow_count: snap.allow.len() as u64,
+            deny_count: snap.deny.len() as u64,
+        }))
+    }
+
+    async fn list_agents(&self, _: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
+        let current = *self.store.revision().borrow();
+        Ok(Response::new(ListAgentsResponse { current_revision: current, agents: self.agents.list(current) }))
+    }
+}

@@ -1,0 +1,405 @@
+//! The embedded backend: a redb database in the data directory, written by one thread that commits every
+//! waiting request in one durable transaction (group commit), so a burst of single-MAC updates costs one fsync
+//! per batch, not per request. A request is acknowledged only after its transaction is committed: after
+//! `kill -9` and restart the state and revision are at least what was last acknowledged.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, info_span};
+
+use super::{Applied, FilterStore, Snapshot, StoreError};
+use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, apply_changes};
+
+const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
+const REVISION: &str = "revision";
+const POLICY: &str = "unknown_mac_policy";
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "ironguard.redb";
+/// Requests committed together at most.
+const MAX_GROUP: usize = 1024;
+
+fn policy_code(p: UnknownMacPolicy) -> u64 {
+    match p {
+        UnknownMacPolicy::Allow => 1,
+        UnknownMacPolicy::Deny => 2,
+    }
+}
+
+fn policy_from(code: u64) -> UnknownMacPolicy {
+    if code == 2 { UnknownMacPolicy::Deny } else { UnknownMacPolicy::Allow }
+}
+
+fn emb<E: std::error::Error + Send + Sync + 'static>(op: &'static str) -> impl FnOnce(E) -> StoreError {
+    move |e| StoreError::Embedded { op, source: Box::new(e) }
+}
+
+struct Mirror {
+    state: FilterState,
+    log: VecDeque<RevisionDelta>,
+}
+
+struct WriteRequest {
+    changes: Vec<ReasonChange>,
+    policy: Option<UnknownMacPolicy>,
+    reply: oneshot::Sender<Result<Applied, StoreError>>,
+}
+
+/// The redb-backed store.
+pub struct EmbeddedStore {
+    mirror: Arc<RwLock<Mirror>>,
+    /// `None` once dropping: closing it stops the writer thread, which closes the database.
+    writes: Option<mpsc::Sender<WriteRequest>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    revision: watch::Receiver<u64>,
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        self.writes.take();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").field("revision", &*self.revision.borrow()).finish()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `dir`, keeping the last `log_len` revisions for catch-up.
+    pub fn open(dir: &Path, log_len: usize) -> Result<Self, StoreError> {
+        let open_err = |source: Box<dyn std::error::Error + Send + Sync>| StoreError::Open {
+            path: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| open_err(Box::new(e)))?;
+        let path: PathBuf = dir.join(DB_FILE);
+        let started = Instant::now();
+        let db = Database::create(&path).map_err(|e| open_err(Box::new(e)))?;
+        {
+            let w = db.begin_write().map_err(emb("begin a transaction"))?;
+            w.open_table(ENTRIES).map_err(emb("open the entries table"))?;
+            w.open_table(META).map_err(emb("open the meta table"))?;
+            w.open_table(LOG).map_err(emb("open the revision log"))?;
+            w.commit().map_err(emb("commit"))?;
+        }
+        let mut state = FilterState::default();
+        let mut log = VecDeque::new();
+        {
+            let r = db.begin_read().map_err(emb("begin a read"))?;
+            let entries = r.open_table(ENTRIES).map_err(emb("open the entries table"))?;
+            for row in entries.iter().map_err(emb("read entries"))? {
+                let (k, v) = row.map_err(emb("read an entry"))?;
+                let mac: MacAddr =
+                    k.value().parse().map_err(|e| StoreError::Corrupt(format!("entry key {:?}: {e}", k.value())))?;
+                let entry: Entry = serde_json::from_slice(v.value())
+                    .map_err(|e| StoreError::Corrupt(format!("entry for {mac}: {e}")))?;
+                state.entries.insert(mac, entry);
+            }
+            let meta = r.open_table(META).map_err(emb("open the meta table"))?;
+            state.revision = meta.get(REVISION).map_err(emb("read the revision"))?.map(|v| v.value()).unwrap_or(0);
+            state.policy = meta.get(POLICY).map_err(emb("read the policy"))?.map(|v| policy_from(v.value())).unwrap_or_default();
+            let table = r.open_table(LOG).map_err(emb("open the revision log"))?;
+            for row in table.iter().map_err(emb("read the revision log"))? {
+                let (_, v) = row.map_err(emb("read a revision"))?;
+                let d: RevisionDelta =
+                    serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(format!("revision record: {e}")))?;
+                log.push_back(d);
+            }
+        }
+        info!(
+            path = %path.display(),
+            revision = state.revision,
+            entries = state.entries.len(),
+            logged_revisions = log.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "embedded store opened"
+        );
+        let (rev_tx, rev_rx) = watch::channel(state.revision);
+        let mirror = Arc::new(RwLock::new(Mirror { state, log }));
+        let (tx, rx) = mpsc::channel(4096);
+        let m = mirror.clone();
+        let writer = std::thread::Builder::new()
+            .name("ironguard-store".into())
+            .spawn(move || writer(db, m, rx, rev_tx, log_len.max(1)))
+            .map_err(|e| open_err(Box::new(e)))?;
+        Ok(Self { mirror, writes: Some(tx), writer: Some(writer), revision: rev_rx })
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Mirror> {
+        self.mirror.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The single writer: takes every waiting request, computes each one's revision in order, commits them all in one
+/// transaction, then publishes to the mirror and answers.
+fn writer(
+    db: Database,
+    mirror: Arc<RwLock<Mirror>>,
+    mut rx: mpsc::Receiver<WriteRequest>,
+    rev_tx: watch::Sender<u64>,
+    log_len: usize,
+) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(r) => group.push(r),
+                Err(_) => break,
+            }
+        }
+        let span = info_span!("store_commit", requests = group.len());
+        let _g = span.enter();
+        let (revision0, policy0) = {
+            let m = mirror.read().unwrap_or_else(|e| e.into_inner());
+            (m.state.revision, m.state.policy)
+        };
+        // Overlay of entries changed by earlier requests of this group.
+        let mut overlay: BTreeMap<MacAddr, Entry> = BTreeMap::new();
+        let mut revision = revision0;
+        let mut policy = policy0;
+        let mut results = Vec::with_capacity(group.len());
+        let mut records = Vec::new();
+        {
+            let m = mirror.read().unwrap_or_else(|e| e.into_inner());
+            for req in &group {
+                let get = |mac: &MacAddr| overlay.get(mac).cloned().or_else(|| m.state.entries.get(mac).cloned());
+                let (updated, delta) = apply_changes(&get, &req.changes);
+                overlay.extend(updated);
+                let new_policy = req.policy.filter(|p| *p != policy);
+                if delta.is_empty() && new_policy.is_none() {
+                    results.push(Applied { revision, record: None });
+                    continue;
+                }
+                revision += 1;
+                if let Some(p) = new_policy {
+                    policy = p;
+                }
+                let record = RevisionDelta { revision, delta, policy: new_policy };
+                records.push(record.clone());
+                results.push(Applied { revision, record: Some(record) });
+            }
+        }
+        let committed = commit(&db, &overlay, &records, revision, policy, log_len);
+        match committed {
+            Ok(()) => {
+                {
+                    let mut m = mirror.write().unwrap_or_else(|e| e.into_inner());
+                    for (mac, e) in overlay {
+                        if e.is_empty() {
+                            m.state.entries.remove(&mac);
+                        } else {
+                            m.state.entries.insert(mac, e);
+                        }
+                    }
+                    m.state.revision = revision;
+                    m.state.policy = policy;
+                    m.log.extend(records);
+                    while m.log.len() > log_len {
+                        m.log.pop_front();
+                    }
+                }
+                if revision != revision0 {
+                    rev_tx.send_replace(revision);
+                }
+                debug!(revision, "committed");
+                for (req, res) in group.into_iter().zip(results) {
+                    let _ = req.reply.send(Ok(res));
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::error!(error = %msg, "store commit failed; the requests of this group are rejected");
+                for req in group {
+                    let _ = req.reply.send(Err(StoreError::Embedded { op: "commit", source: msg.clone().into() }));
+                }
+            }
+        }
+    }
+}
+
+fn commit(
+    db: &Database,
+    overlay: &BTreeMap<MacAddr, Entry>,
+    records: &[RevisionDelta],
+    revision: u64,
+    policy: UnknownMacPolicy,
+    log_len: usize,
+) -> Result<(), StoreError> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let w = db.begin_write().map_err(emb("begin a transaction"))?;
+    {
+        let mut entries = w.open_table(ENTRIES).map_err(emb("open the entries table"))?;
+        for (mac, e) in overlay {
+            let key = mac.to_string();
+            if e.is_empty() {
+                entries.remove(key.as_str()).map_err(emb("delete an entry"))?;
+            } else {
+                let v = serde_json::to_vec(e).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                entries.insert(key.as_str(), v.as_slice()).map_err(emb("write an entry"))?;
+            }
+        }
+        let mut meta = w.open_table(META).map_err(emb("open the meta table"))?;
+        meta.insert(REVISION, revision).map_err(emb("write the revision"))?;
+        meta.insert(POLICY, policy_code(policy)).map_err(emb("write the policy"))?;
+        let mut log = w.open_table(LOG).map_err(emb("open the revision log"))?;
+        for r in records {
+            let v = serde_json::to_vec(r).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            log.insert(r.revision, v.as_slice()).map_err(emb("append to the revision log"))?;
+        }
+        let keep_from = revision.saturating_sub(log_len as u64 - 1);
+        log.retain_in(..keep_from, |_, _| false).map_err(emb("trim the revision log"))?;
+    }
+    w.commit().map_err(emb("commit"))
+}
+
+#[async_trait]
+impl FilterStore for EmbeddedStore {
+    async fn apply(&self, changes: Vec<ReasonChange>, policy: Option<UnknownMacPolicy>) -> Result<Applied, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        let writes = self.writes.as_ref().ok_or(StoreError::Closed)?;
+        writes.send(WriteRequest { changes, policy, reply }).await.map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let m = self.read();
+        Snapshot {
+            revision: m.state.revision,
+            allow: m.state.allowed().collect(),
+            deny: m.state.denied().collect(),
+            policy: m.state.policy,
+        }
+    }
+
+    fn deltas_since(&self, since: u64) -> Option<Vec<RevisionDelta>> {
+        let m = self.read();
+        let current = m.state.revision;
+        if since == current {
+            return Some(vec![]);
+        }
+        if since > current {
+            return None;
+        }
+        let oldest = m.log.front()?.revision;
+        if oldest > since + 1 {
+            return None;
+        }
+        Some(m.log.iter().filter(|d| d.revision > since).cloned().collect())
+    }
+
+    fn entries(&self, macs: &[MacAddr]) -> (u64, Vec<(MacAddr, Entry)>) {
+        let m = self.read();
+        let list = if macs.is_empty() {
+            m.state.entries.iter().map(|(k, v)| (*k, v.clone())).collect()
+        } else {
+            macs.iter().filter_map(|k| m.state.entries.get(k).map(|v| (*k, v.clone()))).collect()
+        };
+        (m.state.revision, list)
+    }
+
+    fn revision(&self) -> watch::Receiver<u64> {
+        self.revision.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filter::{Side, api_changes};
+
+    fn tmp(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("ig-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        p
+    }
+
+    fn mac(n: u16) -> MacAddr {
+        MacAddr::from_octets([0x52, 0x54, 0, 0, (n >> 8) as u8, n as u8]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn state_and_revisions_survive_reopening() {
+        let dir = tmp("reopen");
+        {
+            let s = EmbeddedStore::open(&dir, 100).unwrap();
+            let a = s.apply(api_changes(&[mac(1).to_string()], &[mac(2).to_string()], &[]).unwrap(), None).await.unwrap();
+            assert_eq!(a.revision, 1);
+            let a = s.apply(vec![], Some(UnknownMacPolicy::Deny)).await.unwrap();
+            assert_eq!(a.revision, 2);
+            // no-op: no new revision
+            let a = s.apply(api_changes(&[mac(1).to_string()], &[], &[]).unwrap(), None).await.unwrap();
+            assert_eq!((a.revision, a.record), (2, None));
+        }
+        let s = EmbeddedStore::open(&dir, 100).unwrap();
+        let snap = s.snapshot();
+        assert_eq!(snap.revision, 2);
+        assert_eq!(snap.policy, UnknownMacPolicy::Deny);
+        assert!(snap.allow.contains(&mac(1)) && snap.deny.contains(&mac(2)));
+        let d = s.deltas_since(0).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].delta.allow_add, vec![mac(1)]);
+        assert_eq!(d[1].policy, Some(UnknownMacPolicy::Deny));
+        assert_eq!(s.deltas_since(2).unwrap(), vec![]);
+        assert!(s.deltas_since(3).is_none(), "an agent ahead of the store needs a snapshot");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_log_is_bounded_and_old_agents_get_none() {
+        let dir = tmp("bounded");
+        let s = EmbeddedStore::open(&dir, 10).unwrap();
+        for i in 0..25 {
+            s.apply(api_changes(&[mac(i).to_string()], &[], &[]).unwrap(), None).await.unwrap();
+        }
+        assert!(s.deltas_since(10).is_none());
+        assert_eq!(s.deltas_since(15).unwrap().len(), 10);
+        drop(s);
+        let s = EmbeddedStore::open(&dir, 10).unwrap();
+        assert_eq!(s.deltas_since(15).unwrap().len(), 10, "the trimmed log is what was persisted");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn concurrent_writers_each_get_their_own_revision() {
+        let dir = tmp("group");
+        let s = Arc::new(EmbeddedStore::open(&dir, 10_000).unwrap());
+        let mut tasks = vec![];
+        for i in 0..500u16 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.apply(
+                    vec![ReasonChange { mac: mac(i), side: Side::Allow, reason: "api".into(), present: true }],
+                    None,
+                )
+                .await
+                .unwrap()
+                .revision
+            }));
+        }
+        let mut revs = vec![];
+        for t in tasks {
+            revs.push(t.await.unwrap());
+        }
+        revs.sort();
+        revs.dedup();
+        assert_eq!(revs.len(), 500, "every request has its own revision");
+        assert_eq!(*revs.last().unwrap(), 500);
+        assert_eq!(s.snapshot().allow.len(), 500);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
