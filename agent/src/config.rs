@@ -1,6 +1,8 @@
 //! Agent configuration: a TOML file (default `/etc/ironguard/agent.toml`, optional) overridden by flags.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ironguard_nft::RulesetConfig;
 use serde::{Deserialize, Serialize};
@@ -12,8 +14,113 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/ironguard/agent.toml";
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AgentConfig {
+    /// Who this agent is.
+    pub agent: AgentSection,
+    /// Where the control plane is and how long the agent trusts its last state without it.
+    pub controlplane: ControlPlaneSection,
+    /// How the agent decides that its local DHCP service is healthy.
+    pub dhcp_health: DhcpHealthSection,
+    /// Periodic read-back and repair.
+    pub reconcile: ReconcileSection,
+    /// `/metrics`, `/healthz`, `/readyz`.
+    pub admin: AdminSection,
     /// Where and how DHCP/PXE traffic is filtered. Shared by the guard and the agent's own table.
     pub dataplane: RulesetConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentSection {
+    /// Unique id of this agent; default: the host name.
+    pub id: String,
+    /// The PXE network this agent serves (agents of one network elect one leader).
+    pub network: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlPlaneSection {
+    /// gRPC endpoints of the control plane, tried in turn.
+    pub endpoints: Vec<String>,
+    /// Connection timeout per attempt, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Without a working stream for this long, the agent drops to Blocked.
+    pub lost_after_secs: u64,
+    /// A stream silent (no event, no heartbeat) for this long is considered dead and reconnected.
+    pub silence_timeout_secs: u64,
+    /// How often the agent reports its status even when nothing changes, in milliseconds.
+    pub report_interval_ms: u64,
+    /// Longest pause between reconnection attempts, in milliseconds.
+    pub max_backoff_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DhcpHealthSection {
+    /// Healthy only if some process listens on this UDP port in the agent's namespace (0 disables the check).
+    pub udp_port: u16,
+    /// Healthy only if this systemd unit is active (empty disables the check).
+    pub systemd_unit: String,
+    /// Healthy only if the process in this pid file runs (empty disables the check).
+    pub pid_file: String,
+    /// How often to check, in milliseconds.
+    pub interval_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconcileSection {
+    /// Mean seconds between full read-backs (±20 % jitter); drift is repaired with a full apply.
+    pub interval_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminSection {
+    pub listen: SocketAddr,
+}
+
+impl Default for AgentSection {
+    fn default() -> Self {
+        Self { id: String::new(), network: "default".into() }
+    }
+}
+
+impl Default for ControlPlaneSection {
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:9100".into()],
+            connect_timeout_ms: 2000,
+            lost_after_secs: 30,
+            silence_timeout_secs: 10,
+            report_interval_ms: 2000,
+            max_backoff_ms: 5000,
+        }
+    }
+}
+
+impl Default for DhcpHealthSection {
+    fn default() -> Self {
+        Self { udp_port: 67, systemd_unit: String::new(), pid_file: String::new(), interval_ms: 1000 }
+    }
+}
+
+impl Default for ReconcileSection {
+    fn default() -> Self {
+        Self { interval_secs: 60 }
+    }
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        Self { listen: SocketAddr::from(([127, 0, 0, 1], 9181)) }
+    }
+}
+
+impl ControlPlaneSection {
+    pub fn lost_after(&self) -> Duration {
+        Duration::from_secs(self.lost_after_secs)
+    }
 }
 
 impl AgentConfig {
@@ -31,5 +138,48 @@ impl AgentConfig {
         let cfg: Self = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("{} is not a valid agent configuration: {e}", path.display()))?;
         Ok(cfg)
+    }
+
+    /// Fills defaults that depend on the host and rejects settings that cannot work.
+    pub fn finish(mut self) -> anyhow::Result<Self> {
+        if self.agent.id.is_empty() {
+            self.agent.id =
+                nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "agent".into());
+        }
+        self.dataplane.validate().map_err(|e| anyhow::anyhow!("[dataplane]: {e}"))?;
+        if self.controlplane.endpoints.is_empty() {
+            anyhow::bail!("[controlplane] endpoints is empty: the agent needs at least one control-plane endpoint");
+        }
+        for e in &self.controlplane.endpoints {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                anyhow::bail!("[controlplane] endpoint {e:?} must start with http:// or https://");
+            }
+        }
+        if self.controlplane.lost_after_secs == 0 {
+            anyhow::bail!("[controlplane] lost_after_secs must be at least 1");
+        }
+        if self.dhcp_health.interval_ms == 0 || self.controlplane.report_interval_ms == 0 {
+            anyhow::bail!("intervals must be positive");
+        }
+        if self.reconcile.interval_secs == 0 {
+            anyhow::bail!("[reconcile] interval_secs must be at least 1");
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_validation() {
+        let c = AgentConfig::default().finish().unwrap();
+        assert!(!c.agent.id.is_empty());
+        let mut bad = AgentConfig::default();
+        bad.controlplane.endpoints = vec!["127.0.0.1:9100".into()];
+        assert!(bad.finish().unwrap_err().to_string().contains("http://"));
+        let err = toml::from_str::<AgentConfig>("[controlplane]\nendpoint = []\n").unwrap_err().to_string();
+        assert!(err.contains("endpoint"), "{err}");
     }
 }

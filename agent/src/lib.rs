@@ -1,6 +1,12 @@
 //! `ironguard-agent` — the privileged daemon on each PXE host.
 //!
-//! - [`config`]: the agent's TOML configuration (`[dataplane]`: interfaces, ports, hooks, match mode, mark).
+//! - [`config`]: the agent's TOML configuration (`[agent]`, `[controlplane]`, `[dhcp_health]`, `[reconcile]`,
+//!   `[admin]`, `[dataplane]`).
+//! - [`daemon`]: `ironguard-agent run`, the daemon: follows the control plane's filter state, decides the mode,
+//!   fails closed.
+//! - [`stream`]: the WatchFilters stream (reconnect, resume) and status reports.
+//! - [`dhcp_health`]: is the local DHCP service healthy?
+//! - [`metrics`]: Prometheus metrics and the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
 //! - [`hold`]: `ironguard-agent hold`, which keeps a static filter state (for tests, demos and emergencies).
 //! - [`logging`]: `tracing` set-up shared by the subcommands.
 //!
@@ -8,7 +14,11 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod daemon;
+pub mod dhcp_health;
 pub mod hold;
 pub mod logging;
+pub mod metrics;
+pub mod stream;
 
 pub use config::AgentConfig;

@@ -35,13 +35,74 @@ enum Command {
         #[command(subcommand)]
         action: GuardAction,
     },
+    /// Run the agent: follow the control plane's filter state, lead while DHCP is healthy, fail closed.
+    Run(RunArgs),
     /// Apply a static filter state and hold it until SIGTERM (SIGHUP re-reads --state).
     Hold(HoldArgs),
     /// Print the effective configuration (file + flags) as TOML and exit.
-    PrintConfig {
-        #[command(flatten)]
-        ruleset: RulesetArgs,
-    },
+    PrintConfig(RunArgs),
+}
+
+/// Overrides for the daemon's configuration file.
+#[derive(Debug, Args, Clone, Default)]
+struct RunArgs {
+    #[command(flatten)]
+    ruleset: RulesetArgs,
+    /// Control-plane gRPC endpoint (repeat; [controlplane] endpoints).
+    #[arg(long = "controlplane", value_name = "URL", env = "IRONGUARD_CONTROLPLANE", value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// Agent id ([agent] id; default: host name).
+    #[arg(long)]
+    agent_id: Option<String>,
+    /// PXE network served ([agent] network).
+    #[arg(long)]
+    network: Option<String>,
+    /// Admin endpoint for /metrics, /healthz, /readyz ([admin] listen).
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
+    /// Seconds without a control-plane stream before Blocked ([controlplane] lost_after_secs).
+    #[arg(long)]
+    lost_after_secs: Option<u64>,
+    /// UDP port whose listener means "DHCP healthy"; 0 disables ([dhcp_health] udp_port).
+    #[arg(long)]
+    dhcp_udp_port: Option<u16>,
+    /// Pid file of the DHCP service ([dhcp_health] pid_file).
+    #[arg(long)]
+    dhcp_pid_file: Option<String>,
+    /// systemd unit of the DHCP service ([dhcp_health] systemd_unit).
+    #[arg(long)]
+    dhcp_unit: Option<String>,
+}
+
+impl RunArgs {
+    fn apply(&self, mut c: AgentConfig) -> anyhow::Result<AgentConfig> {
+        c.dataplane = self.ruleset.apply(c.dataplane)?;
+        if !self.endpoints.is_empty() {
+            c.controlplane.endpoints = self.endpoints.clone();
+        }
+        if let Some(v) = &self.agent_id {
+            c.agent.id = v.clone();
+        }
+        if let Some(v) = &self.network {
+            c.agent.network = v.clone();
+        }
+        if let Some(v) = self.admin_listen {
+            c.admin.listen = v;
+        }
+        if let Some(v) = self.lost_after_secs {
+            c.controlplane.lost_after_secs = v;
+        }
+        if let Some(v) = self.dhcp_udp_port {
+            c.dhcp_health.udp_port = v;
+        }
+        if let Some(v) = &self.dhcp_pid_file {
+            c.dhcp_health.pid_file = v.clone();
+        }
+        if let Some(v) = &self.dhcp_unit {
+            c.dhcp_health.systemd_unit = v.clone();
+        }
+        c.finish()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -264,9 +325,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rt.block_on(hold::run(opts))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::PrintConfig { ruleset } => {
-            let cfg = AgentConfig { dataplane: ruleset.apply(file.dataplane)? };
+        Command::PrintConfig(args) => {
+            let cfg = args.apply(file)?;
             print!("{}", toml::to_string_pretty(&cfg)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => {
+            let cfg = args.apply(file)?;
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(ironguard_agent::daemon::run(cfg, std::future::pending::<()>()))?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -211,16 +211,22 @@ mod tests {
         };
         let d = run(api_changes(&[mac(1).to_string()], &[], &[]).unwrap());
         assert_eq!(d.allow_add, vec![mac(1)]);
-        let d = run(vec![ReasonChange { mac: mac(1), side: Side::Allow, reason: "inspection:n1".into(), present: true }]);
+        let d =
+            run(vec![ReasonChange { mac: mac(1), side: Side::Allow, reason: "inspection:n1".into(), present: true }]);
         assert!(d.is_empty(), "a second allow reason changes no membership");
         let d = run(api_changes(&[], &[], &[mac(1).to_string()]).unwrap());
         assert!(d.is_empty(), "removing the api reason keeps the inspection's");
-        let d = run(vec![ReasonChange { mac: mac(1), side: Side::Allow, reason: "inspection:n1".into(), present: false }]);
+        let d =
+            run(vec![ReasonChange { mac: mac(1), side: Side::Allow, reason: "inspection:n1".into(), present: false }]);
         assert_eq!(d.allow_remove, vec![mac(1)]);
         let d = run(api_changes(&[], &[mac(2).to_string()], &[]).unwrap());
         assert_eq!(d.deny_add, vec![mac(2)]);
         let d = run(api_changes(&[mac(2).to_string()], &[], &[]).unwrap());
-        assert_eq!((d.allow_add.clone(), d.deny_remove.clone()), (vec![mac(2)], vec![mac(2)]), "allow replaces the api deny");
+        assert_eq!(
+            (d.allow_add.clone(), d.deny_remove.clone()),
+            (vec![mac(2)], vec![mac(2)]),
+            "allow replaces the api deny"
+        );
         assert_eq!(state.len(), 1);
     }
 }

@@ -61,13 +61,11 @@ impl std::fmt::Debug for Server {
 pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     config.validate()?;
     let store: Arc<dyn FilterStore> = Arc::new(
-        EmbeddedStore::open(&config.store.data_dir, config.store.change_log_length).context("opening the filter store")?,
+        EmbeddedStore::open(&config.store.data_dir, config.store.change_log_length)
+            .context("opening the filter store")?,
     );
     // Publish the configured unknown-MAC policy (a new revision only if it differs from the stored one).
-    store
-        .apply(vec![], Some(config.filter.unknown_mac_policy))
-        .await
-        .context("recording the unknown-MAC policy")?;
+    store.apply(vec![], Some(config.filter.unknown_mac_policy)).await.context("recording the unknown-MAC policy")?;
     let metrics = Arc::new(Metrics::new());
     let grpc = TcpListener::bind(config.server.grpc_listen)
         .await
@@ -110,10 +108,9 @@ impl Server {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let admin_state = admin::AdminState { metrics: self.metrics.clone(), ready: self.ready.clone() };
         let mut admin_stop = stop_rx.clone();
-        let admin = axum::serve(self.admin, admin::router(admin_state))
-            .with_graceful_shutdown(async move {
-                let _ = admin_stop.wait_for(|v| *v).await;
-            });
+        let admin = axum::serve(self.admin, admin::router(admin_state)).with_graceful_shutdown(async move {
+            let _ = admin_stop.wait_for(|v| *v).await;
+        });
         let mut grpc_stop = stop_rx.clone();
         let grpc = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(10)))

@@ -46,15 +46,27 @@ impl Metrics {
         let updates = Family::<ResultLabel, Counter>::default();
         registry.register("filter_updates", "UpdatePxeFilters requests by result", updates.clone());
         let update_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
-        registry.register("filter_update_seconds", "UpdatePxeFilters latency (durable commit included)", update_seconds.clone());
+        registry.register(
+            "filter_update_seconds",
+            "UpdatePxeFilters latency (durable commit included)",
+            update_seconds.clone(),
+        );
         let watchers = Gauge::default();
         registry.register("watchers", "Open WatchFilters streams", watchers.clone());
         let snapshots_sent = Counter::default();
         registry.register("snapshots_sent", "Full snapshots sent to agents", snapshots_sent.clone());
         let resumes_served = Counter::default();
-        registry.register("resumes_served", "Watches resumed with deltas only (no full reload)", resumes_served.clone());
+        registry.register(
+            "resumes_served",
+            "Watches resumed with deltas only (no full reload)",
+            resumes_served.clone(),
+        );
         let agent_lag = Family::<AgentLabel, Gauge>::default();
-        registry.register("agent_lag_revisions", "Current revision minus the agent's applied revision", agent_lag.clone());
+        registry.register(
+            "agent_lag_revisions",
+            "Current revision minus the agent's applied revision",
+            agent_lag.clone(),
+        );
         let agent_mode = Family::<AgentLabel, Gauge>::default();
         registry.register("agent_mode", "Agent mode: 1 blocked, 2 follower, 3 leader", agent_mode.clone());
         Self {

@@ -151,7 +151,13 @@ impl PxeFilter for PxeFilterService {
                     (since, _) => {
                         let s = store.snapshot();
                         metrics.snapshots_sent.inc();
-                        info!(since, revision = s.revision, allow = s.allow.len(), deny = s.deny.len(), "sending snapshot");
+                        info!(
+                            since,
+                            revision = s.revision,
+                            allow = s.allow.len(),
+                            deny = s.deny.len(),
+                            "sending snapshot"
+                        );
                         let rev = s.revision;
                         if tx.send(Ok(snapshot_event(s))).await.is_err() {
                             metrics.watchers.dec();

@@ -1,11 +1,26 @@
 //! `ironguardctl` — the operator CLI.
 //!
+//! - [`cli`]: the command line, parsed and checked (MACs included) before anything runs.
 //! - [`chains`]: `ironguardctl chains`, the kernel state of a host (works when the agent is dead: it reads over
 //!   netlink) as text or JSON, ending with one verdict line.
 //! - [`netns`]: `--netns NAME`, entering a named network namespace before anything else opens a socket.
 //! - [`owner`]: from a table's owner netlink port id to the owning process, via `/proc`.
+//! - [`controlplane`]: the gRPC connection to the control plane (`ironguard.v1.PxeFilter`), with bounded waits
+//!   and errors that name its URL.
+//! - [`filters`]: `ironguardctl filters show|allow|deny|remove`, the requests and the rendering of the answers.
+//! - [`agents`]: `ironguardctl agents`, the rendering of `ListAgents`.
+//! - [`table`]: the plain-text tables both of them print.
+//!
+//! Requests are built and answers rendered by plain functions ([`filters::update_request`],
+//! [`filters::FilterStateReport::render`], [`agents::AgentsReport::render`], ...) so they are tested without a
+//! server; `main` only connects, calls and prints.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod chains;
+pub mod cli;
+pub mod controlplane;
+pub mod filters;
 pub mod netns;
 pub mod owner;
+pub mod table;

@@ -110,12 +110,13 @@ impl EmbeddedStore {
             }
             let meta = r.open_table(META).map_err(emb("open the meta table"))?;
             state.revision = meta.get(REVISION).map_err(emb("read the revision"))?.map(|v| v.value()).unwrap_or(0);
-            state.policy = meta.get(POLICY).map_err(emb("read the policy"))?.map(|v| policy_from(v.value())).unwrap_or_default();
+            state.policy =
+                meta.get(POLICY).map_err(emb("read the policy"))?.map(|v| policy_from(v.value())).unwrap_or_default();
             let table = r.open_table(LOG).map_err(emb("open the revision log"))?;
             for row in table.iter().map_err(emb("read the revision log"))? {
                 let (_, v) = row.map_err(emb("read a revision"))?;
-                let d: RevisionDelta =
-                    serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(format!("revision record: {e}")))?;
+                let d: RevisionDelta = serde_json::from_slice(v.value())
+                    .map_err(|e| StoreError::Corrupt(format!("revision record: {e}")))?;
                 log.push_back(d);
             }
         }
@@ -178,7 +179,8 @@ fn writer(
                 let get = |mac: &MacAddr| overlay.get(mac).cloned().or_else(|| m.state.entries.get(mac).cloned());
                 let (updated, delta) = apply_changes(&get, &req.changes);
                 overlay.extend(updated);
-                let new_policy = req.policy.filter(|p| *p != policy);
+                // A fresh store (revision 0) records its first policy, so revisions start at 1.
+                let new_policy = req.policy.filter(|p| revision == 0 || *p != policy);
                 if delta.is_empty() && new_policy.is_none() {
                     results.push(Applied { revision, record: None });
                     continue;
@@ -337,10 +339,13 @@ mod tests {
         let dir = tmp("reopen");
         {
             let s = EmbeddedStore::open(&dir, 100).unwrap();
-            let a = s.apply(api_changes(&[mac(1).to_string()], &[mac(2).to_string()], &[]).unwrap(), None).await.unwrap();
+            let a =
+                s.apply(api_changes(&[mac(1).to_string()], &[mac(2).to_string()], &[]).unwrap(), None).await.unwrap();
             assert_eq!(a.revision, 1);
             let a = s.apply(vec![], Some(UnknownMacPolicy::Deny)).await.unwrap();
             assert_eq!(a.revision, 2);
+            let a = s.apply(vec![], Some(UnknownMacPolicy::Deny)).await.unwrap();
+            assert_eq!((a.revision, a.record), (2, None), "the same policy again is no revision");
             // no-op: no new revision
             let a = s.apply(api_changes(&[mac(1).to_string()], &[], &[]).unwrap(), None).await.unwrap();
             assert_eq!((a.revision, a.record), (2, None));

@@ -40,7 +40,7 @@ pub fn require_privileges() {
             return Err("end-to-end tests need root (ip netns, nftables). Run the README's test command as root.".into());
         }
         let mut missing = vec![];
-        for tool in ["ip", "nft", "dnsmasq", "busybox", "setpriv", "ss"] {
+        for tool in ["ip", "nft", "dnsmasq", "busybox", "setpriv", "ss", "curl"] {
             let found = Command::new("sh")
                 .args(["-c", &format!("command -v {tool}")])
                 .stdout(Stdio::null())
@@ -491,4 +491,137 @@ pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 's
     })
     .join()
     .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// Runs `curl` inside the namespace: the body if the server answered 2xx. (busybox wget segfaults on Debian 12.)
+pub fn http_get(ns: &Netns, url: &str) -> Option<String> {
+    let out = ns.cmd("curl").args(["-sf", "--max-time", "2", url]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The value of a Prometheus metric (first sample whose name and labels start with `name`).
+pub fn metric(ns: &Netns, admin: &str, name: &str) -> Option<f64> {
+    let body = http_get(ns, &format!("http://{admin}/metrics"))?;
+    body.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (k, v) = l.rsplit_once(' ')?;
+        k.starts_with(name).then(|| v.parse().ok())?
+    })
+}
+
+/// `ironguardctl ARGS` inside a namespace (so it reaches a control plane on that namespace's loopback).
+pub fn ctl(ns: &Netns, args: &[&str]) -> Output {
+    ns.cmd(bin("ironguardctl")).args(args).output().expect("run ironguardctl")
+}
+
+/// Waits until a TCP port listens in the namespace.
+pub fn wait_tcp_listen(ns: &Netns, port: u16, timeout: Duration) -> bool {
+    wait_for(timeout, || {
+        let out = ns.cmd("ss").args(["-Hltn", &format!("sport = :{port}")]).output().ok()?;
+        (!out.stdout.is_empty()).then_some(())
+    })
+    .is_some()
+}
+
+/// An `ironguard-controlplane` process in a namespace, on that namespace's loopback.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub proc: Proc,
+    pub data_dir: PathBuf,
+    pub grpc_port: u16,
+    pub admin_port: u16,
+    pub extra: Vec<String>,
+    ns_name: String,
+}
+
+impl ControlPlane {
+    /// Starts a control plane with its own data directory under `dir`; waits until gRPC listens.
+    pub fn start(ns: &Netns, dir: &TempDir, grpc_port: u16, admin_port: u16, extra: &[&str]) -> Self {
+        let data_dir = dir.join(&format!("cp-{grpc_port}"));
+        let mut cp = Self {
+            proc: Proc { child: None, what: String::new(), log: PathBuf::new() },
+            data_dir,
+            grpc_port,
+            admin_port,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            ns_name: ns.name().to_string(),
+        };
+        cp.spawn(ns, dir);
+        cp
+    }
+
+    /// `http://127.0.0.1:PORT`, as seen from the namespace.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    pub fn admin(&self) -> String {
+        format!("127.0.0.1:{}", self.admin_port)
+    }
+
+    fn spawn(&mut self, ns: &Netns, dir: &TempDir) {
+        assert_eq!(ns.name(), self.ns_name);
+        let mut cmd = ns.cmd(bin("ironguard-controlplane"));
+        cmd.arg("--grpc-listen")
+            .arg(format!("127.0.0.1:{}", self.grpc_port))
+            .arg("--admin-listen")
+            .arg(format!("127.0.0.1:{}", self.admin_port))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.extra)
+            .env("RUST_LOG", "info");
+        let log = dir.join(&format!("controlplane-{}.log", self.grpc_port));
+        self.proc = Proc::spawn("ironguard-controlplane", cmd, log);
+        assert!(
+            wait_tcp_listen(ns, self.grpc_port, Duration::from_secs(10)),
+            "control plane did not listen:\n{}",
+            self.proc.log_text()
+        );
+    }
+
+    /// `kill -9`, then start again on the same data directory and ports.
+    pub fn kill9(&mut self) {
+        self.proc.signal(nix::sys::signal::Signal::SIGKILL);
+        self.proc.wait_exit(Duration::from_secs(5));
+    }
+
+    pub fn restart(&mut self, ns: &Netns, dir: &TempDir) {
+        self.spawn(ns, dir);
+    }
+}
+
+/// An `ironguard-agent run` in a namespace, with a configuration file written from `toml`; waits until its
+/// admin endpoint answers.
+pub fn start_agent(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[&str]>) -> Proc {
+    let cfg = dir.join(&unique("agent-config"));
+    std::fs::write(&cfg, toml).expect("write agent config");
+    let admin = toml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("listen = \"").and_then(|r| r.strip_suffix('"')))
+        .expect("the agent config names [admin] listen")
+        .to_string();
+    let mut cmd = match wrapper {
+        Some(w) => {
+            let mut c = ns.cmd(w[0]);
+            c.args(&w[1..]).arg(bin("ironguard-agent"));
+            c
+        }
+        None => ns.cmd(bin("ironguard-agent")),
+    };
+    cmd.arg("--config").arg(&cfg).arg("run").env("RUST_LOG", "info,ironguard_agent=debug");
+    let mut p = Proc::spawn("ironguard-agent run", cmd, dir.join(&unique("agent-log")));
+    let ok = wait_for(Duration::from_secs(10), || {
+        if !p.running() {
+            return Some(false);
+        }
+        http_get(ns, &format!("http://{admin}/healthz")).map(|_| true)
+    });
+    assert_eq!(ok, Some(true), "ironguard-agent run did not start:\n{}", p.log_text());
+    p
+}
+
+/// A minimal agent configuration for tests: the control plane at `cp_url`, filtering `iface`, admin on `admin`.
+pub fn agent_toml(id: &str, cp_url: &str, iface: &str, admin: &str, lost_after_secs: u64) -> String {
+    format!(
+        "[agent]\nid = \"{id}\"\nnetwork = \"test\"\n\n[controlplane]\nendpoints = [\"{cp_url}\"]\nlost_after_secs = {lost_after_secs}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n[dhcp_health]\ninterval_ms = 200\n\n[reconcile]\ninterval_secs = 5\n\n[admin]\nlisten = \"{admin}\"\n\n[dataplane]\ninterfaces = [\"{iface}\"]\n"
+    )
 }

@@ -1,0 +1,631 @@
+//! `ironguard-agent run`: the daemon.
+//!
+//! Start-up: guard installed → agent's table created `Blocked` (then `READY=1`) → subscribe to the control plane
+//! → apply the snapshot → `Leader` while the local DHCP service is healthy, `Follower` otherwise. Every failure
+//! leads to `Blocked`: no state yet, control plane unreachable beyond `lost_after_secs`, a kernel batch rejected,
+//! SIGTERM. If even the switch to `Blocked` fails, the process exits and the kernel deletes its table.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, NftError, UnknownMacPolicy};
+use ironguard_proto::v1::{self as pb, AgentStatus, DhcpHealth, filter_event::Event};
+use rand::Rng as _;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info, info_span, warn};
+
+use crate::config::AgentConfig;
+use crate::dhcp_health::{self, Health};
+use crate::metrics::{AdminState, CauseLabel, KindLabel, Metrics, SetLabel};
+use crate::stream::{self, Identity, StreamMsg};
+
+/// Why the agent is in its mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    NoState,
+    ControlPlaneLost(Duration),
+    DhcpUnhealthy(String),
+    Leading,
+    ApplyFailed,
+    ShuttingDown,
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::NoState => write!(f, "no filter state from the control plane yet"),
+            Reason::ControlPlaneLost(d) => write!(f, "control plane unreachable for {}s", d.as_secs()),
+            Reason::DhcpUnhealthy(d) => write!(f, "local DHCP service unhealthy: {d}"),
+            Reason::Leading => write!(f, "leader (local DHCP healthy, filter state current)"),
+            Reason::ApplyFailed => write!(f, "a kernel batch failed; waiting for a full resync"),
+            Reason::ShuttingDown => write!(f, "shutting down"),
+        }
+    }
+}
+
+impl Reason {
+    /// The label of the fail-closed counter for this reason, if it is one.
+    fn cause(&self) -> Option<&'static str> {
+        match self {
+            Reason::NoState => Some("no-state"),
+            Reason::ControlPlaneLost(_) => Some("controlplane-lost"),
+            Reason::ApplyFailed => Some("apply-failed"),
+            Reason::ShuttingDown => Some("shutdown"),
+            Reason::DhcpUnhealthy(_) | Reason::Leading => None,
+        }
+    }
+}
+
+/// What the agent's table should be, given what the agent knows. Pure, so every branch is unit-tested.
+pub fn decide(
+    have_state: bool,
+    apply_failed: bool,
+    lost_for: Option<Duration>,
+    lost_after: Duration,
+    dhcp: &Health,
+    shutting_down: bool,
+) -> (Mode, Reason) {
+    if shutting_down {
+        return (Mode::Blocked, Reason::ShuttingDown);
+    }
+    if apply_failed {
+        return (Mode::Blocked, Reason::ApplyFailed);
+    }
+    if !have_state {
+        return (Mode::Blocked, Reason::NoState);
+    }
+    if let Some(d) = lost_for.filter(|d| *d >= lost_after) {
+        return (Mode::Blocked, Reason::ControlPlaneLost(d));
+    }
+    if !dhcp.healthy {
+        return (Mode::Follower, Reason::DhcpUnhealthy(dhcp.detail.clone()));
+    }
+    (Mode::Leader, Reason::Leading)
+}
+
+fn mode_pb(m: Mode) -> pb::Mode {
+    match m {
+        Mode::Blocked => pb::Mode::Blocked,
+        Mode::Follower => pb::Mode::Follower,
+        Mode::Leader => pb::Mode::Leader,
+    }
+}
+
+fn policy_from_pb(v: i32) -> Option<UnknownMacPolicy> {
+    match pb::UnknownMacPolicy::try_from(v) {
+        Ok(pb::UnknownMacPolicy::Allow) => Some(UnknownMacPolicy::Allow),
+        Ok(pb::UnknownMacPolicy::Deny) => Some(UnknownMacPolicy::Deny),
+        _ => None,
+    }
+}
+
+fn macs(v: &[String]) -> Result<Vec<MacAddr>, ironguard_nft::MacError> {
+    v.iter().map(|s| s.parse()).collect()
+}
+
+/// The table, reachable from the panic hook for a best-effort switch to `Blocked`.
+static TABLE: OnceLock<Arc<Mutex<KernelDataplane>>> = OnceLock::new();
+
+fn install_panic_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if let Some(t) = TABLE.get() {
+            if let Ok(mut dp) = t.try_lock() {
+                let _ = dp.set_mode(Mode::Blocked, UnknownMacPolicy::Deny);
+            }
+        }
+        previous(info);
+    }));
+}
+
+struct Daemon {
+    cfg: AgentConfig,
+    dp: Arc<Mutex<KernelDataplane>>,
+    metrics: Arc<Metrics>,
+    applied: Arc<AtomicU64>,
+    have_state: bool,
+    apply_failed: bool,
+    policy: UnknownMacPolicy,
+    generation: u64,
+    first_event_pending: bool,
+    lost_since: Option<Instant>,
+    dhcp: Health,
+    mode: Mode,
+    reason: Reason,
+    last_error: String,
+    snapshots: u64,
+    resumes: u64,
+    status_tx: watch::Sender<AgentStatus>,
+    resync_tx: watch::Sender<u64>,
+    ready: Arc<AtomicBool>,
+    why: Arc<Mutex<String>>,
+    who: Identity,
+}
+
+impl Daemon {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KernelDataplane> {
+        self.dp.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn target(&self, shutting_down: bool) -> (Mode, Reason) {
+        decide(
+            self.have_state,
+            self.apply_failed,
+            self.lost_since.map(|t| t.elapsed()),
+            self.cfg.controlplane.lost_after(),
+            &self.dhcp,
+            shutting_down,
+        )
+    }
+
+    fn record(&self, kind: &'static str, r: &Result<ironguard_nft::ApplyReport, NftError>) {
+        match r {
+            Ok(rep) => {
+                self.metrics.apply_seconds.get_or_create(&KindLabel { kind }).observe(rep.elapsed.as_secs_f64());
+                self.metrics.kernel_transactions.inc_by(rep.transactions as u64);
+            }
+            Err(_) => {
+                self.metrics.netlink_errors.inc();
+            }
+        }
+    }
+
+    /// Brings the table to the mode it should be in. A failure here is fatal: the table cannot be trusted, so the
+    /// process exits and the kernel removes it.
+    fn converge_mode(&mut self, shutting_down: bool) -> anyhow::Result<()> {
+        let (mode, reason) = self.target(shutting_down);
+        let changed = mode != self.mode || reason != self.reason;
+        if mode != self.mode {
+            let span = info_span!("mode_switch", from = %self.mode, to = %mode, reason = %reason);
+            let _g = span.enter();
+            let policy = self.policy;
+            let r = tokio::task::block_in_place(|| self.lock().set_mode(mode, policy));
+            self.record("mode", &r);
+            r.with_context(|| format!("switching to {mode}"))?;
+            if mode == Mode::Blocked {
+                if let Some(cause) = reason.cause() {
+                    self.metrics.fail_closed.get_or_create(&CauseLabel { cause }).inc();
+                }
+                warn!("{}", "failing closed: Blocked");
+            } else {
+                info!("mode switched");
+            }
+            self.mode = mode;
+            self.metrics.mode.set(mode_pb(mode) as i64);
+        }
+        if changed {
+            self.reason = reason;
+            self.publish();
+        }
+        Ok(())
+    }
+
+    /// Publishes the status for reports, readiness and metrics.
+    fn publish(&self) {
+        let (allow, deny) = {
+            let dp = self.lock();
+            dp.committed().map(|s| (s.allow.len(), s.deny.len())).unwrap_or((0, 0))
+        };
+        self.metrics.set_size.get_or_create(&SetLabel { set: "allow" }).set(allow as i64);
+        self.metrics.set_size.get_or_create(&SetLabel { set: "deny" }).set(deny as i64);
+        self.metrics.applied_revision.set(self.applied.load(Ordering::SeqCst) as i64);
+        self.metrics.dhcp_healthy.set(self.dhcp.healthy as i64);
+        let ready = self.have_state && !self.apply_failed && self.mode != Mode::Blocked && self.dhcp.healthy;
+        self.ready.store(ready, Ordering::Relaxed);
+        if let Ok(mut w) = self.why.lock() {
+            *w = self.reason.to_string();
+        }
+        self.status_tx.send_replace(AgentStatus {
+            agent_id: self.who.agent_id.clone(),
+            host: self.who.host.clone(),
+            network: self.who.network.clone(),
+            applied_revision: self.applied.load(Ordering::SeqCst),
+            mode: mode_pb(self.mode) as i32,
+            allow_count: allow as u64,
+            deny_count: deny as u64,
+            last_error: self.last_error.clone(),
+            dhcp: Some(DhcpHealth { healthy: self.dhcp.healthy, detail: self.dhcp.detail.clone() }),
+            mode_reason: self.reason.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            snapshots_applied: self.snapshots,
+            resumes: self.resumes,
+        });
+    }
+
+    /// A kernel batch failed: nothing changed in the kernel (batches are atomic), but the applied revision can no
+    /// longer be trusted to follow the stream. Block, and resynchronise from a snapshot.
+    fn apply_failed(&mut self, what: &str, e: &anyhow::Error) -> anyhow::Result<()> {
+        error!(error = format!("{e:#}"), "{what} failed; failing closed and resynchronising");
+        self.last_error = format!("{what}: {e:#}");
+        self.apply_failed = true;
+        self.have_state = false;
+        self.applied.store(0, Ordering::SeqCst);
+        self.resync_tx.send_modify(|g| *g += 1);
+        self.converge_mode(false)
+    }
+
+    fn on_snapshot(&mut self, s: pb::FilterSnapshot) -> anyhow::Result<()> {
+        let span = info_span!("apply_snapshot", revision = s.revision);
+        let _g = span.enter();
+        let (allow, deny) = match (macs(&s.allow), macs(&s.deny)) {
+            (Ok(a), Ok(d)) => (a, d),
+            (Err(e), _) | (_, Err(e)) => {
+                return self.apply_failed("snapshot", &anyhow::anyhow!("bad MAC from the control plane: {e}"));
+            }
+        };
+        self.policy = policy_from_pb(s.unknown_mac_policy).unwrap_or(self.policy);
+        // Decide the mode as if the state were in place (it will be, or we fail closed).
+        self.have_state = true;
+        self.apply_failed = false;
+        let (mode, reason) = self.target(false);
+        let desired = DesiredState {
+            config: self.cfg.dataplane.clone(),
+            mode,
+            unknown_mac_policy: self.policy,
+            allow: allow.into_iter().collect(),
+            deny: deny.into_iter().collect(),
+        };
+        let r = tokio::task::block_in_place(|| self.lock().apply(&desired));
+        self.record("full", &r);
+        match r {
+            Ok(rep) => {
+                self.applied.store(s.revision, Ordering::SeqCst);
+                self.snapshots += 1;
+                self.metrics.snapshots_applied.inc();
+                self.mode = mode;
+                self.metrics.mode.set(mode_pb(mode) as i64);
+                self.reason = reason;
+                self.last_error.clear();
+                info!(
+                    allow = desired.allow.len(),
+                    deny = desired.deny.len(),
+                    mode = %mode,
+                    elapsed_ms = rep.elapsed.as_millis() as u64,
+                    "applied snapshot (full reload)"
+                );
+                self.publish();
+                Ok(())
+            }
+            Err(e) => self.apply_failed("applying the snapshot", &e.into()),
+        }
+    }
+
+    /// Applies consecutive deltas as one kernel transaction.
+    fn on_deltas(&mut self, deltas: Vec<pb::FilterDelta>) -> anyhow::Result<()> {
+        let mut combined = Delta::default();
+        let mut last = self.applied.load(Ordering::SeqCst);
+        let first = last;
+        let mut policy = self.policy;
+        for d in deltas {
+            if d.revision <= last {
+                continue; // replayed after a reconnect
+            }
+            if d.revision != last + 1 {
+                return self.apply_failed(
+                    "following the stream",
+                    &anyhow::anyhow!("revision gap: applied {last}, received {}", d.revision),
+                );
+            }
+            let parsed = (|| -> Result<Delta, ironguard_nft::MacError> {
+                Ok(Delta {
+                    allow_add: macs(&d.allow_add)?,
+                    allow_remove: macs(&d.allow_remove)?,
+                    deny_add: macs(&d.deny_add)?,
+                    deny_remove: macs(&d.deny_remove)?,
+                })
+            })();
+            match parsed {
+                Ok(p) => combined.then(&p),
+                Err(e) => return self.apply_failed("delta", &anyhow::anyhow!("bad MAC from the control plane: {e}")),
+            }
+            if let Some(p) = policy_from_pb(d.unknown_mac_policy) {
+                policy = p;
+            }
+            last = d.revision;
+        }
+        if last == first {
+            return Ok(());
+        }
+        let span = info_span!("apply_delta", from = first, to = last, macs = combined.len());
+        let _g = span.enter();
+        let r = tokio::task::block_in_place(|| self.lock().apply_delta(&combined));
+        self.record("delta", &r);
+        if let Err(e) = r {
+            return self.apply_failed("applying a delta", &e.into());
+        }
+        if policy != self.policy {
+            self.policy = policy;
+            let mode = self.mode;
+            let r = tokio::task::block_in_place(|| self.lock().set_mode(mode, policy));
+            self.record("mode", &r);
+            if let Err(e) = r {
+                return self.apply_failed("switching the unknown-MAC policy", &e.into());
+            }
+            info!(policy = %policy, "unknown-MAC policy changed");
+        }
+        self.applied.store(last, Ordering::SeqCst);
+        self.last_error.clear();
+        tracing::debug!(revisions = last - first, "applied");
+        self.publish();
+        Ok(())
+    }
+
+    /// Handles one stream message plus every message already queued behind it (coalescing a burst of deltas
+    /// into one kernel transaction).
+    fn on_stream(&mut self, first: StreamMsg, rx: &mut mpsc::Receiver<StreamMsg>) -> anyhow::Result<()> {
+        let mut pending: Vec<pb::FilterDelta> = Vec::new();
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                StreamMsg::Connected { generation, endpoint, since } => {
+                    self.on_deltas(std::mem::take(&mut pending))?;
+                    self.generation = generation;
+                    self.first_event_pending = true;
+                    self.lost_since = None;
+                    self.metrics.stream_connected.set(1);
+                    info!(endpoint, since, "watching filters");
+                    self.converge_mode(false)?;
+                }
+                StreamMsg::Lost { generation, error } if generation == self.generation => {
+                    self.on_deltas(std::mem::take(&mut pending))?;
+                    if self.lost_since.is_none() {
+                        self.lost_since = Some(Instant::now());
+                        warn!(
+                            error,
+                            bound_secs = self.cfg.controlplane.lost_after_secs,
+                            "control plane stream lost; keeping the current state until the bound"
+                        );
+                    }
+                    self.metrics.stream_connected.set(0);
+                }
+                StreamMsg::Lost { .. } => {}
+                StreamMsg::Event { generation, event } if generation == self.generation => {
+                    if std::mem::take(&mut self.first_event_pending) {
+                        let is_snapshot = matches!(event.event, Some(Event::Snapshot(_)));
+                        if !is_snapshot && self.have_state {
+                            self.resumes += 1;
+                            self.metrics.resumes.inc();
+                            info!(
+                                revision = self.applied.load(Ordering::SeqCst),
+                                "resumed from the applied revision without a full reload"
+                            );
+                        }
+                    }
+                    match event.event {
+                        Some(Event::Delta(d)) => pending.push(d),
+                        Some(Event::Snapshot(s)) => {
+                            pending.clear();
+                            self.on_snapshot(s)?;
+                        }
+                        Some(Event::Heartbeat(h)) => {
+                            self.on_deltas(std::mem::take(&mut pending))?;
+                            let applied = self.applied.load(Ordering::SeqCst);
+                            if self.have_state && h.revision > applied {
+                                self.apply_failed(
+                                    "following the stream",
+                                    &anyhow::anyhow!("heartbeat at revision {} but applied {applied}", h.revision),
+                                )?;
+                            }
+                        }
+                        None => {}
+                    }
+                }
+                StreamMsg::Event { .. } => {}
+            }
+            next = rx.try_recv().ok();
+        }
+        self.on_deltas(pending)
+    }
+
+    /// Reads the kernel back; repairs drift with a full apply of the committed state (and reinstalls the guard).
+    fn reconcile(&mut self) -> anyhow::Result<()> {
+        let span = info_span!("reconcile");
+        let _g = span.enter();
+        let drift = tokio::task::block_in_place(|| self.lock().drift(true));
+        match drift {
+            Ok(d) if d.is_empty() => Ok(()),
+            Ok(d) => {
+                warn!(drift = ?d, "kernel state differs from the committed state; repairing");
+                self.metrics.drift_repairs.inc();
+                if d.iter().any(|x| x.contains(ironguard_nft::GUARD_TABLE)) {
+                    if let Err(e) = ironguard_nft::guard::install(&self.cfg.dataplane) {
+                        error!(error = %e, "reinstalling the guard failed");
+                    }
+                }
+                let committed = self.lock().committed().cloned();
+                if let Some(c) = committed {
+                    let r = tokio::task::block_in_place(|| self.lock().apply(&c));
+                    self.record("full", &r);
+                    if let Err(e) = r {
+                        return self.apply_failed("repairing drift", &e.into());
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %e, "read-back failed");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn jittered(mean: Duration) -> Duration {
+    mean.mul_f64(rand::rng().random_range(0.8..1.2))
+}
+
+/// Runs the agent until SIGTERM/SIGINT (or `shutdown` resolves). Returns an error only if the table could not
+/// be created or kept safe.
+pub async fn run(
+    cfg: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(false));
+    let why = Arc::new(Mutex::new("starting".to_string()));
+    let admin_listener = tokio::net::TcpListener::bind(cfg.admin.listen)
+        .await
+        .with_context(|| format!("binding the admin endpoint on {}", cfg.admin.listen))?;
+    let admin = crate::metrics::router(AdminState { metrics: metrics.clone(), ready: ready.clone(), why: why.clone() });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(admin_listener, admin).await {
+            error!(error = %e, "admin endpoint failed");
+        }
+    });
+
+    // 1. guard, 2. the agent's table, Blocked.
+    ironguard_nft::guard::install(&cfg.dataplane).context("installing the guard table")?;
+    let mut dp = KernelDataplane::open().context("creating the agent's table")?;
+    dp.apply(&DesiredState::blocked(cfg.dataplane.clone())).context("creating the agent's table (Blocked)")?;
+    info!(owner_portid = dp.owner_portid(), agent = %cfg.agent.id, network = %cfg.agent.network, "agent's table created, Blocked");
+    let dp = Arc::new(Mutex::new(dp));
+    let _ = TABLE.set(dp.clone());
+    install_panic_hook();
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let who = Identity { agent_id: cfg.agent.id.clone(), host, network: cfg.agent.network.clone() };
+    let applied = Arc::new(AtomicU64::new(0));
+    let (stream_tx, mut stream_rx) = mpsc::channel(4096);
+    let (resync_tx, resync_rx) = watch::channel(0u64);
+    tokio::spawn(stream::watch_loop(
+        cfg.controlplane.clone(),
+        who.clone(),
+        applied.clone(),
+        stream_tx,
+        resync_rx,
+        stop_rx.clone(),
+    ));
+    let (status_tx, status_rx) = watch::channel(AgentStatus::default());
+    tokio::spawn(stream::report_loop(cfg.controlplane.clone(), status_rx, metrics.clone(), stop_rx.clone()));
+    let (health_tx, mut health_rx) = watch::channel(Health { healthy: false, detail: "not checked yet".into() });
+    let hcfg = cfg.dhcp_health.clone();
+    let mut hstop = stop_rx.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(hcfg.interval_ms));
+        loop {
+            tokio::select! { _ = tick.tick() => {}, _ = hstop.changed() => return }
+            let c = hcfg.clone();
+            if let Ok(h) = tokio::task::spawn_blocking(move || dhcp_health::check(&c)).await {
+                health_tx.send_if_modified(|old| {
+                    let changed = *old != h;
+                    *old = h;
+                    changed
+                });
+            }
+        }
+    });
+
+    let mut d = Daemon {
+        cfg,
+        dp,
+        metrics,
+        applied,
+        have_state: false,
+        apply_failed: false,
+        policy: UnknownMacPolicy::Allow,
+        generation: 0,
+        first_event_pending: false,
+        lost_since: Some(Instant::now()),
+        dhcp: Health { healthy: false, detail: "not checked yet".into() },
+        mode: Mode::Blocked,
+        reason: Reason::NoState,
+        last_error: String::new(),
+        snapshots: 0,
+        resumes: 0,
+        status_tx,
+        resync_tx,
+        ready,
+        why,
+        who,
+    };
+    d.metrics.mode.set(mode_pb(Mode::Blocked) as i64);
+    d.publish();
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let reconcile_every = Duration::from_secs(d.cfg.reconcile.interval_secs);
+    let mut next_reconcile = Instant::now() + jittered(reconcile_every);
+    tokio::pin!(shutdown);
+    let result: anyhow::Result<()> = loop {
+        let step = tokio::select! {
+            _ = term.recv() => break Ok(()),
+            _ = int.recv() => break Ok(()),
+            _ = &mut shutdown => break Ok(()),
+            msg = stream_rx.recv() => match msg {
+                Some(m) => d.on_stream(m, &mut stream_rx),
+                None => break Err(anyhow::anyhow!("the watch task stopped")),
+            },
+            _ = health_rx.changed() => {
+                let h = health_rx.borrow_and_update().clone();
+                if h.healthy != d.dhcp.healthy {
+                    info!(healthy = h.healthy, detail = %h.detail, "local DHCP health changed");
+                }
+                d.dhcp = h;
+                d.publish();
+                d.converge_mode(false)
+            }
+            _ = tick.tick() => {
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                if Instant::now() >= next_reconcile {
+                    next_reconcile = Instant::now() + jittered(reconcile_every);
+                    if d.have_state { d.reconcile() } else { Ok(()) }
+                } else {
+                    d.converge_mode(false)
+                }
+            }
+        };
+        if let Err(e) = step {
+            break Err(e);
+        }
+    };
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    let _ = stop_tx.send(true);
+    info!("stopping: switching to Blocked");
+    let blocked = d.converge_mode(true);
+    match (&result, blocked) {
+        (Ok(()), Ok(())) => {
+            info!("Blocked; exiting");
+            Ok(())
+        }
+        (_, Err(e)) => {
+            error!(error = format!("{e:#}"), "could not switch to Blocked; exiting so the kernel removes the table");
+            result.and(Err(e))
+        }
+        (Err(_), Ok(())) => result,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy() -> Health {
+        Health { healthy: true, detail: "ok".into() }
+    }
+
+    #[test]
+    fn every_doubt_blocks() {
+        let b = Duration::from_secs(30);
+        let sick = Health { healthy: false, detail: "nothing listens on udp/67".into() };
+        assert_eq!(decide(true, false, None, b, &healthy(), false).0, Mode::Leader);
+        assert_eq!(decide(false, false, None, b, &healthy(), false), (Mode::Blocked, Reason::NoState));
+        assert_eq!(decide(true, true, None, b, &healthy(), false).0, Mode::Blocked);
+        assert_eq!(decide(true, false, Some(Duration::from_secs(31)), b, &healthy(), false).0, Mode::Blocked);
+        assert_eq!(
+            decide(true, false, Some(Duration::from_secs(29)), b, &healthy(), false).0,
+            Mode::Leader,
+            "within the bound the last state holds"
+        );
+        assert_eq!(decide(true, false, None, b, &sick, false).0, Mode::Follower);
+        assert!(decide(true, false, None, b, &sick, false).1.to_string().contains("udp/67"));
+        assert_eq!(decide(true, false, None, b, &healthy(), true), (Mode::Blocked, Reason::ShuttingDown));
+        // control plane loss outranks DHCP health: no state can be trusted
+        assert_eq!(decide(true, false, Some(Duration::from_secs(40)), b, &sick, false).0, Mode::Blocked);
+    }
+}

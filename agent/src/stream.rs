@@ -1,0 +1,186 @@
+//! The agent's two conversations with the control plane: the `WatchFilters` stream (reconnected with back-off
+//! to any configured endpoint, resuming from the last applied revision) and the periodic `ReportStatus`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
+use ironguard_proto::v1::{AgentStatus, FilterEvent, WatchFiltersRequest};
+use rand::Rng as _;
+use tokio::sync::{mpsc, watch};
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, info, warn};
+
+use crate::config::ControlPlaneSection;
+use crate::metrics::Metrics;
+
+/// What the watch task tells the main loop. `generation` numbers connections, so events of a stream that was
+/// replaced are recognised and ignored.
+#[derive(Debug)]
+pub enum StreamMsg {
+    Connected { generation: u64, endpoint: String, since: u64 },
+    Event { generation: u64, event: FilterEvent },
+    Lost { generation: u64, error: String },
+}
+
+/// Who is watching.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub agent_id: String,
+    pub host: String,
+    pub network: String,
+}
+
+pub(crate) async fn connect(endpoint: &str, cfg: &ControlPlaneSection) -> Result<PxeFilterClient<Channel>, String> {
+    let ep = Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| format!("bad endpoint {endpoint:?}: {e}"))?
+        .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+        .http2_keep_alive_interval(Duration::from_secs(2))
+        .keep_alive_timeout(Duration::from_secs(cfg.silence_timeout_secs.max(1)))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true);
+    let channel = ep.connect().await.map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
+    Ok(PxeFilterClient::new(channel).max_decoding_message_size(256 << 20))
+}
+
+fn backoff(attempt: u32, max: Duration) -> Duration {
+    let base = Duration::from_millis(100).saturating_mul(1u32 << attempt.min(10));
+    let capped = base.min(max);
+    // ±25 % jitter so agents do not reconnect in lockstep.
+    let jitter = rand::rng().random_range(0.75..1.25);
+    capped.mul_f64(jitter)
+}
+
+/// Keeps one WatchFilters stream open, forever (until `shutdown`). `resync` restarts the stream at once (used
+/// after a failed apply, with `applied` reset so the server sends a snapshot).
+pub async fn watch_loop(
+    cfg: ControlPlaneSection,
+    who: Identity,
+    applied: Arc<AtomicU64>,
+    tx: mpsc::Sender<StreamMsg>,
+    mut resync: watch::Receiver<u64>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut generation = 0u64;
+    let mut attempt = 0u32;
+    let mut idx = 0usize;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let endpoint = cfg.endpoints[idx % cfg.endpoints.len()].clone();
+        idx += 1;
+        generation += 1;
+        let started = Instant::now();
+        let result = async {
+            let mut client = connect(&endpoint, &cfg).await?;
+            let since = applied.load(Ordering::SeqCst);
+            let req = WatchFiltersRequest {
+                agent_id: who.agent_id.clone(),
+                host: who.host.clone(),
+                network: who.network.clone(),
+                since_revision: since,
+            };
+            let mut stream = client
+                .watch_filters(req)
+                .await
+                .map_err(|s| format!("WatchFilters on {endpoint}: {}", s.message()))?
+                .into_inner();
+            let _ = tx.send(StreamMsg::Connected { generation, endpoint: endpoint.clone(), since }).await;
+            let silence = Duration::from_secs(cfg.silence_timeout_secs.max(1));
+            loop {
+                tokio::select! {
+                    next = tokio::time::timeout(silence, stream.message()) => match next {
+                        Ok(Ok(Some(event))) => {
+                            if tx.send(StreamMsg::Event { generation, event }).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                        Ok(Ok(None)) => return Err(format!("{endpoint} ended the stream")),
+                        Ok(Err(s)) => return Err(format!("stream from {endpoint} failed: {}", s.message())),
+                        Err(_) => return Err(format!("stream from {endpoint} silent for {silence:?}")),
+                    },
+                    _ = resync.changed() => return Err("resynchronising from a snapshot".to_string()),
+                    _ = shutdown.changed() => return Ok(()),
+                }
+            }
+        }
+        .await;
+        let error = match result {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        let _ = tx.send(StreamMsg::Lost { generation, error: error.clone() }).await;
+        if started.elapsed() > Duration::from_secs(5) {
+            attempt = 0;
+        }
+        let pause = if error.starts_with("resynchronising") {
+            Duration::ZERO
+        } else {
+            backoff(attempt, Duration::from_millis(cfg.max_backoff_ms))
+        };
+        attempt = attempt.saturating_add(1);
+        debug!(error, ?pause, "watch stream lost; reconnecting");
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Sends the latest status on every change and every `report_interval`, to the first endpoint that answers.
+pub async fn report_loop(
+    cfg: ControlPlaneSection,
+    mut status: watch::Receiver<AgentStatus>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut client: Option<PxeFilterClient<Channel>> = None;
+    let mut idx = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.report_interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = status.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+        let s = status.borrow_and_update().clone();
+        for _ in 0..cfg.endpoints.len() {
+            if client.is_none() {
+                let ep = &cfg.endpoints[idx % cfg.endpoints.len()];
+                match connect(ep, &cfg).await {
+                    Ok(c) => client = Some(c),
+                    Err(_) => {
+                        idx += 1;
+                        continue;
+                    }
+                }
+            }
+            let Some(c) = client.as_mut() else { continue };
+            let mut req = tonic::Request::new(s.clone());
+            req.set_timeout(Duration::from_millis(cfg.connect_timeout_ms));
+            match c.report_status(req).await {
+                Ok(r) => {
+                    let current = r.into_inner().current_revision;
+                    metrics.lag.set(current.saturating_sub(s.applied_revision) as i64);
+                    if warned {
+                        info!("status reports reach the control plane again");
+                        warned = false;
+                    }
+                    break;
+                }
+                Err(e) => {
+                    if !warned {
+                        warn!(error = %e.message(), "cannot report status");
+                        warned = true;
+                    }
+                    client = None;
+                    idx += 1;
+                }
+            }
+        }
+    }
+}

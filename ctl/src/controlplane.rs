@@ -1,0 +1,255 @@
+//! The gRPC connection to the control plane (`ironguard.v1.PxeFilter`), with bounded waits and errors that name
+//! the control plane's URL.
+
+use std::time::Duration;
+
+use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
+use ironguard_proto::v1::{
+    FilterState, GetFilterStateRequest, ListAgentsRequest, ListAgentsResponse, UpdatePxeFiltersRequest,
+    UpdatePxeFiltersResponse,
+};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// Where the control plane is and how long to wait for it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    /// Bound on establishing the connection (name resolution, TCP, HTTP/2 handshake).
+    pub connect_timeout: Duration,
+    /// Bound on each call once connected.
+    pub rpc_timeout: Duration,
+}
+
+impl Target {
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+    pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// The control plane at `url`, with the default timeouts.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self { url: url.into(), connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT, rpc_timeout: Self::DEFAULT_RPC_TIMEOUT }
+    }
+}
+
+/// Why talking to the control plane failed. Every message names the control plane's URL.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlPlaneError {
+    #[error("{url:?} is not a valid control plane URL: {reason} (e.g. {example})", example = crate::cli::DEFAULT_CONTROLPLANE)]
+    InvalidUrl { url: String, reason: String },
+    #[error("cannot reach the control plane at {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot reach the control plane at {url}: no connection within {timeout:?}")]
+    ConnectTimeout { url: String, timeout: Duration },
+    /// The server answered INVALID_ARGUMENT; `message` is its explanation.
+    #[error("the control plane at {url} rejected {rpc}: {message}")]
+    Rejected { url: String, rpc: &'static str, message: String },
+    #[error("the control plane at {url} did not answer {rpc} within {timeout:?}")]
+    NoAnswer { url: String, rpc: &'static str, timeout: Duration },
+    #[error("{rpc} to the control plane at {url} failed: {}", status_text(status))]
+    Failed { url: String, rpc: &'static str, status: Status },
+}
+
+impl ControlPlaneError {
+    /// Classifies a failed call: INVALID_ARGUMENT is the server refusing the request, anything else a failure.
+    pub fn from_status(url: &str, rpc: &'static str, status: Status) -> Self {
+        match status.code() {
+            Code::InvalidArgument => {
+                Self::Rejected { url: url.to_string(), rpc, message: status.message().to_string() }
+            }
+            _ => Self::Failed { url: url.to_string(), rpc, status },
+        }
+    }
+}
+
+/// `Unavailable: <message>: <underlying error>`, the underlying error left out when the message already says it.
+/// (`Status`'s own `Display` spells the code as a sentence and quotes the message.)
+fn status_text(status: &Status) -> String {
+    let mut text = format!("{:?}", status.code());
+    if !status.message().is_empty() {
+        text = format!("{text}: {}", status.message());
+    }
+    match std::error::Error::source(status).map(ToString::to_string) {
+        Some(source) if !status.message().contains(&source) => text = format!("{text}: {source}"),
+        _ => {}
+    }
+    text
+}
+
+/// The endpoint for `url`, which must be `http://` or `https://` and name a host.
+fn endpoint(url: &str) -> Result<Endpoint, ControlPlaneError> {
+    let invalid = |reason: String| ControlPlaneError::InvalidUrl { url: url.to_string(), reason };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(invalid("it must start with http:// or https://".to_string()));
+    }
+    let endpoint = Endpoint::from_shared(url.to_string()).map_err(|e| {
+        // The transport error only says "transport error"; its source says what is wrong with the URI.
+        invalid(std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string))
+    })?;
+    if endpoint.uri().host().is_none_or(str::is_empty) {
+        return Err(invalid("it names no host".to_string()));
+    }
+    Ok(endpoint)
+}
+
+/// A connected `PxeFilter` client.
+#[derive(Debug, Clone)]
+pub struct ControlPlane {
+    url: String,
+    rpc_timeout: Duration,
+    client: PxeFilterClient<Channel>,
+}
+
+impl ControlPlane {
+    /// Connects now, so that an unreachable control plane is reported as such, not as a failed call.
+    pub async fn connect(target: &Target) -> Result<Self, ControlPlaneError> {
+        let url = target.url.clone();
+        let endpoint = endpoint(&url)?.connect_timeout(target.connect_timeout).timeout(target.rpc_timeout);
+        // `connect_timeout` bounds the TCP connect; the outer bound also covers name resolution and the handshake.
+        let channel = tokio::time::timeout(target.connect_timeout, endpoint.connect())
+            .await
+            .map_err(|_| ControlPlaneError::ConnectTimeout { url: url.clone(), timeout: target.connect_timeout })?
+            .map_err(|source| ControlPlaneError::Unreachable { url: url.clone(), source })?;
+        Ok(Self { url, rpc_timeout: target.rpc_timeout, client: PxeFilterClient::new(channel) })
+    }
+
+    pub async fn filter_state(&mut self, request: GetFilterStateRequest) -> Result<FilterState, ControlPlaneError> {
+        let answer = self.client.get_filter_state(request).await;
+        self.answer("GetFilterState", answer)
+    }
+
+    pub async fn update_filters(
+        &mut self,
+        request: UpdatePxeFiltersRequest,
+    ) -> Result<UpdatePxeFiltersResponse, ControlPlaneError> {
+        let answer = self.client.update_pxe_filters(request).await;
+        self.answer("UpdatePxeFilters", answer)
+    }
+
+    pub async fn list_agents(&mut self) -> Result<ListAgentsResponse, ControlPlaneError> {
+        let answer = self.client.list_agents(ListAgentsRequest {}).await;
+        self.answer("ListAgents", answer)
+    }
+
+    fn answer<T>(&self, rpc: &'static str, answer: Result<tonic::Response<T>, Status>) -> Result<T, ControlPlaneError> {
+        answer.map(tonic::Response::into_inner).map_err(|status| {
+            if timed_out(&status) {
+                ControlPlaneError::NoAnswer { url: self.url.clone(), rpc, timeout: self.rpc_timeout }
+            } else {
+                ControlPlaneError::from_status(&self.url, rpc, status)
+            }
+        })
+    }
+}
+
+/// Whether the call failed because `Endpoint::timeout` expired (tonic reports that as a CANCELLED status whose
+/// source chain holds [`tonic::TimeoutExpired`]).
+fn timed_out(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_argument_is_a_rejection_carrying_the_servers_message() {
+        let err = ControlPlaneError::from_status(
+            "http://cp:9100",
+            "UpdatePxeFilters",
+            Status::invalid_argument(r#"invalid MAC address "01:00:5e:00:00:01": multicast"#),
+        );
+        assert!(matches!(err, ControlPlaneError::Rejected { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            r#"the control plane at http://cp:9100 rejected UpdatePxeFilters: invalid MAC address "01:00:5e:00:00:01": multicast"#
+        );
+    }
+
+    #[test]
+    fn other_codes_are_failures_naming_the_code() {
+        let err = ControlPlaneError::from_status("http://cp:9100", "ListAgents", Status::unavailable("not the leader"));
+        assert!(matches!(err, ControlPlaneError::Failed { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "ListAgents to the control plane at http://cp:9100 failed: Unavailable: not the leader"
+        );
+    }
+
+    #[test]
+    fn failures_show_the_underlying_error_once() {
+        let status = Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        let err = ControlPlaneError::from_status("http://cp:9100", "GetFilterState", status);
+        assert_eq!(
+            err.to_string(),
+            "GetFilterState to the control plane at http://cp:9100 failed: Unknown: connection reset"
+        );
+        let err = ControlPlaneError::from_status("http://cp:9100", "ListAgents", Status::new(Code::Internal, ""));
+        assert_eq!(err.to_string(), "ListAgents to the control plane at http://cp:9100 failed: Internal");
+    }
+
+    #[test]
+    fn urls_must_be_http_or_https_with_a_host() {
+        for (url, reason) in [
+            ("127.0.0.1:9100", "it must start with http:// or https://"),
+            ("cp.example:9100", "it must start with http:// or https://"),
+            ("http://:9100", "it names no host"),
+        ] {
+            let err = endpoint(url).unwrap_err();
+            assert!(matches!(err, ControlPlaneError::InvalidUrl { .. }), "{url}: {err:?}");
+            assert_eq!(
+                err.to_string(),
+                format!("{url:?} is not a valid control plane URL: {reason} (e.g. http://127.0.0.1:9100)")
+            );
+        }
+        for url in ["http://", "http://a b:9100"] {
+            let err = endpoint(url).unwrap_err();
+            assert!(err.to_string().starts_with(&format!("{url:?} is not a valid control plane URL: ")), "{err}");
+        }
+        assert!(endpoint("http://cp.example:9100").is_ok());
+        assert!(endpoint("https://[::1]:9100").is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_fails_within_the_call_timeout() {
+        // Accepts TCP connections and never answers: connecting succeeds, the call must not hang.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let target = Target { rpc_timeout: Duration::from_millis(200), ..Target::new(url.clone()) };
+        let started = std::time::Instant::now();
+        let mut controlplane = ControlPlane::connect(&target).await.unwrap();
+        let err = controlplane.list_agents().await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(2), "{err}");
+        assert!(matches!(err, ControlPlaneError::NoAnswer { .. }), "{err:?}");
+        assert_eq!(err.to_string(), format!("the control plane at {url} did not answer ListAgents within 200ms"));
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable_and_the_error_names_the_url() {
+        // Bind and drop a listener to get a local port nobody listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("http://127.0.0.1:{port}");
+        let err = ControlPlane::connect(&Target::new(url.clone())).await.unwrap_err();
+        assert!(
+            matches!(err, ControlPlaneError::Unreachable { .. } | ControlPlaneError::ConnectTimeout { .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(&url), "{err}");
+    }
+}

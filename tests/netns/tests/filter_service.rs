@@ -1,0 +1,311 @@
+//! The agent daemon and the control plane's filter service, end to end: the real binaries, the real kernel,
+//! a real dnsmasq and real DHCP clients, all in network namespaces. The control plane runs on the PXE host
+//! namespace's loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use ironguard_netns_tests::*;
+use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
+use ironguard_proto::v1::{GetFilterStateRequest, UpdatePxeFiltersRequest};
+use nix::sys::signal::Signal;
+use tonic::transport::Channel;
+
+const M1: &str = "52:54:00:31:00:01";
+const M2: &str = "52:54:00:31:00:02";
+const UNKNOWN: &str = "52:54:00:31:00:99";
+const AGENT_ADMIN: &str = "127.0.0.1:9181";
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Runs an async gRPC exchange against the control plane from inside the namespace.
+fn grpc<T: Send + 'static>(
+    ns: &Netns,
+    url: String,
+    f: impl FnOnce(PxeFilterClient<Channel>) -> BoxFut<T> + Send + 'static,
+) -> T {
+    in_netns(ns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let client = PxeFilterClient::connect(url).await.expect("connect to the control plane");
+            f(client).await
+        })
+    })
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "ironguardctl failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A PXE LAN with a control plane (policy deny) and a leader agent.
+struct Site {
+    lan: PxeLan,
+    cp: ControlPlane,
+    agent: Proc,
+}
+
+impl Site {
+    fn new(nodes: usize, lost_after_secs: u64) -> Self {
+        let lan = PxeLan::new(nodes);
+        let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
+        let agent = start_agent(
+            &lan.pxe,
+            &lan.dir,
+            &agent_toml("agent-1", &cp.url(), "br0", AGENT_ADMIN, lost_after_secs),
+            None,
+        );
+        let s = Self { lan, cp, agent };
+        s.wait_verdict("LEADER", Duration::from_secs(10));
+        s
+    }
+
+    fn ctl(&self, args: &[&str]) -> Output {
+        let mut full = vec!["--controlplane", "http://127.0.0.1:9100"];
+        full.extend_from_slice(args);
+        ctl(&self.lan.pxe, &full)
+    }
+
+    fn wait_verdict(&self, want: &str, timeout: Duration) {
+        let got = wait_for(timeout, || (verdict(&self.lan.pxe) == want).then_some(()));
+        assert!(
+            got.is_some(),
+            "verdict never became {want} (now {}):\n{}",
+            verdict(&self.lan.pxe),
+            self.agent.log_text()
+        );
+    }
+
+    /// Waits until the kernel's allow_mac set holds `mac` (or not).
+    fn wait_allowed(&self, mac: &str, present: bool) {
+        let got = wait_for(Duration::from_secs(5), || {
+            let out = ctl(&self.lan.pxe, &["chains", "--json", "--elements", "--netns", self.lan.pxe.name()]);
+            let j: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let set = j["owned"]["sets"].as_array()?.iter().find(|s| s["name"] == "allow_mac")?.clone();
+            let has = set["members"].as_array()?.iter().any(|x| x == mac);
+            (has == present).then_some(())
+        });
+        assert!(got.is_some(), "{mac} present={present} never reached the kernel:\n{}", self.agent.log_text());
+    }
+}
+
+#[test]
+fn update_pxe_filters_allow_gets_a_lease_and_deny_takes_it_away() {
+    let site = Site::new(2, 30);
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "policy deny: an unknown MAC gets nothing");
+    let out = ok(site.ctl(&["filters", "allow", M1]));
+    assert!(out.contains("revision"), "{out}");
+    site.wait_allowed(M1, true);
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "allowed through UpdatePxeFilters");
+    ok(site.ctl(&["filters", "deny", M1]));
+    site.wait_allowed(M1, false);
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "denied through UpdatePxeFilters");
+    // The state shows why.
+    let show = ok(site.ctl(&["filters", "show", "--json"]));
+    let j: serde_json::Value = serde_json::from_str(&show).unwrap();
+    assert!(show.contains(M1) && show.contains("api"), "{j}");
+}
+
+#[test]
+fn malformed_macs_are_invalid_argument_and_change_nothing() {
+    let site = Site::new(1, 30);
+    let url = site.cp.url();
+    let (before, err, after) = grpc(&site.lan.pxe, url, |mut c| {
+        Box::pin(async move {
+            c.update_pxe_filters(UpdatePxeFiltersRequest { allow: vec![M1.into()], ..Default::default() })
+                .await
+                .unwrap();
+            let before = c.get_filter_state(GetFilterStateRequest::default()).await.unwrap().into_inner();
+            let err = c
+                .update_pxe_filters(UpdatePxeFiltersRequest {
+                    allow: vec![M2.into(), "52:54:00:zz:00:01".into()],
+                    deny: vec![UNKNOWN.into()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            let after = c.get_filter_state(GetFilterStateRequest::default()).await.unwrap().into_inner();
+            (before, err, after)
+        })
+    });
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("52:54:00:zz:00:01"), "the error names the bad MAC: {}", err.message());
+    assert_eq!(before, after, "nothing changed: same revision, same entries");
+    // Other malformed input: multicast, broadcast, conflicting lists, and the CLI refusing before any RPC.
+    let err = grpc(&site.lan.pxe, site.cp.url(), |mut c| {
+        Box::pin(async move {
+            let a = c
+                .update_pxe_filters(UpdatePxeFiltersRequest {
+                    deny: vec!["ff:ff:ff:ff:ff:ff".into()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            let b = c
+                .update_pxe_filters(UpdatePxeFiltersRequest {
+                    allow: vec![M2.into()],
+                    deny: vec![M2.into()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err();
+            (a, b)
+        })
+    });
+    assert_eq!(err.0.code(), tonic::Code::InvalidArgument);
+    assert_eq!(err.1.code(), tonic::Code::InvalidArgument);
+    let out = site.ctl(&["filters", "allow", "not-a-mac"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not-a-mac"));
+}
+
+#[test]
+fn controlplane_kill9_and_restart_keeps_state_and_the_agent_resumes_without_a_full_reload() {
+    let mut site = Site::new(2, 30);
+    ok(site.ctl(&["filters", "allow", M1]));
+    ok(site.ctl(&["filters", "deny", M2]));
+    site.wait_allowed(M1, true);
+    let before = grpc(&site.lan.pxe, site.cp.url(), |mut c| {
+        Box::pin(async move { c.get_filter_state(GetFilterStateRequest::default()).await.unwrap().into_inner() })
+    });
+    let snapshots_before = metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_snapshots_applied").unwrap();
+    assert_eq!(snapshots_before, 1.0);
+
+    site.cp.kill9();
+    // Meanwhile (within the bound): the last state holds — M1 served, M2 and unknown MACs not.
+    let r = site.lan.dhcp_all(&[(0, mac(M2)), (1, mac(UNKNOWN))]);
+    assert_eq!(r, vec![None, None], "no lease wrongly granted while the control plane is down");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some());
+
+    site.cp.restart(&site.lan.pxe, &site.lan.dir);
+    let after = grpc(&site.lan.pxe, site.cp.url(), |mut c| {
+        Box::pin(async move { c.get_filter_state(GetFilterStateRequest::default()).await.unwrap().into_inner() })
+    });
+    assert_eq!(before, after, "state and revision survive kill -9");
+    // The agent reconnects and resumes from its applied revision: no second snapshot.
+    let resumed = wait_for(Duration::from_secs(10), || {
+        (metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_resumes").unwrap_or(0.0) >= 1.0).then_some(())
+    });
+    assert!(resumed.is_some(), "agent did not resume:\n{}", site.agent.log_text());
+    assert_eq!(metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_snapshots_applied").unwrap(), 1.0, "no full reload");
+    assert!(site.agent.log_text().contains("resumed from the applied revision without a full reload"));
+    // And new changes flow again.
+    ok(site.ctl(&["filters", "allow", M2]));
+    site.wait_allowed(M2, true);
+    assert!(dhcp(&site.lan.nodes[1], "eth0", mac(M2)).is_some());
+}
+
+#[test]
+fn controlplane_gone_beyond_the_bound_blocks_and_coming_back_restores_the_leader() {
+    let mut site = Site::new(1, 3);
+    ok(site.ctl(&["filters", "allow", M1]));
+    site.wait_allowed(M1, true);
+    site.cp.kill9();
+    let t = Instant::now();
+    site.wait_verdict("BLOCKED", Duration::from_secs(8));
+    let blocked_after = t.elapsed();
+    assert!(blocked_after >= Duration::from_secs(2), "blocked only after the bound: {blocked_after:?}");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "Blocked: no lease");
+    let fc = metric(
+        &site.lan.pxe,
+        AGENT_ADMIN,
+        "ironguard_agent_fail_closed_transitions_total{cause=\"controlplane-lost\"}",
+    );
+    assert_eq!(fc, Some(1.0));
+    site.cp.restart(&site.lan.pxe, &site.lan.dir);
+    site.wait_verdict("LEADER", Duration::from_secs(10));
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "leader again: lease");
+}
+
+#[test]
+fn agent_sigterm_sigkill_and_restart() {
+    let mut site = Site::new(1, 30);
+    ok(site.ctl(&["filters", "allow", M1]));
+    site.wait_allowed(M1, true);
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some());
+
+    let t = Instant::now();
+    site.agent.signal(Signal::SIGTERM);
+    let st = site.agent.wait_exit(Duration::from_secs(1));
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "SIGTERM: exit 0 within 1 s ({:?}):\n{}",
+        t.elapsed(),
+        site.agent.log_text()
+    );
+    assert!(site.agent.log_text().contains("Blocked; exiting"));
+    assert_eq!(verdict(&site.lan.pxe), "CLOSED");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "after SIGTERM: no lease");
+
+    let toml = agent_toml("agent-1", &site.cp.url(), "br0", AGENT_ADMIN, 30);
+    site.agent = start_agent(&site.lan.pxe, &site.lan.dir, &toml, None);
+    site.wait_verdict("LEADER", Duration::from_secs(10));
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "restarted agent serves again");
+
+    site.agent.signal(Signal::SIGKILL);
+    site.agent.wait_exit(Duration::from_secs(2));
+    assert_eq!(verdict(&site.lan.pxe), "CLOSED");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "after SIGKILL: no lease (guard)");
+
+    site.agent = start_agent(&site.lan.pxe, &site.lan.dir, &toml, None);
+    site.wait_verdict("LEADER", Duration::from_secs(10));
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "restarted after SIGKILL: serves again");
+}
+
+#[test]
+fn dnsmasq_stopped_the_agent_steps_down_and_says_why() {
+    let mut site = Site::new(1, 30);
+    ok(site.ctl(&["filters", "allow", M1]));
+    site.wait_allowed(M1, true);
+    assert!(http_get(&site.lan.pxe, &format!("http://{AGENT_ADMIN}/readyz")).is_some(), "ready while leading");
+
+    site.lan.dnsmasq.proc.kill();
+    site.wait_verdict("FOLLOWER", Duration::from_secs(5));
+    assert!(http_get(&site.lan.pxe, &format!("http://{AGENT_ADMIN}/readyz")).is_none(), "/readyz fails");
+    let seen = wait_for(Duration::from_secs(5), || {
+        let out = ok(site.ctl(&["agents"]));
+        out.contains("nothing listens on udp/67").then_some(out)
+    });
+    let out = seen.expect("ironguardctl agents shows why");
+    assert!(out.contains("agent-1") && out.to_lowercase().contains("follower"), "{out}");
+
+    site.lan.dnsmasq = Dnsmasq::start(&site.lan.pxe, &site.lan.dir, "br0", ("10.77.0.100", "10.77.0.250"), &[]);
+    site.wait_verdict("LEADER", Duration::from_secs(5));
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some());
+}
+
+#[test]
+fn the_agent_runs_as_a_non_root_user_with_only_cap_net_admin() {
+    let lan = PxeLan::new(1);
+    let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
+    let setpriv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all,+net_admin",
+        "--ambient-caps=-all,+net_admin",
+        "--bounding-set=-all,+net_admin",
+    ];
+    let agent =
+        start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-np", &cp.url(), "br0", AGENT_ADMIN, 30), Some(&setpriv));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let cap = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+    assert_eq!(uid.split_whitespace().nth(1), Some("65534"), "{uid}");
+    assert_eq!(cap.split_whitespace().nth(1), Some("0000000000001000"), "{cap}");
+    ok(ctl(&lan.pxe, &["--controlplane", &cp.url(), "filters", "allow", M1]));
+    let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
+    assert!(leader.is_some(), "{}", agent.log_text());
+    let got = wait_for(Duration::from_secs(10), || dhcp(&lan.nodes[0], "eth0", mac(M1)));
+    assert!(got.is_some(), "the unprivileged agent serves the allowed MAC:\n{}", agent.log_text());
+    assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_none());
+}
