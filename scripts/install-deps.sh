@@ -9,6 +9,7 @@ packages=(
   etcd-server etcd-client                         # the coordination service for HA tests
   python3-scapy                                   # crafted (relayed) DHCP packets
   libclang-dev clang protobuf-compiler            # rustables' bindgen and the gRPC code generator
+  systemd                                         # systemd-analyze / systemd-sysusers verify the units
   build-essential pkg-config ca-certificates curl git
 )
 

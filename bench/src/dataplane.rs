@@ -134,8 +134,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             nft: Some(nf.median()),
             note: format!("median of {}", ig.len()),
         });
-        loads.push(json!({"macs": n, "elements": 2 * (n + 10), "ironguard_ms": ms(ig.median()), "nft_f_ms": ms(nf.median()),
-            "ratio": ms(ig.median()) / ms(nf.median()), "reps": ig.len()}));
+        loads.push(
+            json!({"macs": n, "elements": 2 * (n + 10), "ironguard_ms": ms(ig.median()), "nft_f_ms": ms(nf.median()),
+            "ratio": ms(ig.median()) / ms(nf.median()), "reps": ig.len()}),
+        );
     }
     results.insert("full_load".into(), json!(loads));
 
@@ -225,14 +227,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     results.insert(
         "mode_switch".into(),
-        json!(switches.iter().map(|(size, sm)| json!({"macs": size, "p50_ms": ms(sm.median()), "p99_ms": ms(sm.percentile(99.0))}))
-            .collect::<Vec<_>>()),
+        json!(
+            switches
+                .iter()
+                .map(|(size, sm)| json!({"macs": size, "p50_ms": ms(sm.median()), "p99_ms": ms(sm.percentile(99.0))}))
+                .collect::<Vec<_>>()
+        ),
     );
     results.insert("mode_switch_nft_f_p50_ms".into(), json!(ms(nsw.median())));
     let _ = nft(&["delete", "table", "inet", NFT_TABLE]);
 
     // 3. One iptables process per MAC, as ironic-inspector does.
-    let ipt_version = Command::new("iptables").arg("-V").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let ipt_version = Command::new("iptables")
+        .arg("-V")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     let chain = "ironic-inspector";
     let st = Command::new("iptables").args(["-N", chain]).status().context("running iptables")?;
     if !st.success() {
@@ -261,18 +271,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         json!({"macs": ipt_macs.len(), "total_ms": ms(ipt_total), "per_mac_ms": ms(per_mac),
             "per_mac_last_100_ms": ms(per_mac_last), "version": ipt_version}),
     );
-    let ig_per_mac = loads
-        .iter()
-        .find(|l| l["macs"] == json!(1000))
-        .and_then(|l| l["ironguard_ms"].as_f64())
-        .map(|v| v / 1000.0);
+    let ig_per_mac =
+        loads.iter().find(|l| l["macs"] == json!(1000)).and_then(|l| l["ironguard_ms"].as_f64()).map(|v| v / 1000.0);
     let nft_per_mac =
         loads.iter().find(|l| l["macs"] == json!(1000)).and_then(|l| l["nft_f_ms"].as_f64()).map(|v| v / 1000.0);
 
     // The table.
     let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
-    let nft_version = Command::new("nft").arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
-    println!("ironguard dataplane benchmark — kernel {kernel}, {nft_version}, {ipt_version}; private network namespace");
+    let nft_version = Command::new("nft")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!(
+        "ironguard dataplane benchmark — kernel {kernel}, {nft_version}, {ipt_version}; private network namespace"
+    );
     println!("ratio = ironguard / nft -f on the same content (< 1 is faster); all figures from this run");
     println!();
     println!("| operation | ironguard | nft -f (same content) | ratio | notes |");

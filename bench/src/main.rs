@@ -4,9 +4,12 @@
 //!
 //! - `dataplane`: full loads (ironguard vs `nft -f` on the same content vs one `iptables` process per MAC, as
 //!   ironic-inspector does), one-MAC add/delete at 100k, and mode switches.
+//! - `filters`: end-to-end latency from `UpdatePxeFilters` to the MAC in the kernel sets of 1 and 3 agents,
+//!   a burst of single-MAC updates, and memory of the agent and control plane (real binaries, namespaces).
 #![forbid(unsafe_code)]
 
 mod dataplane;
+mod filters;
 mod stats;
 
 use std::path::PathBuf;
@@ -24,12 +27,15 @@ struct Cli {
 enum Command {
     /// Dataplane: full load, one-MAC deltas and mode switches vs nft -f and iptables-per-MAC.
     Dataplane(dataplane::Args),
+    /// Filter service: UpdatePxeFilters -> kernel latency with 1 and 3 agents, bursts, memory.
+    Filters(filters::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Dataplane(args) => dataplane::run(args),
+        Command::Filters(args) => filters::run(args),
     }
 }
 

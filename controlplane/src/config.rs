@@ -74,7 +74,7 @@ impl Default for ServerConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { data_dir: PathBuf::from("/var/lib/ironguard/controlplane"), change_log_length: 100_000 }
+        Self { data_dir: PathBuf::from("/var/lib/ironguard/controlplane"), change_log_length: 10_000 }
     }
 }
 

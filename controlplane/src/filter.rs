@@ -5,7 +5,7 @@
 //! sources — `api` (UpdatePxeFilters), `inspection:<node>`, `ironic`, `ironic-inspection` — so one source never
 //! undoes another's decision. Every change to the effective sets (or to the unknown-MAC policy) is one revision.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use ironguard_nft::{Delta, MacAddr, UnknownMacPolicy};
 use serde::{Deserialize, Serialize};
@@ -33,13 +33,95 @@ pub struct ReasonChange {
     pub present: bool,
 }
 
+/// Reasons on one side of one MAC. The common reasons are bits, so the usual entry allocates nothing beyond its
+/// map slot (100k MACs known to Ironic cost a few MB, not tens); other reasons (`inspection:<node>`) are a list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reasons {
+    common: u8,
+    other: Vec<Box<str>>,
+}
+
+const COMMON_REASONS: [&str; 3] = [API, "ironic", "ironic-inspection"];
+
+impl Reasons {
+    pub fn is_empty(&self) -> bool {
+        self.common == 0 && self.other.is_empty()
+    }
+
+    /// Adds a reason; true if it was new.
+    pub fn insert(&mut self, reason: &str) -> bool {
+        if let Some(i) = COMMON_REASONS.iter().position(|r| *r == reason) {
+            let had = self.common & (1 << i) != 0;
+            self.common |= 1 << i;
+            return !had;
+        }
+        match self.other.binary_search_by(|r| (**r).cmp(reason)) {
+            Ok(_) => false,
+            Err(at) => {
+                self.other.insert(at, reason.into());
+                true
+            }
+        }
+    }
+
+    /// Drops a reason; true if it was there.
+    pub fn remove(&mut self, reason: &str) -> bool {
+        if let Some(i) = COMMON_REASONS.iter().position(|r| *r == reason) {
+            let had = self.common & (1 << i) != 0;
+            self.common &= !(1 << i);
+            return had;
+        }
+        match self.other.binary_search_by(|r| (**r).cmp(reason)) {
+            Ok(at) => {
+                self.other.remove(at);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub fn contains(&self, reason: &str) -> bool {
+        match COMMON_REASONS.iter().position(|r| *r == reason) {
+            Some(i) => self.common & (1 << i) != 0,
+            None => self.other.binary_search_by(|r| (**r).cmp(reason)).is_ok(),
+        }
+    }
+
+    /// The reasons, common ones first.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        COMMON_REASONS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.common & (1 << i) != 0)
+            .map(|(_, r)| *r)
+            .chain(self.other.iter().map(|r| &**r))
+    }
+}
+
+impl Serialize for Reasons {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Reasons {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Vec::<String>::deserialize(d)?;
+        let mut r = Reasons::default();
+        for x in v {
+            r.insert(&x);
+        }
+        Ok(r)
+    }
+}
+
 /// The reasons recorded for one MAC.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub allow: BTreeSet<String>,
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub deny: BTreeSet<String>,
+    #[serde(default, skip_serializing_if = "Reasons::is_empty")]
+    pub allow: Reasons,
+    #[serde(default, skip_serializing_if = "Reasons::is_empty")]
+    pub deny: Reasons,
 }
 
 impl Entry {
@@ -47,7 +129,7 @@ impl Entry {
         self.allow.is_empty() && self.deny.is_empty()
     }
 
-    fn side_mut(&mut self, side: Side) -> &mut BTreeSet<String> {
+    fn side_mut(&mut self, side: Side) -> &mut Reasons {
         match side {
             Side::Allow => &mut self.allow,
             Side::Deny => &mut self.deny,
@@ -99,7 +181,7 @@ pub fn apply_changes(
         });
         let set = after.side_mut(c.side);
         if c.present {
-            set.insert(c.reason.clone());
+            set.insert(&c.reason);
         } else {
             set.remove(&c.reason);
         }
@@ -192,6 +274,20 @@ mod tests {
         assert!(api_changes(&vec!["52:54:00:00:00:01".to_string(); MAX_MACS_PER_REQUEST + 1], &[], &[]).is_err());
         // the same MAC twice in one list is fine
         assert_eq!(api_changes(&s(&["52:54:00:00:00:01", "52:54:00:00:00:01"]), &[], &[]).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn reasons_are_a_set_and_serialize_as_strings() {
+        let mut r = Reasons::default();
+        assert!(r.insert("inspection:b") && r.insert("api") && r.insert("inspection:a"));
+        assert!(!r.insert("api"));
+        assert_eq!(r.iter().collect::<Vec<_>>(), vec!["api", "inspection:a", "inspection:b"]);
+        let json = serde_json::to_string(&Entry { allow: r.clone(), deny: Reasons::default() }).unwrap();
+        assert_eq!(json, r#"{"allow":["api","inspection:a","inspection:b"]}"#);
+        let back: Entry = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.allow, r);
+        assert!(r.remove("api") && !r.remove("api") && r.remove("inspection:a"));
+        assert!(r.contains("inspection:b") && !r.contains("ironic"));
     }
 
     #[test]

@@ -79,10 +79,10 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         metrics: metrics.clone(),
         heartbeat: Duration::from_secs(config.server.heartbeat_secs),
     };
-    let snap = store.snapshot();
-    metrics.revision.set(snap.revision as i64);
-    metrics.allowed.set(snap.allow.len() as i64);
-    metrics.denied.set(snap.deny.len() as i64);
+    let counts = store.counts();
+    metrics.revision.set(counts.revision as i64);
+    metrics.allowed.set(counts.allow as i64);
+    metrics.denied.set(counts.deny as i64);
     Ok(Server {
         grpc_addr: grpc.local_addr()?,
         admin_addr: admin.local_addr()?,

@@ -73,10 +73,10 @@ fn delta_event(d: RevisionDelta) -> FilterEvent {
 
 impl PxeFilterService {
     fn publish_gauges(&self) {
-        let s = self.store.snapshot();
-        self.metrics.revision.set(s.revision as i64);
-        self.metrics.allowed.set(s.allow.len() as i64);
-        self.metrics.denied.set(s.deny.len() as i64);
+        let c = self.store.counts();
+        self.metrics.revision.set(c.revision as i64);
+        self.metrics.allowed.set(c.allow as i64);
+        self.metrics.denied.set(c.deny as i64);
     }
 }
 
@@ -224,7 +224,7 @@ impl PxeFilter for PxeFilterService {
             .map(|m| m.parse::<MacAddr>())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let snap = self.store.snapshot();
+        let counts = self.store.counts();
         let (revision, entries) = self.store.entries(&macs);
         Ok(Response::new(FilterState {
             revision,
@@ -232,13 +232,13 @@ impl PxeFilter for PxeFilterService {
                 .into_iter()
                 .map(|(mac, e)| FilterEntry {
                     mac: mac.to_string(),
-                    allow_reasons: e.allow.into_iter().collect(),
-                    deny_reasons: e.deny.into_iter().collect(),
+                    allow_reasons: e.allow.iter().map(str::to_string).collect(),
+                    deny_reasons: e.deny.iter().map(str::to_string).collect(),
                 })
                 .collect(),
-            unknown_mac_policy: policy_to_pb(snap.policy) as i32,
-            allow_count: snap.allow.len() as u64,
-            deny_count: snap.deny.len() as u64,
+            unknown_mac_policy: policy_to_pb(counts.policy) as i32,
+            allow_count: counts.allow as u64,
+            deny_count: counts.deny as u64,
         }))
     }
 

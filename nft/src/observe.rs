@@ -234,6 +234,41 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
     Err(NftError::Unstable(ATTEMPTS))
 }
 
+/// The members of one set of the agent's table (cheap compared with [`observe`]: one dump of one set).
+pub fn set_members(set: &str) -> Result<BTreeSet<MacAddr>, NftError> {
+    let sock = DumpSocket::open()?;
+    let mut members = BTreeSet::new();
+    let d = sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, OWNED_TABLE), (2, set)], &mut |m| {
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            if ty != 3 {
+                continue;
+            }
+            for elem in Attrs::new(v) {
+                let (_, ev) = elem?;
+                if let Some(mac) = element_key(ev) {
+                    members.insert(mac);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    match d {
+        Dumped::Complete => Ok(members),
+        Dumped::Interrupted => Err(NftError::Unstable(1)),
+    }
+}
+
+/// The MAC key of one set element attribute, if it is a valid node MAC.
+fn element_key(elem: &[u8]) -> Option<MacAddr> {
+    Attrs::new(elem)
+        .flatten()
+        .find(|(t, _)| *t == 1)
+        .and_then(|(_, kv)| Attrs::new(kv).flatten().find(|(t, _)| *t == 1))
+        .and_then(|(_, data)| <[u8; 6]>::try_from(data.get(..6)?).ok())
+        .and_then(|o| MacAddr::from_octets(o).ok())
+}
+
 /// Reads only whether each table exists (cheap; for status checks).
 pub(crate) fn read_tables(sock: &DumpSocket) -> Result<Option<Vec<ObservedTable>>, NftError> {
     let mut tables = Vec::new();

@@ -45,6 +45,23 @@ fn emb<E: std::error::Error + Send + Sync + 'static>(op: &'static str) -> impl F
 struct Mirror {
     state: FilterState,
     log: VecDeque<RevisionDelta>,
+    /// MACs named by the deltas in `log` (the log is bounded by revisions and by this).
+    log_macs: usize,
+    allow: usize,
+    deny: usize,
+}
+
+/// The revision log keeps at most this many MAC changes in memory; older revisions are served as a snapshot.
+const MAX_LOG_MACS: usize = 1_000_000;
+
+impl Mirror {
+    fn trim(&mut self, log_len: usize) {
+        while self.log.len() > log_len || (self.log_macs > MAX_LOG_MACS && self.log.len() > 1) {
+            if let Some(d) = self.log.pop_front() {
+                self.log_macs -= d.delta.len();
+            }
+        }
+    }
 }
 
 struct WriteRequest {
@@ -87,7 +104,8 @@ impl EmbeddedStore {
         std::fs::create_dir_all(dir).map_err(|e| open_err(Box::new(e)))?;
         let path: PathBuf = dir.join(DB_FILE);
         let started = Instant::now();
-        let db = Database::create(&path).map_err(|e| open_err(Box::new(e)))?;
+        // The mirror serves every read; redb's page cache only needs to hold what a commit touches.
+        let db = Database::builder().set_cache_size(16 << 20).create(&path).map_err(|e| open_err(Box::new(e)))?;
         {
             let w = db.begin_write().map_err(emb("begin a transaction"))?;
             w.open_table(ENTRIES).map_err(emb("open the entries table"))?;
@@ -129,7 +147,11 @@ impl EmbeddedStore {
             "embedded store opened"
         );
         let (rev_tx, rev_rx) = watch::channel(state.revision);
-        let mirror = Arc::new(RwLock::new(Mirror { state, log }));
+        let log_macs = log.iter().map(|d| d.delta.len()).sum();
+        let (allow, deny) = (state.allowed().count(), state.denied().count());
+        let mut mirror = Mirror { state, log, log_macs, allow, deny };
+        mirror.trim(log_len.max(1));
+        let mirror = Arc::new(RwLock::new(mirror));
         let (tx, rx) = mpsc::channel(4096);
         let m = mirror.clone();
         let writer = std::thread::Builder::new()
@@ -208,10 +230,13 @@ fn writer(
                     }
                     m.state.revision = revision;
                     m.state.policy = policy;
-                    m.log.extend(records);
-                    while m.log.len() > log_len {
-                        m.log.pop_front();
+                    for r in records {
+                        m.allow = m.allow + r.delta.allow_add.len() - r.delta.allow_remove.len();
+                        m.deny = m.deny + r.delta.deny_add.len() - r.delta.deny_remove.len();
+                        m.log_macs += r.delta.len();
+                        m.log.push_back(r);
                     }
+                    m.trim(log_len);
                 }
                 if revision != revision0 {
                     rev_tx.send_replace(revision);
@@ -286,6 +311,11 @@ impl FilterStore for EmbeddedStore {
             deny: m.state.denied().collect(),
             policy: m.state.policy,
         }
+    }
+
+    fn counts(&self) -> super::Counts {
+        let m = self.read();
+        super::Counts { revision: m.state.revision, allow: m.allow, deny: m.deny, policy: m.state.policy }
     }
 
     fn deltas_since(&self, since: u64) -> Option<Vec<RevisionDelta>> {
@@ -405,6 +435,7 @@ mod tests {
         assert_eq!(revs.len(), 500, "every request has its own revision");
         assert_eq!(*revs.last().unwrap(), 500);
         assert_eq!(s.snapshot().allow.len(), 500);
+        assert_eq!(s.counts().allow, 500);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

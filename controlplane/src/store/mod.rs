@@ -53,6 +53,15 @@ pub struct Snapshot {
     pub policy: UnknownMacPolicy,
 }
 
+/// Sizes at one revision (cheap: no copy of the sets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub revision: u64,
+    pub allow: usize,
+    pub deny: usize,
+    pub policy: UnknownMacPolicy,
+}
+
 /// The filter state store.
 #[async_trait]
 pub trait FilterStore: Send + Sync + 'static {
@@ -62,6 +71,9 @@ pub trait FilterStore: Send + Sync + 'static {
 
     /// The effective sets and policy at the current revision.
     fn snapshot(&self) -> Snapshot;
+
+    /// Revision, set sizes and policy.
+    fn counts(&self) -> Counts;
 
     /// The revisions after `since`, oldest first: empty if `since` is current; `None` if the log no longer
     /// reaches back that far, or `since` is ahead of the store (then the caller needs a snapshot).
