@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ironguard's main job on the embedded default, as a real demo in network namespaces (run as root):
-# a PXE host with dnsmasq behind ironguard, three nodes with real DHCP clients, the chain dump, and what happens
-# when the agent dies. Everything lives in namespaces named ig-demo-*, removed at the end.
+# a PXE host with dnsmasq behind ironguard, the control plane (embedded store) and the agent, three nodes with
+# real DHCP clients; a node allowed with `ironguardctl filters allow` gets a lease; the chain dump; and what
+# happens when the agent dies. Everything lives in namespaces named ig-demo-*, removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/install-deps.sh
@@ -73,18 +74,47 @@ all_nodes
 "$BIN/ironguardctl" chains --netns "$PXE" | tail -n 1
 
 echo
-echo "== 2. the agent as leader: ${MACS[0]} allowed, ${MACS[1]} denied, unknown MACs denied (policy deny)"
-ip netns exec "$PXE" "$BIN/ironguard-agent" --log-format text hold --interface br0 --mode leader \
-  --unknown-mac-policy deny --allow "${MACS[0]}" --deny "${MACS[1]}" --no-guard \
-  --ready-file "$WORK/ready" >"$WORK/agent.log" 2>&1 &
+echo "== 2. control plane (embedded store, unknown MACs denied) and agent on the PXE host"
+ip netns exec "$PXE" "$BIN/ironguard-controlplane" --grpc-listen 127.0.0.1:9100 --admin-listen 127.0.0.1:9101 \
+  --data-dir "$WORK/controlplane" --unknown-mac-policy deny >"$WORK/controlplane.log" 2>&1 &
+disown
+cat >"$WORK/agent.toml" <<T
+[agent]
+id = "demo-pxe-host"
+network = "demo"
+[controlplane]
+endpoints = ["http://127.0.0.1:9100"]
+[admin]
+listen = "127.0.0.1:9181"
+[dataplane]
+interfaces = ["br0"]
+T
+ip netns exec "$PXE" "$BIN/ironguard-agent" --config "$WORK/agent.toml" run >"$WORK/agent.log" 2>&1 &
 AGENT=$!
-for _ in $(seq 100); do [ -s "$WORK/ready" ] && break; sleep 0.05; done
+CTL=(ip netns exec "$PXE" "$BIN/ironguardctl" --controlplane http://127.0.0.1:9100)
+for _ in $(seq 100); do "$BIN/ironguardctl" chains --netns "$PXE" | grep -q "verdict: LEADER" && break; sleep 0.1; done
+"$BIN/ironguardctl" chains --netns "$PXE" | tail -n 1
+echo "-- no MAC allowed yet:"
 all_nodes
-echo
-"$BIN/ironguardctl" chains --netns "$PXE"
 
 echo
-echo "== 3. the agent is killed with SIGKILL: the kernel deletes its table, the guard keeps DHCP closed"
+echo "== 3. ironguardctl filters allow ${MACS[0]}; ironguardctl filters deny ${MACS[1]}"
+"${CTL[@]}" filters allow "${MACS[0]}"
+"${CTL[@]}" filters deny "${MACS[1]}"
+sleep 0.2
+all_nodes
+echo
+"${CTL[@]}" filters show
+echo
+"${CTL[@]}" agents
+echo
+"$BIN/ironguardctl" chains --netns "$PXE"
+echo
+echo "-- the agent's own metrics (excerpt):"
+ip netns exec "$PXE" curl -s http://127.0.0.1:9181/metrics | grep -E "^ironguard_agent_(mode|applied_revision|kernel_transactions_total|set_elements)" || true
+
+echo
+echo "== 4. the agent is killed with SIGKILL: the kernel deletes its table, the guard keeps DHCP closed"
 kill -9 "$AGENT"; wait "$AGENT" 2>/dev/null || true
 all_nodes
 "$BIN/ironguardctl" chains --netns "$PXE" | tail -n 1

@@ -49,6 +49,7 @@ pub struct Server {
     service: PxeFilterService,
     metrics: Arc<Metrics>,
     ready: Arc<AtomicBool>,
+    stop_tx: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for Server {
@@ -73,7 +74,9 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let admin = TcpListener::bind(config.server.admin_listen)
         .await
         .with_context(|| format!("binding the admin listener on {}", config.server.admin_listen))?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let service = PxeFilterService {
+        stopping: stop_rx,
         store: store.clone(),
         agents: Arc::new(AgentRegistry::new(Duration::from_secs(config.agents.stale_after_secs))),
         metrics: metrics.clone(),
@@ -92,6 +95,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         service,
         metrics,
         ready: Arc::new(AtomicBool::new(false)),
+        stop_tx,
     })
 }
 
@@ -105,7 +109,8 @@ impl Server {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .context("building the reflection service")?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stop_tx = self.stop_tx;
+        let stop_rx = stop_tx.subscribe();
         let admin_state = admin::AdminState { metrics: self.metrics.clone(), ready: self.ready.clone() };
         let mut admin_stop = stop_rx.clone();
         let admin = axum::serve(self.admin, admin::router(admin_state)).with_graceful_shutdown(async move {
@@ -128,9 +133,21 @@ impl Server {
             info!("shutting down");
             let _ = stop_tx.send(true);
         });
-        let (g, a) = tokio::join!(grpc, admin);
-        g.context("gRPC server")?;
-        a.context("admin server")?;
+        let mut deadline_rx = stop_rx.clone();
+        let serve = async {
+            let (g, a) = tokio::join!(grpc, admin);
+            g.context("gRPC server")?;
+            a.context("admin server")
+        };
+        // Once asked to stop, give connections 5 s to finish, then stop regardless.
+        let deadline = async move {
+            let _ = deadline_rx.wait_for(|v| *v).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        };
+        tokio::select! {
+            r = serve => r?,
+            _ = deadline => tracing::warn!("connections still open 5 s after shutdown; stopping anyway"),
+        }
         Ok(())
     }
 }

@@ -28,6 +28,8 @@ pub struct PxeFilterService {
     pub agents: Arc<AgentRegistry>,
     pub metrics: Arc<Metrics>,
     pub heartbeat: Duration,
+    /// Becomes true on shutdown: open watch streams end, so the server can stop.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for PxeFilterService {
@@ -128,6 +130,7 @@ impl PxeFilter for PxeFilterService {
         let store = self.store.clone();
         let metrics = self.metrics.clone();
         let heartbeat = self.heartbeat;
+        let mut stopping = self.stopping.clone();
         let span = info_span!("watch", agent = %r.agent_id, host = %r.host, network = %r.network);
         tokio::spawn(
             async move {
@@ -193,6 +196,7 @@ impl PxeFilter for PxeFilterService {
                             if tx.send(Ok(hb)).await.is_err() { break; }
                         }
                         _ = tx.closed() => break,
+                        _ = async { let _ = stopping.wait_for(|s| *s).await; } => break,
                     }
                 }
                 metrics.watchers.dec();
