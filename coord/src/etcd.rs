@@ -1,0 +1,441 @@
+//! The etcd backend.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, LockOptions, PutOptions,
+    SortOrder, SortTarget, TlsOptions, Txn, TxnOp, WatchOptions,
+};
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::session::{Expiry, Session};
+use crate::{CoordError, Coordinator, EtcdConfig, KeyValue, KvEvent, Leadership, LockGuard};
+
+/// A connected etcd backend.
+#[derive(Clone)]
+pub struct EtcdCoordinator {
+    client: Client,
+    prefix: String,
+    request_timeout: Duration,
+    retries: u32,
+}
+
+impl std::fmt::Debug for EtcdCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCoordinator").field("prefix", &self.prefix).finish_non_exhaustive()
+    }
+}
+
+fn read(path: &str) -> Result<Vec<u8>, CoordError> {
+    std::fs::read(path).map_err(|source| CoordError::ReadFile { path: path.to_string(), source })
+}
+
+fn e(op: &'static str) -> impl FnOnce(etcd_client::Error) -> CoordError {
+    move |source| CoordError::Etcd { op, source }
+}
+
+/// Whether an error is worth retrying (the cluster or the network, not the request).
+fn transient(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown | tonic::Code::Aborted
+        ),
+        _ => false,
+    }
+}
+
+fn kv(k: &etcd_client::KeyValue, prefix_len: usize) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(k.key().get(prefix_len..).unwrap_or_default()).into_owned(),
+        value: k.value().to_vec(),
+        create_revision: k.create_revision(),
+        mod_revision: k.mod_revision(),
+    }
+}
+
+impl EtcdCoordinator {
+    /// Connects to etcd with the configured TLS, credentials and timeouts.
+    pub async fn connect(cfg: &EtcdConfig) -> Result<Self, CoordError> {
+        cfg.validate()?;
+        if !cfg.enabled() {
+            return Err(CoordError::Config("no etcd endpoints configured".into()));
+        }
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_millis(cfg.dial_timeout_ms))
+            .with_timeout(Duration::from_millis(cfg.request_timeout_ms))
+            .with_keep_alive(Duration::from_secs(2), Duration::from_millis(cfg.request_timeout_ms))
+            .with_keep_alive_while_idle(true);
+        if !cfg.username.is_empty() {
+            let password = if cfg.password_file.is_empty() {
+                cfg.password.clone()
+            } else {
+                String::from_utf8_lossy(&read(&cfg.password_file)?).lines().next().unwrap_or_default().to_string()
+            };
+            opts = opts.with_user(cfg.username.clone(), password);
+        }
+        if cfg.tls() {
+            let mut tls = TlsOptions::new();
+            if !cfg.ca_file.is_empty() {
+                tls = tls.ca_certificate(Certificate::from_pem(read(&cfg.ca_file)?));
+            }
+            if !cfg.cert_file.is_empty() {
+                tls = tls.identity(Identity::from_pem(read(&cfg.cert_file)?, read(&cfg.key_file)?));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let client = Client::connect(&cfg.endpoints, Some(opts)).await.map_err(e("connect"))?;
+        Ok(Self {
+            client,
+            prefix: cfg.prefix.clone(),
+            request_timeout: Duration::from_millis(cfg.request_timeout_ms),
+            retries: cfg.retries.max(1),
+        })
+    }
+
+    /// The raw client, for backends that need more than the trait (the control plane's filter store).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The full key for a key relative to the prefix.
+    pub fn full(&self, key: &str) -> String {
+        format!("{}/{key}", self.prefix)
+    }
+
+    fn prefix_len(&self) -> usize {
+        self.prefix.len() + 1
+    }
+
+    /// Runs `f` up to `retries` times while it fails transiently, with back-off.
+    pub async fn retry<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<T, CoordError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut attempt = 0;
+        loop {
+            let r = tokio::time::timeout(self.request_timeout, f(self.client.clone())).await;
+            let err = match r {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(err)) => err,
+                Err(_) => etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded("request timeout")),
+            };
+            attempt += 1;
+            if attempt >= self.retries || !transient(&err) {
+                return Err(CoordError::Etcd { op, source: err });
+            }
+            debug!(op, attempt, error = %err, "retrying etcd request");
+            tokio::time::sleep(crate::backoff(attempt - 1, Duration::from_secs(1))).await;
+        }
+    }
+}
+
+/// Keeps a lease alive every TTL/3 and publishes its expiry estimate until the lease is gone or `stop` fires.
+async fn keep_alive(
+    mut client: Client,
+    lease: i64,
+    ttl: Duration,
+    expiry_tx: watch::Sender<Expiry>,
+    stop: CancellationToken,
+    request_timeout: Duration,
+) {
+    let period = ttl / 3;
+    let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        // Copy out first: holding the borrow while sending would deadlock the channel's lock.
+        let current = *expiry_tx.borrow();
+        if let Expiry::At(t) = current {
+            if Instant::now() >= t {
+                warn!(lease = format!("{lease:x}"), "lease expired without a successful keep-alive");
+                expiry_tx.send_replace(Expiry::Expired);
+                return;
+            }
+        }
+        let sent = Instant::now();
+        let attempt = async {
+            if stream.is_none() {
+                stream = Some(client.lease_keep_alive(lease).await?);
+            }
+            let (keeper, responses) =
+                stream.as_mut().ok_or_else(|| etcd_client::Error::LeaseKeepAliveError("no stream".into()))?;
+            keeper.keep_alive().await?;
+            responses.message().await
+        };
+        match tokio::time::timeout(request_timeout.min(period), attempt).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                expiry_tx.send_replace(Expiry::At(sent + Duration::from_secs(r.ttl() as u64)));
+            }
+            Ok(Ok(Some(_))) => {
+                warn!(lease = format!("{lease:x}"), "etcd says the lease is gone");
+                expiry_tx.send_replace(Expiry::Expired);
+                return;
+            }
+            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                // Reconnect the keep-alive stream on the next tick; the expiry estimate stays where it was.
+                stream = None;
+                debug!(lease = format!("{lease:x}"), "keep-alive failed");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Coordinator for EtcdCoordinator {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    async fn session(&self, ttl: Duration) -> Result<Session, CoordError> {
+        let secs = ttl.as_secs().max(1) as i64;
+        let sent = Instant::now();
+        let r = self.retry("lease grant", |mut c| async move { c.lease_grant(secs, None).await }).await?;
+        let granted = Duration::from_secs(r.ttl().max(1) as u64);
+        let (tx, rx) = watch::channel(Expiry::At(sent + granted));
+        let stop = CancellationToken::new();
+        tokio::spawn(keep_alive(self.client.clone(), r.id(), granted, tx, stop.clone(), self.request_timeout));
+        Ok(Session { lease: r.id(), ttl: granted, expiry: rx, stop })
+    }
+
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        session: &Session,
+        cancel: CancellationToken,
+    ) -> Result<Leadership, CoordError> {
+        let dir = self.full(&format!("election/{election}/"));
+        let key = format!("{dir}{:016x}", session.lease);
+        let lease = session.lease;
+        let (k, v) = (key.clone(), value.to_string());
+        // Create the candidacy if absent (same lease: same key), attached to the lease.
+        let r = self
+            .retry("campaign", |mut c| {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(k.clone(), v.clone(), Some(PutOptions::new().with_lease(lease)))])
+                    .or_else([TxnOp::get(k.clone(), None)]);
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        let my_rev = match r.op_responses().into_iter().next() {
+            Some(etcd_client::TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()).unwrap_or(0),
+            _ => r.header().map(|h| h.revision()).unwrap_or(0),
+        };
+        let withdraw = |this: &Self, key: String| {
+            let this = this.clone();
+            async move {
+                let _ = this
+                    .retry("withdraw", |mut c| {
+                        let k = key.clone();
+                        async move { c.delete(k, None).await }
+                    })
+                    .await;
+            }
+        };
+        loop {
+            // Wait for the newest candidate older than us to go away.
+            let d = dir.clone();
+            let older = self
+                .retry("campaign wait", |mut c| {
+                    let opts = GetOptions::new()
+                        .with_prefix()
+                        .with_max_create_revision(my_rev - 1)
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1);
+                    let d = d.clone();
+                    async move { c.get(d, Some(opts)).await }
+                })
+                .await;
+            let older = match older {
+                Ok(o) => o,
+                Err(err) => {
+                    withdraw(self, key.clone()).await;
+                    return Err(err);
+                }
+            };
+            let Some(prev) = older.kvs().first() else {
+                return Ok(Leadership { election: election.to_string(), key, revision: my_rev });
+            };
+            let prev_key = prev.key().to_vec();
+            let from = older.header().map(|h| h.revision()).unwrap_or(0) + 1;
+            let mut client = self.client.clone();
+            let mut w = match client.watch(prev_key, Some(WatchOptions::new().with_start_revision(from))).await {
+                Ok(w) => w,
+                Err(err) => {
+                    withdraw(self, key.clone()).await;
+                    return Err(CoordError::Etcd { op: "campaign watch", source: err });
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => {
+                        withdraw(self, key.clone()).await;
+                        return Err(CoordError::Cancelled);
+                    }
+                    m = w.message() => match m {
+                        Ok(Some(resp)) => {
+                            if resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
+                                break;
+                            }
+                        }
+                        Ok(None) | Err(_) => break, // re-check from scratch
+                    }
+                }
+            }
+        }
+    }
+
+    async fn resign(&self, l: &Leadership) -> Result<(), CoordError> {
+        let (k, rev) = (l.key.clone(), l.revision);
+        self.retry("resign", |mut c| {
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.clone(), CompareOp::Equal, rev)])
+                .and_then([TxnOp::delete(k.clone(), None)]);
+            async move { c.txn(txn).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn leader(&self, election: &str) -> Result<Option<String>, CoordError> {
+        let dir = self.full(&format!("election/{election}/"));
+        let r = self
+            .retry("leader", |mut c| {
+                let opts =
+                    GetOptions::new().with_prefix().with_sort(SortTarget::Create, SortOrder::Ascend).with_limit(1);
+                let d = dir.clone();
+                async move { c.get(d, Some(opts)).await }
+            })
+            .await?;
+        Ok(r.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+
+    async fn put(&self, key: &str, value: Vec<u8>, session: Option<&Session>) -> Result<i64, CoordError> {
+        let k = self.full(key);
+        let lease = session.map(|s| s.lease);
+        let r = self
+            .retry("put", |mut c| {
+                let opts = lease.map(|l| PutOptions::new().with_lease(l));
+                let (k, v) = (k.clone(), value.clone());
+                async move { c.put(k, v, opts).await }
+            })
+            .await?;
+        Ok(r.header().map(|h| h.revision()).unwrap_or(0))
+    }
+
+    async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, CoordError> {
+        let p = self.full(prefix);
+        let r = self
+            .retry("get", |mut c| {
+                let p = p.clone();
+                async move { c.get(p, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        Ok(r.kvs().iter().map(|k| kv(k, self.prefix_len())).collect())
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), CoordError> {
+        let k = self.full(key);
+        self.retry("delete", |mut c| {
+            let k = k.clone();
+            async move { c.delete(k, None).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        after_revision: i64,
+    ) -> Result<BoxStream<'static, Result<Vec<KvEvent>, CoordError>>, CoordError> {
+        let p = self.full(prefix);
+        let plen = self.prefix_len();
+        let mut client = self.client.clone();
+        let w = client
+            .watch(p, Some(WatchOptions::new().with_prefix().with_start_revision(after_revision + 1)))
+            .await
+            .map_err(e("watch"))?;
+        let s = futures::stream::unfold(w, move |mut w| async move {
+            loop {
+                match w.message().await {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() {
+                            let reason = resp.cancel_reason().to_string();
+                            return Some((
+                                Err(CoordError::Protocol { op: "watch", detail: format!("cancelled: {reason}") }),
+                                w,
+                            ));
+                        }
+                        let evs: Vec<KvEvent> = resp
+                            .events()
+                            .iter()
+                            .filter_map(|ev| {
+                                let k = ev.kv()?;
+                                Some(match ev.event_type() {
+                                    EventType::Put => KvEvent::Put(kv(k, plen)),
+                                    EventType::Delete => KvEvent::Delete {
+                                        key: String::from_utf8_lossy(k.key().get(plen..).unwrap_or_default())
+                                            .into_owned(),
+                                        mod_revision: k.mod_revision(),
+                                    },
+                                })
+                            })
+                            .collect();
+                        // Created/progress responses carry no events.
+                        if !evs.is_empty() {
+                            return Some((Ok(evs), w));
+                        }
+                    }
+                    Ok(None) => return None,
+                    Err(err) => return Some((Err(CoordError::Etcd { op: "watch", source: err }), w)),
+                }
+            }
+        });
+        Ok(s.boxed())
+    }
+
+    async fn lock(&self, name: &str, session: &Session, cancel: CancellationToken) -> Result<LockGuard, CoordError> {
+        let full = self.full(&format!("lock/{name}"));
+        let mut client = self.client.clone();
+        let lease = session.lease;
+        tokio::select! {
+            r = client.lock(full, Some(LockOptions::new().with_lease(lease))) => {
+                let r = r.map_err(e("lock"))?;
+                Ok(LockGuard { name: name.to_string(), key: String::from_utf8_lossy(r.key()).into_owned() })
+            }
+            _ = cancel.cancelled() => Err(CoordError::Cancelled),
+        }
+    }
+
+    async fn unlock(&self, guard: &LockGuard) -> Result<(), CoordError> {
+        let k = guard.key.clone();
+        self.retry("unlock", |mut c| {
+            let k = k.clone();
+            async move { c.unlock(k).await }
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// Revokes a session's lease: its keys (candidacy, membership, locks) disappear at once.
+pub async fn revoke(coord: &EtcdCoordinator, session: &Session) -> Result<(), CoordError> {
+    session.stop();
+    let lease = session.lease;
+    coord.retry("lease revoke", |mut c| async move { c.lease_revoke(lease).await }).await?;
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! `ironguard-coord` — the coordination layer both binaries use, with two backends behind [`Coordinator`]:
+//!
+//! - [`etcd`]: an etcd cluster ([`EtcdConfig`]: endpoints, TLS, user/password, timeouts, retries).
+//! - [`local`]: in-process, for a single host without etcd: sessions never expire, the only candidate wins.
+//!
+//! What it provides:
+//! - [`Session`]: a lease kept alive every TTL/3, exposing when it will expire *at the latest* on this host's
+//!   monotonic clock ([`Expiry`]) — the basis of the agents' lease fence.
+//! - Elections (`campaign` / `leader` / `resign`), built on keys attached to the session's lease: the candidate
+//!   with the oldest key leads; a key disappears when its lease expires, so a successor is elected only after the
+//!   previous leader's lease is gone.
+//! - Membership (keys attached to a session, listed by prefix), a distributed lock, and a key-value store with
+//!   revisions and prefix watch.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod etcd;
+pub mod local;
+mod session;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use tokio_util::sync::CancellationToken;
+
+pub use config::EtcdConfig;
+pub use session::{Expiry, Session};
+
+/// A coordination operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error("invalid etcd configuration: {0}")]
+    Config(String),
+    #[error("cannot read {path}")]
+    ReadFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd {op} failed")]
+    Etcd {
+        op: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+    #[error("etcd {op}: {detail}")]
+    Protocol { op: &'static str, detail: String },
+    #[error("the lease expired")]
+    LeaseExpired,
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// Proof of having won an election, needed to resign.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leadership {
+    pub election: String,
+    /// The backend's key for this candidacy.
+    pub key: String,
+    pub revision: i64,
+}
+
+/// A key-value pair with the revision at which it was created and last modified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub create_revision: i64,
+    pub mod_revision: i64,
+}
+
+/// A change seen by a prefix watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    Put(KeyValue),
+    Delete { key: String, mod_revision: i64 },
+}
+
+/// A held distributed lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockGuard {
+    pub name: String,
+    pub key: String,
+}
+
+/// Leases, elections, membership, locks and a key-value store. Keys are relative to the backend's prefix.
+#[async_trait]
+pub trait Coordinator: Send + Sync + 'static {
+    /// "etcd" or "local".
+    fn backend(&self) -> &'static str;
+
+    /// Grants a lease of `ttl` and keeps it alive in the background until the session is dropped or revoked.
+    async fn session(&self, ttl: Duration) -> Result<Session, CoordError>;
+
+    /// Campaigns in `election` with `value`; resolves when this candidate leads. If `cancel` fires first, the
+    /// candidacy is withdrawn before returning [`CoordError::Cancelled`].
+    async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        session: &Session,
+        cancel: CancellationToken,
+    ) -> Result<Leadership, CoordError>;
+
+    /// Gives up leadership (deletes the candidacy). Idempotent.
+    async fn resign(&self, leadership: &Leadership) -> Result<(), CoordError>;
+
+    /// The value of the current leader of `election`, if any.
+    async fn leader(&self, election: &str) -> Result<Option<String>, CoordError>;
+
+    /// Writes a key, attached to the session's lease if given (it disappears with the lease).
+    async fn put(&self, key: &str, value: Vec<u8>, session: Option<&Session>) -> Result<i64, CoordError>;
+
+    /// Every key under `prefix`, in key order.
+    async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, CoordError>;
+
+    /// Deletes one key. Deleting an absent key is not an error.
+    async fn delete(&self, key: &str) -> Result<(), CoordError>;
+
+    /// Changes under `prefix` after `after_revision`.
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        after_revision: i64,
+    ) -> Result<BoxStream<'static, Result<Vec<KvEvent>, CoordError>>, CoordError>;
+
+    /// Takes the lock `name`, held as long as the session lives or until [`Coordinator::unlock`].
+    /// Waits while another holder has it; `cancel` gives up.
+    async fn lock(&self, name: &str, session: &Session, cancel: CancellationToken) -> Result<LockGuard, CoordError>;
+
+    /// Releases a lock. Idempotent.
+    async fn unlock(&self, guard: &LockGuard) -> Result<(), CoordError>;
+}
+
+/// Jittered exponential back-off: 100 ms doubling up to `max`, ±25 %.
+pub fn backoff(attempt: u32, max: Duration) -> Duration {
+    use rand::Rng as _;
+    let base = Duration::from_millis(100).saturating_mul(1u32 << attempt.min(10)).min(max);
+    base.mul_f64(rand::rng().random_range(0.75..1.25))
+}

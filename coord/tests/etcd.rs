@@ -1,0 +1,167 @@
+//! The etcd backend against a real etcd started on loopback for this test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ironguard_coord::etcd::EtcdCoordinator;
+use ironguard_coord::{Coordinator, EtcdConfig, Expiry};
+use tokio_util::sync::CancellationToken;
+
+struct Etcd {
+    child: Child,
+    dir: std::path::PathBuf,
+    url: String,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start_etcd(tag: &str) -> Etcd {
+    let (client, peer) = (free_port(), free_port());
+    let dir = std::env::temp_dir().join(format!("ig-etcd-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("http://127.0.0.1:{client}");
+    let child = Command::new("etcd")
+        .args(["--name", "t", "--data-dir"])
+        .arg(&dir)
+        .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args(["--initial-cluster", &format!("t=http://127.0.0.1:{peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcd must be installed (the README's test command installs etcd-server)");
+    let e = Etcd { child, dir, url };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+        assert!(Instant::now() < deadline, "etcd did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    e
+}
+
+async fn coord(e: &Etcd) -> EtcdCoordinator {
+    let cfg = EtcdConfig { endpoints: vec![e.url.clone()], prefix: "/t".into(), ..Default::default() };
+    for _ in 0..50 {
+        if let Ok(c) = EtcdCoordinator::connect(&cfg).await {
+            if c.get_prefix("x").await.is_ok() {
+                return c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("cannot connect to etcd at {}", e.url);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_elections_and_lease_expiry() {
+    let e = start_etcd("elect");
+    let c = coord(&e).await;
+    let before = Instant::now();
+    let a = c.session(Duration::from_secs(3)).await.unwrap();
+    // The expiry estimate is at most TTL after the request was sent, and moves forward with keep-alives.
+    let Expiry::At(t0) = a.expiry() else { panic!("{:?}", a.expiry()) };
+    assert!(t0 <= before + Duration::from_secs(3) + Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let Expiry::At(t1) = a.expiry() else { panic!() };
+    assert!(t1 > t0, "keep-alive extended the lease estimate");
+
+    let la = c.campaign("net1", "agent-a", &a, CancellationToken::new()).await.unwrap();
+    assert_eq!(c.leader("net1").await.unwrap().as_deref(), Some("agent-a"));
+    // b waits behind a.
+    let b = c.session(Duration::from_secs(3)).await.unwrap();
+    let c2 = c.clone();
+    let bl =
+        tokio::spawn(async move { c2.campaign("net1", "agent-b", &b, CancellationToken::new()).await.map(|l| (l, b)) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!bl.is_finished());
+    // a stops keeping its lease alive (as if partitioned): b is elected only after a's lease expires.
+    a.stop();
+    let stopped = Instant::now();
+    let Expiry::At(a_expiry) = a.expiry() else { panic!() };
+    let (lb, _b) = tokio::time::timeout(Duration::from_secs(10), bl).await.unwrap().unwrap().unwrap();
+    let elected = Instant::now();
+    assert!(elected >= a_expiry, "b elected {:?} before a's lease could expire", a_expiry - elected);
+    assert!(elected - stopped < Duration::from_secs(5));
+    assert_eq!(c.leader("net1").await.unwrap().as_deref(), Some("agent-b"));
+    c.resign(&lb).await.unwrap();
+    assert_eq!(c.leader("net1").await.unwrap(), None);
+    drop(la);
+
+    // A cancelled candidate withdraws its key.
+    let s = c.session(Duration::from_secs(3)).await.unwrap();
+    let _l = c.campaign("net2", "x", &s, CancellationToken::new()).await.unwrap();
+    let s2 = c.session(Duration::from_secs(3)).await.unwrap();
+    let cancel = CancellationToken::new();
+    let c3 = c.clone();
+    let cc = cancel.clone();
+    let t = tokio::spawn(async move { c3.campaign("net2", "y", &s2, cc).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cancel.cancel();
+    assert!(t.await.unwrap().is_err());
+    assert_eq!(c.get_prefix("election/net2/").await.unwrap().len(), 1, "only the leader's candidacy remains");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_etcd_lets_the_session_expire_on_the_local_clock() {
+    let mut e = start_etcd("down");
+    let c = coord(&e).await;
+    let s = c.session(Duration::from_secs(3)).await.unwrap();
+    let mut w = s.watch();
+    let _ = e.child.kill();
+    let _ = e.child.wait();
+    let killed = Instant::now();
+    let expired = tokio::time::timeout(Duration::from_secs(6), async {
+        loop {
+            if *w.borrow() == Expiry::Expired {
+                return Instant::now();
+            }
+            w.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the session must expire without etcd");
+    assert!(expired - killed <= Duration::from_millis(3500), "{:?}", expired - killed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_locks_and_watch() {
+    let e = start_etcd("kv");
+    let c = coord(&e).await;
+    let s = c.session(Duration::from_secs(3)).await.unwrap();
+    let rev = c.put("members/n/a", b"{}".to_vec(), Some(&s)).await.unwrap();
+    let mut w = c.watch_prefix("members/n/", rev).await.unwrap();
+    c.put("members/n/b", b"{}".to_vec(), Some(&s)).await.unwrap();
+    use futures::StreamExt as _;
+    let evs = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
+    assert!(matches!(&evs[0], ironguard_coord::KvEvent::Put(kv) if kv.key == "members/n/b"), "{evs:?}");
+    assert_eq!(c.get_prefix("members/n/").await.unwrap().len(), 2);
+    // Revoking the lease removes the members.
+    ironguard_coord::etcd::revoke(&c, &s).await.unwrap();
+    assert_eq!(c.get_prefix("members/n/").await.unwrap().len(), 0);
+    // Locks exclude.
+    let s1 = c.session(Duration::from_secs(3)).await.unwrap();
+    let s2 = c.session(Duration::from_secs(3)).await.unwrap();
+    let g = c.lock("node-1", &s1, CancellationToken::new()).await.unwrap();
+    let cancel = CancellationToken::new();
+    let c2 = c.clone();
+    let cc = cancel.clone();
+    let t = tokio::spawn(async move { c2.lock("node-1", &s2, cc).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!t.is_finished(), "the lock is held");
+    c.unlock(&g).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), t).await.unwrap().unwrap().unwrap();
+    drop(cancel);
+}
