@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ironguard_coord::EtcdConfig;
 use ironguard_nft::RulesetConfig;
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +25,10 @@ pub struct AgentConfig {
     pub reconcile: ReconcileSection,
     /// `/metrics`, `/healthz`, `/readyz`.
     pub admin: AdminSection,
+    /// etcd, for high availability: agents of one network elect one leader. Empty endpoints: single host.
+    pub etcd: EtcdConfig,
+    /// The leader election and its lease fence.
+    pub election: ElectionSection,
     /// Where and how DHCP/PXE traffic is filtered. Shared by the guard and the agent's own table.
     pub dataplane: RulesetConfig,
 }
@@ -72,6 +77,35 @@ pub struct DhcpHealthSection {
 pub struct ReconcileSection {
     /// Mean seconds between full read-backs (±20 % jitter); drift is repaired with a full apply.
     pub interval_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ElectionSection {
+    /// Lease TTL in seconds: a leader that stops renewing is replaced after this long.
+    pub ttl_secs: u64,
+    /// The leader closes DHCP when no keep-alive has succeeded for (TTL - margin): before its lease can expire,
+    /// hence before a successor can be elected. Milliseconds; must be > 0 and leave room for a keep-alive.
+    pub margin_ms: u64,
+    /// Exit (after closing) when the lease fence trips, as the seed design's "stop the service" did. By default
+    /// the agent stays, retries etcd with back-off and campaigns again when it is back.
+    pub exit_on_partition: bool,
+}
+
+impl Default for ElectionSection {
+    fn default() -> Self {
+        Self { ttl_secs: 3, margin_ms: 1000, exit_on_partition: false }
+    }
+}
+
+impl ElectionSection {
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs)
+    }
+
+    pub fn margin(&self) -> Duration {
+        Duration::from_millis(self.margin_ms)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +198,26 @@ impl AgentConfig {
         if self.reconcile.interval_secs == 0 {
             anyhow::bail!("[reconcile] interval_secs must be at least 1");
         }
+        self.etcd.validate().map_err(|e| anyhow::anyhow!("[etcd]: {e}"))?;
+        let (ttl_ms, margin) = (self.election.ttl_secs * 1000, self.election.margin_ms);
+        if self.election.ttl_secs < 2 {
+            anyhow::bail!("[election] ttl_secs must be at least 2 (etcd rounds shorter leases up)");
+        }
+        if margin == 0 {
+            anyhow::bail!(
+                "[election] margin_ms must be > 0: with no margin a partitioned leader could still be open when its lease expires and a successor opens"
+            );
+        }
+        // Keep-alives go every TTL/3; the fence (TTL - margin after the last success) must leave room for one.
+        if margin >= ttl_ms - ttl_ms / 3 {
+            anyhow::bail!(
+                "[election] margin_ms {margin} must be less than 2/3 of the TTL ({} ms): the fence would trip between two keep-alives",
+                ttl_ms - ttl_ms / 3
+            );
+        }
+        if self.agent.network.is_empty() || self.agent.network.contains('/') {
+            anyhow::bail!("[agent] network must be a non-empty name without '/'");
+        }
         Ok(self)
     }
 }
@@ -181,5 +235,14 @@ mod tests {
         assert!(bad.finish().unwrap_err().to_string().contains("http://"));
         let err = toml::from_str::<AgentConfig>("[controlplane]\nendpoint = []\n").unwrap_err().to_string();
         assert!(err.contains("endpoint"), "{err}");
+        let mut bad = AgentConfig::default();
+        bad.election.margin_ms = 0;
+        assert!(bad.finish().unwrap_err().to_string().contains("margin_ms must be > 0"));
+        let mut bad = AgentConfig::default();
+        bad.election.margin_ms = 2500;
+        assert!(bad.finish().unwrap_err().to_string().contains("less than 2/3"));
+        let mut ok = AgentConfig::default();
+        ok.election.margin_ms = 1999;
+        ok.finish().unwrap();
     }
 }

@@ -17,7 +17,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, info_span, warn};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::config::AgentConfig;
+use crate::coordination::{self, Candidacy, CoordState};
 use crate::dhcp_health::{self, Health};
 use crate::metrics::{AdminState, CauseLabel, KindLabel, Metrics, SetLabel};
 use crate::stream::{self, Identity, StreamMsg};
@@ -28,6 +31,10 @@ pub enum Reason {
     NoState,
     ControlPlaneLost(Duration),
     DhcpUnhealthy(String),
+    /// No valid session: etcd unreachable or the lease fence tripped.
+    Partitioned(String),
+    /// Healthy and current, but another agent holds the election (or the campaign is under way).
+    NotElected,
     Leading,
     ApplyFailed,
     ShuttingDown,
@@ -39,6 +46,10 @@ impl std::fmt::Display for Reason {
             Reason::NoState => write!(f, "no filter state from the control plane yet"),
             Reason::ControlPlaneLost(d) => write!(f, "control plane unreachable for {}s", d.as_secs()),
             Reason::DhcpUnhealthy(d) => write!(f, "local DHCP service unhealthy: {d}"),
+            Reason::Partitioned(d) => write!(f, "no valid lease in etcd (fenced): {d}"),
+            Reason::NotElected => {
+                write!(f, "follower: another agent leads this network (or the election is under way)")
+            }
             Reason::Leading => write!(f, "leader (local DHCP healthy, filter state current)"),
             Reason::ApplyFailed => write!(f, "a kernel batch failed; waiting for a full resync"),
             Reason::ShuttingDown => write!(f, "shutting down"),
@@ -54,36 +65,58 @@ impl Reason {
             Reason::ControlPlaneLost(_) => Some("controlplane-lost"),
             Reason::ApplyFailed => Some("apply-failed"),
             Reason::ShuttingDown => Some("shutdown"),
-            Reason::DhcpUnhealthy(_) | Reason::Leading => None,
+            Reason::Partitioned(_) => Some("partition"),
+            Reason::DhcpUnhealthy(_) | Reason::Leading | Reason::NotElected => None,
         }
     }
 }
 
+/// Everything the mode depends on.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    pub have_state: bool,
+    pub apply_failed: bool,
+    pub lost_for: Option<Duration>,
+    pub lost_after: Duration,
+    pub dhcp: &'a Health,
+    /// The session (lease) is alive for more than the margin: the lease fence holds.
+    pub session_valid: bool,
+    pub session_error: Option<&'a str>,
+    pub elected: bool,
+    pub shutting_down: bool,
+}
+
 /// What the agent's table should be, given what the agent knows. Pure, so every branch is unit-tested.
-pub fn decide(
-    have_state: bool,
-    apply_failed: bool,
-    lost_for: Option<Duration>,
-    lost_after: Duration,
-    dhcp: &Health,
-    shutting_down: bool,
-) -> (Mode, Reason) {
-    if shutting_down {
+pub fn decide(i: &Inputs<'_>) -> (Mode, Reason) {
+    if i.shutting_down {
         return (Mode::Blocked, Reason::ShuttingDown);
     }
-    if apply_failed {
+    if i.apply_failed {
         return (Mode::Blocked, Reason::ApplyFailed);
     }
-    if !have_state {
+    if !i.have_state {
         return (Mode::Blocked, Reason::NoState);
     }
-    if let Some(d) = lost_for.filter(|d| *d >= lost_after) {
+    if let Some(d) = i.lost_for.filter(|d| *d >= i.lost_after) {
         return (Mode::Blocked, Reason::ControlPlaneLost(d));
     }
-    if !dhcp.healthy {
-        return (Mode::Follower, Reason::DhcpUnhealthy(dhcp.detail.clone()));
+    if !i.session_valid {
+        return (Mode::Blocked, Reason::Partitioned(i.session_error.unwrap_or("lease fence").to_string()));
+    }
+    if !i.dhcp.healthy {
+        return (Mode::Follower, Reason::DhcpUnhealthy(i.dhcp.detail.clone()));
+    }
+    if !i.elected {
+        return (Mode::Follower, Reason::NotElected);
     }
     (Mode::Leader, Reason::Leading)
+}
+
+/// Whether the agent may campaign: everything a leader needs except the election itself.
+fn may_lead(i: &Inputs<'_>) -> bool {
+    let mut j = i.clone();
+    j.elected = true;
+    decide(&j).0 == Mode::Leader
 }
 
 fn mode_pb(m: Mode) -> pb::Mode {
@@ -143,6 +176,8 @@ struct Daemon {
     ready: Arc<AtomicBool>,
     why: Arc<Mutex<String>>,
     who: Identity,
+    coord: CoordState,
+    want_lead: watch::Sender<bool>,
 }
 
 impl Daemon {
@@ -150,15 +185,27 @@ impl Daemon {
         self.dp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn target(&self, shutting_down: bool) -> (Mode, Reason) {
-        decide(
-            self.have_state,
-            self.apply_failed,
-            self.lost_since.map(|t| t.elapsed()),
-            self.cfg.controlplane.lost_after(),
-            &self.dhcp,
+    fn inputs(&self, shutting_down: bool) -> Inputs<'_> {
+        Inputs {
+            have_state: self.have_state,
+            apply_failed: self.apply_failed,
+            lost_for: self.lost_since.map(|t| t.elapsed()),
+            lost_after: self.cfg.controlplane.lost_after(),
+            dhcp: &self.dhcp,
+            session_valid: self.coord.expiry.valid_with_margin(self.cfg.election.margin(), Instant::now()),
+            session_error: self.coord.error.as_deref(),
+            elected: self.coord.elected,
             shutting_down,
-        )
+        }
+    }
+
+    fn target(&self, shutting_down: bool) -> (Mode, Reason) {
+        decide(&self.inputs(shutting_down))
+    }
+
+    /// When the lease fence trips, if the session can expire.
+    fn fence_deadline(&self) -> Option<Instant> {
+        self.coord.expiry.deadline(self.cfg.election.margin())
     }
 
     fn record(&self, kind: &'static str, r: &Result<ironguard_nft::ApplyReport, NftError>) {
@@ -200,6 +247,13 @@ impl Daemon {
             self.reason = reason;
             self.publish();
         }
+        // Only after the table is closed may the candidacy be withdrawn; only when leading is possible campaign.
+        let may = may_lead(&self.inputs(shutting_down));
+        self.want_lead.send_if_modified(|w| {
+            let changed = *w != may;
+            *w = may;
+            changed
+        });
         Ok(())
     }
 
@@ -453,6 +507,38 @@ impl Daemon {
     }
 }
 
+/// Connects to etcd (retrying with back-off while it is unreachable) or uses the local backend, then runs the
+/// candidacy until `stop`.
+async fn coordinate(
+    etcd: ironguard_coord::EtcdConfig,
+    who: Candidacy,
+    want_lead: watch::Receiver<bool>,
+    state: watch::Sender<CoordState>,
+    stop: CancellationToken,
+) {
+    let coord: Arc<dyn ironguard_coord::Coordinator> = if etcd.enabled() {
+        let mut attempt = 0;
+        loop {
+            match ironguard_coord::etcd::EtcdCoordinator::connect(&etcd).await {
+                Ok(c) => break Arc::new(c),
+                Err(e) => {
+                    let msg = format!("cannot connect to etcd {:?}: {e}", etcd.endpoints);
+                    if attempt == 0 {
+                        warn!("{msg}");
+                    }
+                    state.send_modify(|s| s.error = Some(msg));
+                    let pause = ironguard_coord::backoff(attempt, Duration::from_secs(2));
+                    attempt += 1;
+                    tokio::select! { _ = tokio::time::sleep(pause) => {}, _ = stop.cancelled() => return }
+                }
+            }
+        }
+    } else {
+        Arc::new(ironguard_coord::local::LocalCoordinator::new())
+    };
+    coordination::run(coord, who, want_lead, state, stop).await;
+}
+
 fn jittered(mean: Duration) -> Duration {
     mean.mul_f64(rand::rng().random_range(0.8..1.2))
 }
@@ -500,6 +586,17 @@ pub async fn run(
         resync_rx,
         stop_rx.clone(),
     ));
+    // High availability: a session and a candidacy in the network's election (etcd), or the local backend.
+    let (want_lead_tx, want_lead_rx) = watch::channel(false);
+    let (coord_tx, mut coord_rx) = watch::channel(CoordState::default());
+    let coord_stop = CancellationToken::new();
+    let candidacy = Candidacy {
+        agent_id: cfg.agent.id.clone(),
+        host: who.host.clone(),
+        network: cfg.agent.network.clone(),
+        ttl: cfg.election.ttl(),
+    };
+    let coord_task = tokio::spawn(coordinate(cfg.etcd.clone(), candidacy, want_lead_rx, coord_tx, coord_stop.clone()));
     let (status_tx, status_rx) = watch::channel(AgentStatus::default());
     tokio::spawn(stream::report_loop(cfg.controlplane.clone(), status_rx, metrics.clone(), stop_rx.clone()));
     let (health_tx, mut health_rx) = watch::channel(Health { healthy: false, detail: "not checked yet".into() });
@@ -541,7 +638,9 @@ pub async fn run(
         resync_tx,
         ready,
         why,
-        who,
+        who: who.clone(),
+        coord: CoordState::default(),
+        want_lead: want_lead_tx,
     };
     d.metrics.mode.set(mode_pb(Mode::Blocked) as i64);
     d.publish();
@@ -553,7 +652,40 @@ pub async fn run(
     let mut next_reconcile = Instant::now() + jittered(reconcile_every);
     tokio::pin!(shutdown);
     let result: anyhow::Result<()> = loop {
+        let fence = d.fence_deadline();
         let step = tokio::select! {
+            biased;
+            // The lease fence comes first: close before the lease can expire, whatever else is pending.
+            _ = async {
+                match fence {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                warn!("lease fence: no keep-alive succeeded for TTL - margin; closing before the lease can expire");
+                let r = d.converge_mode(false);
+                if r.is_ok() && d.cfg.election.exit_on_partition {
+                    break Err(anyhow::anyhow!("exit_on_partition: the lease fence tripped (DHCP closed)"));
+                }
+                // Wait for a new estimate before re-arming (the coordination task reports one).
+                match coord_rx.changed().await {
+                    Ok(()) => {
+                        d.coord = coord_rx.borrow_and_update().clone();
+                        d.publish();
+                        r.and(d.converge_mode(false))
+                    }
+                    Err(_) => r,
+                }
+            }
+            _ = coord_rx.changed() => {
+                let c = coord_rx.borrow_and_update().clone();
+                if c.elected != d.coord.elected {
+                    info!(elected = c.elected, "election state changed");
+                }
+                d.coord = c;
+                d.publish();
+                d.converge_mode(false)
+            }
             _ = term.recv() => break Ok(()),
             _ = int.recv() => break Ok(()),
             _ = &mut shutdown => break Ok(()),
@@ -588,6 +720,11 @@ pub async fn run(
     let _ = stop_tx.send(true);
     info!("stopping: switching to Blocked");
     let blocked = d.converge_mode(true);
+    // Closed first; now resign and revoke the lease so that the next leader opens at once.
+    coord_stop.cancel();
+    if tokio::time::timeout(Duration::from_millis(800), coord_task).await.is_err() {
+        warn!("resigning took too long; the candidacy ends with the lease");
+    }
     match (&result, blocked) {
         (Ok(()), Ok(())) => {
             info!("Blocked; exiting");
@@ -609,23 +746,56 @@ mod tests {
         Health { healthy: true, detail: "ok".into() }
     }
 
+    fn base(dhcp: &Health) -> Inputs<'_> {
+        Inputs {
+            have_state: true,
+            apply_failed: false,
+            lost_for: None,
+            lost_after: Duration::from_secs(30),
+            dhcp,
+            session_valid: true,
+            session_error: None,
+            elected: true,
+            shutting_down: false,
+        }
+    }
+
     #[test]
     fn every_doubt_blocks() {
-        let b = Duration::from_secs(30);
+        let h = healthy();
         let sick = Health { healthy: false, detail: "nothing listens on udp/67".into() };
-        assert_eq!(decide(true, false, None, b, &healthy(), false).0, Mode::Leader);
-        assert_eq!(decide(false, false, None, b, &healthy(), false), (Mode::Blocked, Reason::NoState));
-        assert_eq!(decide(true, true, None, b, &healthy(), false).0, Mode::Blocked);
-        assert_eq!(decide(true, false, Some(Duration::from_secs(31)), b, &healthy(), false).0, Mode::Blocked);
+        let d = |f: &dyn Fn(&mut Inputs<'_>)| {
+            let mut i = base(&h);
+            f(&mut i);
+            decide(&i)
+        };
+        assert_eq!(d(&|_| {}).0, Mode::Leader);
+        assert_eq!(d(&|i| i.have_state = false), (Mode::Blocked, Reason::NoState));
+        assert_eq!(d(&|i| i.apply_failed = true).0, Mode::Blocked);
+        assert_eq!(d(&|i| i.lost_for = Some(Duration::from_secs(31))).0, Mode::Blocked);
         assert_eq!(
-            decide(true, false, Some(Duration::from_secs(29)), b, &healthy(), false).0,
+            d(&|i| i.lost_for = Some(Duration::from_secs(29))).0,
             Mode::Leader,
             "within the bound the last state holds"
         );
-        assert_eq!(decide(true, false, None, b, &sick, false).0, Mode::Follower);
-        assert!(decide(true, false, None, b, &sick, false).1.to_string().contains("udp/67"));
-        assert_eq!(decide(true, false, None, b, &healthy(), true), (Mode::Blocked, Reason::ShuttingDown));
+        assert_eq!(d(&|i| i.shutting_down = true), (Mode::Blocked, Reason::ShuttingDown));
+        // The lease fence closes even an elected leader.
+        let (m, r) = d(&|i| i.session_valid = false);
+        assert_eq!(m, Mode::Blocked);
+        assert_eq!(r.cause(), Some("partition"));
+        assert_eq!(d(&|i| i.elected = false), (Mode::Follower, Reason::NotElected));
+        let mut i = base(&sick);
+        assert_eq!(decide(&i).0, Mode::Follower);
+        assert!(decide(&i).1.to_string().contains("udp/67"));
+        assert!(!may_lead(&i), "an agent with sick DHCP does not campaign");
+        i.dhcp = &h;
+        i.elected = false;
+        assert!(may_lead(&i), "a healthy follower campaigns");
+        i.session_valid = false;
+        assert!(!may_lead(&i), "a fenced agent does not campaign");
         // control plane loss outranks DHCP health: no state can be trusted
-        assert_eq!(decide(true, false, Some(Duration::from_secs(40)), b, &sick, false).0, Mode::Blocked);
+        let mut i = base(&sick);
+        i.lost_for = Some(Duration::from_secs(40));
+        assert_eq!(decide(&i).0, Mode::Blocked);
     }
 }

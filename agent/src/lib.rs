@@ -5,6 +5,7 @@
 //! - [`daemon`]: `ironguard-agent run`, the daemon: follows the control plane's filter state, decides the mode,
 //!   fails closed.
 //! - [`stream`]: the WatchFilters stream (reconnect, resume) and status reports.
+//! - [`coordination`]: the session in etcd (or the local backend), party membership and the election.
 //! - [`dhcp_health`]: is the local DHCP service healthy?
 //! - [`metrics`]: Prometheus metrics and the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
 //! - [`hold`]: `ironguard-agent hold`, which keeps a static filter state (for tests, demos and emergencies).
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod coordination;
 pub mod daemon;
 pub mod dhcp_health;
 pub mod hold;

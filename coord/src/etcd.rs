@@ -206,7 +206,11 @@ impl Coordinator for EtcdCoordinator {
         let (tx, rx) = watch::channel(Expiry::At(sent + granted));
         let stop = CancellationToken::new();
         tokio::spawn(keep_alive(self.client.clone(), r.id(), granted, tx, stop.clone(), self.request_timeout));
-        Ok(Session { lease: r.id(), ttl: granted, expiry: rx, stop })
+        Ok(Session { lease: r.id(), ttl: granted, expiry: rx, stop, _hold: None })
+    }
+
+    async fn revoke(&self, session: &Session) -> Result<(), CoordError> {
+        revoke(self, session).await
     }
 
     async fn campaign(

@@ -93,6 +93,9 @@ pub trait Coordinator: Send + Sync + 'static {
     /// Grants a lease of `ttl` and keeps it alive in the background until the session is dropped or revoked.
     async fn session(&self, ttl: Duration) -> Result<Session, CoordError>;
 
+    /// Ends a session now: its keys (candidacy, membership, locks) disappear at once.
+    async fn revoke(&self, session: &Session) -> Result<(), CoordError>;
+
     /// Campaigns in `election` with `value`; resolves when this candidate leads. If `cancel` fires first, the
     /// candidacy is withdrawn before returning [`CoordError::Cancelled`].
     async fn campaign(

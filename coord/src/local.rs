@@ -70,8 +70,13 @@ impl Coordinator for LocalCoordinator {
     }
 
     async fn session(&self, ttl: Duration) -> Result<Session, CoordError> {
-        let (_tx, rx) = watch::channel(Expiry::Never);
-        Ok(Session { lease: 0, ttl, expiry: rx, stop: CancellationToken::new() })
+        let (tx, rx) = watch::channel(Expiry::Never);
+        Ok(Session { lease: 0, ttl, expiry: rx, stop: CancellationToken::new(), _hold: Some(tx) })
+    }
+
+    async fn revoke(&self, session: &Session) -> Result<(), CoordError> {
+        session.stop();
+        Ok(())
     }
 
     async fn campaign(
@@ -216,6 +221,11 @@ mod tests {
         let c = std::sync::Arc::new(LocalCoordinator::new());
         let s = c.session(Duration::from_secs(3)).await.unwrap();
         assert_eq!(s.expiry(), Expiry::Never);
+        let mut w = s.watch();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), w.changed()).await.is_err(),
+            "a local session never reports a change (in particular not 'closed')"
+        );
         let a = c.campaign("net", "a", &s, CancellationToken::new()).await.unwrap();
         assert_eq!(c.leader("net").await.unwrap().as_deref(), Some("a"));
         let c2 = c.clone();

@@ -48,6 +48,8 @@ pub struct Session {
     pub ttl: Duration,
     pub(crate) expiry: watch::Receiver<Expiry>,
     pub(crate) stop: CancellationToken,
+    /// The local backend keeps the sending side here, so the estimate stays `Never` (not "closed").
+    pub(crate) _hold: Option<watch::Sender<Expiry>>,
 }
 
 impl Session {
