@@ -1,57 +1,150 @@
-//! What each agent last reported: applied revision, mode, DHCP health. Kept in memory; an agent reports every few
-//! seconds and after every apply, so a restarted control plane knows every live agent again within seconds.
+//! What each agent last reported: applied revision, mode, DHCP health — and who leads each network.
+//!
+//! Single host: kept in memory. With etcd: every replica writes the reports it receives under
+//! `<prefix>/agents/status/<id>` (with the time received), so `ListAgents` on any replica shows every agent, and
+//! the leader of each network is read from the agents' election.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ironguard_proto::v1::{AgentInfo, AgentStatus, Mode};
+use ironguard_coord::Coordinator;
+use ironguard_proto::v1::{AgentInfo, AgentStatus, Mode, NetworkLeader};
+use prost::Message as _;
+use tracing::warn;
 
-/// Agents that reported, by id.
-#[derive(Debug)]
-pub struct AgentRegistry {
-    agents: Mutex<BTreeMap<String, (AgentStatus, Instant)>>,
-    stale_after: Duration,
+/// Where reports live.
+pub enum AgentRegistry {
+    Local { agents: Mutex<BTreeMap<String, (AgentStatus, Instant)>>, stale_after: Duration },
+    Shared { coord: Arc<dyn Coordinator>, stale_after: Duration },
 }
 
+impl std::fmt::Debug for AgentRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AgentRegistry::Local { .. } => "AgentRegistry::Local",
+            AgentRegistry::Shared { .. } => "AgentRegistry::Shared",
+        })
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+const STATUS: &str = "agents/status/";
+
 impl AgentRegistry {
-    pub fn new(stale_after: Duration) -> Self {
-        Self { agents: Mutex::new(BTreeMap::new()), stale_after }
+    pub fn local(stale_after: Duration) -> Self {
+        Self::Local { agents: Mutex::new(BTreeMap::new()), stale_after }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (AgentStatus, Instant)>> {
-        self.agents.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn shared(coord: Arc<dyn Coordinator>, stale_after: Duration) -> Self {
+        Self::Shared { coord, stale_after }
+    }
+
+    /// "etcd" or "embedded".
+    pub fn coordination(&self) -> &'static str {
+        match self {
+            AgentRegistry::Local { .. } => "embedded",
+            AgentRegistry::Shared { .. } => "etcd",
+        }
     }
 
     /// Records a report.
-    pub fn report(&self, status: AgentStatus) {
-        self.lock().insert(status.agent_id.clone(), (status, Instant::now()));
+    pub async fn report(&self, status: AgentStatus) {
+        match self {
+            AgentRegistry::Local { agents, .. } => {
+                agents
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(status.agent_id.clone(), (status, Instant::now()));
+            }
+            AgentRegistry::Shared { coord, .. } => {
+                let mut v = now_ms().to_be_bytes().to_vec();
+                v.extend(status.encode_to_vec());
+                if let Err(e) = coord.put(&format!("{STATUS}{}", status.agent_id), v, None).await {
+                    warn!(error = %e, agent = %status.agent_id, "cannot store an agent report in etcd");
+                }
+            }
+        }
     }
 
-    /// Every agent with its lag behind `current` revision.
-    pub fn list(&self, current: u64) -> Vec<AgentInfo> {
-        self.lock()
-            .values()
-            .map(|(s, seen)| {
-                let age = seen.elapsed();
-                AgentInfo {
-                    lag: current.saturating_sub(s.applied_revision),
-                    last_seen_ms: age.as_millis() as u64,
-                    stale: age > self.stale_after,
-                    status: Some(s.clone()),
+    /// Every known agent: (status, age).
+    async fn all(&self) -> Vec<(AgentStatus, Duration)> {
+        match self {
+            AgentRegistry::Local { agents, .. } => agents
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .map(|(s, seen)| (s.clone(), seen.elapsed()))
+                .collect(),
+            AgentRegistry::Shared { coord, .. } => {
+                let now = now_ms();
+                match coord.get_prefix(STATUS).await {
+                    Ok(kvs) => kvs
+                        .into_iter()
+                        .filter_map(|kv| {
+                            let at = u64::from_be_bytes(kv.value.get(..8)?.try_into().ok()?);
+                            let s = AgentStatus::decode(kv.value.get(8..)?).ok()?;
+                            Some((s, Duration::from_millis(now.saturating_sub(at))))
+                        })
+                        .collect(),
+                    Err(e) => {
+                        warn!(error = %e, "cannot read agent reports from etcd");
+                        vec![]
+                    }
                 }
+            }
+        }
+    }
+
+    fn stale_after(&self) -> Duration {
+        match self {
+            AgentRegistry::Local { stale_after, .. } | AgentRegistry::Shared { stale_after, .. } => *stale_after,
+        }
+    }
+
+    /// Every agent with its lag behind `current`, and the leader of each network.
+    pub async fn list(&self, current: u64) -> (Vec<AgentInfo>, Vec<NetworkLeader>) {
+        let all = self.all().await;
+        let stale_after = self.stale_after();
+        let networks: std::collections::BTreeSet<String> = all.iter().map(|(s, _)| s.network.clone()).collect();
+        let mut leaders = Vec::new();
+        for net in networks {
+            let leader = match self {
+                AgentRegistry::Shared { coord, .. } => {
+                    coord.leader(&format!("agents/{net}")).await.ok().flatten().unwrap_or_default()
+                }
+                AgentRegistry::Local { .. } => all
+                    .iter()
+                    .find(|(s, age)| s.network == net && s.mode == Mode::Leader as i32 && *age <= stale_after)
+                    .map(|(s, _)| s.agent_id.clone())
+                    .unwrap_or_default(),
+            };
+            leaders.push(NetworkLeader { network: net, agent_id: leader });
+        }
+        let infos = all
+            .into_iter()
+            .map(|(s, age)| AgentInfo {
+                lag: current.saturating_sub(s.applied_revision),
+                last_seen_ms: age.as_millis() as u64,
+                stale: age > stale_after,
+                elected: leaders.iter().any(|l| l.network == s.network && l.agent_id == s.agent_id),
+                status: Some(s),
             })
-            .collect()
+            .collect();
+        (infos, leaders)
     }
 
     /// The highest revision applied by a live agent in `Leader` mode on `network` (any network if empty).
-    pub fn leader_applied(&self, network: &str) -> Option<u64> {
-        self.lock()
-            .values()
-            .filter(|(s, seen)| {
-                seen.elapsed() <= self.stale_after
-                    && s.mode == Mode::Leader as i32
-                    && (network.is_empty() || s.network == network)
+    pub async fn leader_applied(&self, network: &str) -> Option<u64> {
+        let stale_after = self.stale_after();
+        self.all()
+            .await
+            .into_iter()
+            .filter(|(s, age)| {
+                *age <= stale_after && s.mode == Mode::Leader as i32 && (network.is_empty() || s.network == network)
             })
             .map(|(s, _)| s.applied_revision)
             .max()

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use ironguard_coord::EtcdConfig;
 use ironguard_nft::UnknownMacPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,8 @@ pub struct ControlPlaneConfig {
     pub filter: FilterConfig,
     pub agents: AgentsConfig,
     pub log: LogConfig,
+    /// etcd: shared state for replicated control planes. Empty endpoints: the embedded store.
+    pub etcd: EtcdConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +31,8 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// Seconds between heartbeats on an idle WatchFilters stream.
     pub heartbeat_secs: u64,
+    /// This replica's name in the control-plane election (default: host name and gRPC port).
+    pub replica_id: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +73,7 @@ impl Default for ServerConfig {
             grpc_listen: SocketAddr::from(([0, 0, 0, 0], 9100)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9101)),
             heartbeat_secs: 2,
+            replica_id: String::new(),
         }
     }
 }
@@ -119,6 +125,7 @@ impl ControlPlaneConfig {
         if self.store.change_log_length == 0 {
             anyhow::bail!("store.change_log_length must be at least 1");
         }
+        self.etcd.validate().map_err(|e| anyhow::anyhow!("[etcd]: {e}"))?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             anyhow::bail!("log.format must be \"text\" or \"json\", not {:?}", self.log.format);
         }

@@ -3,7 +3,8 @@
 //! - [`filter`]: per-MAC allow/deny reasons, revisions, and the pure rules that turn requests into deltas.
 //! - [`store`]: the [`store::FilterStore`] interface and its embedded (redb) backend.
 //! - [`service`]: the `PxeFilter` gRPC service (UpdatePxeFilters, WatchFilters, ReportStatus, …).
-//! - [`agents`]: what each agent last reported.
+//! - [`agents`]: what each agent last reported, and who leads each network.
+//! - [`singleton`]: periodic tasks run by the elected control-plane leader only.
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`config`]: TOML + environment + flags.
 //!
@@ -17,6 +18,7 @@ pub mod config;
 pub mod filter;
 pub mod metrics;
 pub mod service;
+pub mod singleton;
 pub mod store;
 
 use std::future::Future;
@@ -33,6 +35,8 @@ use tracing::info;
 
 pub use config::ControlPlaneConfig;
 
+use ironguard_coord::Coordinator;
+
 use crate::agents::AgentRegistry;
 use crate::metrics::Metrics;
 use crate::service::PxeFilterService;
@@ -44,6 +48,11 @@ pub struct Server {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub store: Arc<dyn FilterStore>,
+    /// True while this replica leads the control plane and runs the singleton tasks.
+    pub leading: tokio::sync::watch::Receiver<bool>,
+    coord: Arc<dyn Coordinator>,
+    replica: String,
+    leading_tx: tokio::sync::watch::Sender<bool>,
     grpc: TcpListener,
     admin: TcpListener,
     service: PxeFilterService,
@@ -58,13 +67,24 @@ impl std::fmt::Debug for Server {
     }
 }
 
-/// Opens the store and binds both listeners.
+/// Opens the store (embedded, or etcd when configured) and binds both listeners.
 pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     config.validate()?;
-    let store: Arc<dyn FilterStore> = Arc::new(
-        EmbeddedStore::open(&config.store.data_dir, config.store.change_log_length)
-            .context("opening the filter store")?,
-    );
+    let stale = Duration::from_secs(config.agents.stale_after_secs);
+    let (store, agents, coord): (Arc<dyn FilterStore>, AgentRegistry, Arc<dyn Coordinator>) = if config.etcd.enabled() {
+        let c = ironguard_coord::etcd::EtcdCoordinator::connect(&config.etcd)
+            .await
+            .with_context(|| format!("connecting to etcd {:?}", config.etcd.endpoints))?;
+        let store = store::etcd::EtcdStore::open(c.clone(), config.store.change_log_length)
+            .await
+            .context("opening the filter state in etcd")?;
+        let coord: Arc<dyn Coordinator> = Arc::new(c);
+        (Arc::new(store), AgentRegistry::shared(coord.clone(), stale), coord)
+    } else {
+        let store = EmbeddedStore::open(&config.store.data_dir, config.store.change_log_length)
+            .context("opening the filter store")?;
+        (Arc::new(store), AgentRegistry::local(stale), Arc::new(ironguard_coord::local::LocalCoordinator::new()))
+    };
     // Publish the configured unknown-MAC policy (a new revision only if it differs from the stored one).
     store.apply(vec![], Some(config.filter.unknown_mac_policy)).await.context("recording the unknown-MAC policy")?;
     let metrics = Arc::new(Metrics::new());
@@ -78,7 +98,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let service = PxeFilterService {
         stopping: stop_rx,
         store: store.clone(),
-        agents: Arc::new(AgentRegistry::new(Duration::from_secs(config.agents.stale_after_secs))),
+        agents: Arc::new(agents),
         metrics: metrics.clone(),
         heartbeat: Duration::from_secs(config.server.heartbeat_secs),
     };
@@ -86,8 +106,20 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     metrics.revision.set(counts.revision as i64);
     metrics.allowed.set(counts.allow as i64);
     metrics.denied.set(counts.deny as i64);
+    let grpc_addr = grpc.local_addr()?;
+    let replica = if config.server.replica_id.is_empty() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}:{}", host.trim(), grpc_addr.port())
+    } else {
+        config.server.replica_id.clone()
+    };
+    let (leading_tx, leading) = tokio::sync::watch::channel(false);
     Ok(Server {
-        grpc_addr: grpc.local_addr()?,
+        leading,
+        coord,
+        replica,
+        leading_tx,
+        grpc_addr,
         admin_addr: admin.local_addr()?,
         store,
         grpc,
@@ -126,8 +158,25 @@ impl Server {
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
                 let _ = grpc_stop.wait_for(|v| *v).await;
             });
-        info!(grpc = %self.grpc_addr, admin = %self.admin_addr, "control plane serving");
+        info!(grpc = %self.grpc_addr, admin = %self.admin_addr, coordination = self.coord.backend(), "control plane serving");
         self.ready.store(true, Ordering::Relaxed);
+        let tasks_stop = tokio_util::sync::CancellationToken::new();
+        let mut tasks = Vec::new();
+        if self.coord.backend() == "etcd" {
+            tasks.push(agent_report_cleanup(self.coord.clone()));
+        }
+        tokio::spawn(singleton::run(
+            self.coord.clone(),
+            self.replica.clone(),
+            tasks,
+            self.leading_tx.clone(),
+            tasks_stop.clone(),
+        ));
+        let mut tasks_stop_rx = stop_tx.subscribe();
+        tokio::spawn(async move {
+            let _ = tasks_stop_rx.wait_for(|v| *v).await;
+            tasks_stop.cancel();
+        });
         tokio::spawn(async move {
             shutdown.await;
             info!("shutting down");
@@ -149,5 +198,27 @@ impl Server {
             _ = deadline => tracing::warn!("connections still open 5 s after shutdown; stopping anyway"),
         }
         Ok(())
+    }
+}
+
+/// Deletes reports of agents silent for more than a day (etcd only: the embedded registry forgets on restart).
+fn agent_report_cleanup(coord: Arc<dyn Coordinator>) -> singleton::PeriodicTask {
+    singleton::PeriodicTask {
+        name: "agent-report-cleanup",
+        period: Duration::from_secs(600),
+        run: Arc::new(move |_stop| {
+            let coord = coord.clone();
+            Box::pin(async move {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+                for kv in coord.get_prefix("agents/status/").await? {
+                    let at = kv.value.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes).unwrap_or(0);
+                    if now.saturating_sub(at) > 86_400_000 {
+                        coord.delete(&kv.key).await?;
+                        info!(key = %kv.key, "removed the report of an agent silent for a day");
+                    }
+                }
+                Ok(())
+            })
+        }),
     }
 }

@@ -28,6 +28,12 @@ struct Cli {
     /// Unknown-MAC policy published to agents: allow or deny (filter.unknown_mac_policy).
     #[arg(long, env = "IRONGUARD_CP_UNKNOWN_MAC_POLICY", value_parser = ["allow", "deny"])]
     unknown_mac_policy: Option<String>,
+    /// etcd endpoint (repeat, or comma-separated; etcd.endpoints). Without it, the embedded store is used.
+    #[arg(long = "etcd", env = "IRONGUARD_ETCD_ENDPOINTS", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// This replica's name in the control-plane election (server.replica_id).
+    #[arg(long, env = "IRONGUARD_CP_REPLICA_ID")]
+    replica_id: Option<String>,
     /// Log format: text or json (log.format).
     #[arg(long, env = "IRONGUARD_LOG_FORMAT")]
     log_format: Option<String>,
@@ -50,6 +56,12 @@ fn effective(cli: &Cli) -> anyhow::Result<ControlPlaneConfig> {
     if let Some(p) = &cli.unknown_mac_policy {
         c.filter.unknown_mac_policy =
             if p == "deny" { ironguard_nft::UnknownMacPolicy::Deny } else { ironguard_nft::UnknownMacPolicy::Allow };
+    }
+    if !cli.etcd.is_empty() {
+        c.etcd.endpoints = cli.etcd.clone();
+    }
+    if let Some(r) = &cli.replica_id {
+        c.server.replica_id = r.clone();
     }
     if let Some(f) = &cli.log_format {
         c.log.format = f.clone();

@@ -216,7 +216,7 @@ impl PxeFilter for PxeFilterService {
         let label = AgentLabel { agent: s.agent_id.clone(), network: s.network.clone() };
         self.metrics.agent_lag.get_or_create(&label).set(current.saturating_sub(s.applied_revision) as i64);
         self.metrics.agent_mode.get_or_create(&label).set(s.mode as i64);
-        self.agents.report(s);
+        self.agents.report(s).await;
         Ok(Response::new(ReportStatusResponse { current_revision: current }))
     }
 
@@ -248,6 +248,12 @@ impl PxeFilter for PxeFilterService {
 
     async fn list_agents(&self, _: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
         let current = *self.store.revision().borrow();
-        Ok(Response::new(ListAgentsResponse { current_revision: current, agents: self.agents.list(current) }))
+        let (agents, leaders) = self.agents.list(current).await;
+        Ok(Response::new(ListAgentsResponse {
+            current_revision: current,
+            agents,
+            coordination: self.agents.coordination().to_string(),
+            leaders,
+        }))
     }
 }

@@ -1,58 +1,14 @@
 //! The etcd backend against a real etcd started on loopback for this test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ironguard_coord::etcd::EtcdCoordinator;
 use ironguard_coord::{Coordinator, EtcdConfig, Expiry};
+use ironguard_netns_tests::EtcdProcess;
 use tokio_util::sync::CancellationToken;
 
-struct Etcd {
-    child: Child,
-    dir: std::path::PathBuf,
-    url: String,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn start_etcd(tag: &str) -> Etcd {
-    let (client, peer) = (free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("ig-etcd-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let url = format!("http://127.0.0.1:{client}");
-    let child = Command::new("etcd")
-        .args(["--name", "t", "--data-dir"])
-        .arg(&dir)
-        .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
-        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-        .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
-        .args(["--initial-cluster", &format!("t=http://127.0.0.1:{peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("etcd must be installed (the README's test command installs etcd-server)");
-    let e = Etcd { child, dir, url };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
-        assert!(Instant::now() < deadline, "etcd did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    e
-}
-
-async fn coord(e: &Etcd) -> EtcdCoordinator {
+async fn coord(e: &EtcdProcess) -> EtcdCoordinator {
     let cfg = EtcdConfig { endpoints: vec![e.url.clone()], prefix: "/t".into(), ..Default::default() };
     for _ in 0..50 {
         if let Ok(c) = EtcdCoordinator::connect(&cfg).await {
@@ -67,7 +23,7 @@ async fn coord(e: &Etcd) -> EtcdCoordinator {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_elections_and_lease_expiry() {
-    let e = start_etcd("elect");
+    let e = EtcdProcess::start_loopback("elect");
     let c = coord(&e).await;
     let before = Instant::now();
     let a = c.session(Duration::from_secs(3)).await.unwrap();
@@ -116,12 +72,11 @@ async fn sessions_elections_and_lease_expiry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_etcd_lets_the_session_expire_on_the_local_clock() {
-    let mut e = start_etcd("down");
+    let mut e = EtcdProcess::start_loopback("down");
     let c = coord(&e).await;
     let s = c.session(Duration::from_secs(3)).await.unwrap();
     let mut w = s.watch();
-    let _ = e.child.kill();
-    let _ = e.child.wait();
+    e.stop();
     let killed = Instant::now();
     let expired = tokio::time::timeout(Duration::from_secs(6), async {
         loop {
@@ -138,7 +93,7 @@ async fn unreachable_etcd_lets_the_session_expire_on_the_local_clock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_locks_and_watch() {
-    let e = start_etcd("kv");
+    let e = EtcdProcess::start_loopback("kv");
     let c = coord(&e).await;
     let s = c.session(Duration::from_secs(3)).await.unwrap();
     let rev = c.put("members/n/a", b"{}".to_vec(), Some(&s)).await.unwrap();

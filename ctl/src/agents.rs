@@ -54,6 +54,10 @@ impl Serialize for Mode {
 pub struct AgentsReport {
     pub current_revision: u64,
     pub agents: Vec<AgentReport>,
+    /// "etcd" or "embedded" (empty from an older control plane).
+    pub coordination: String,
+    /// Each network and its elected agent (`None`: nobody leads).
+    pub leaders: Vec<(String, Option<String>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -76,6 +80,8 @@ pub struct AgentReport {
     pub last_seen_ms: u64,
     /// No report for longer than the control plane's staleness bound: the agent is probably gone.
     pub stale: bool,
+    /// Holds its network's election (HA) — the one host that may serve DHCP.
+    pub elected: bool,
     pub version: String,
     pub snapshots_applied: u64,
     pub resumes: u64,
@@ -104,6 +110,7 @@ impl From<pb::AgentInfo> for AgentReport {
             last_error: Some(status.last_error).filter(|e| !e.is_empty()),
             last_seen_ms: info.last_seen_ms,
             stale: info.stale,
+            elected: info.elected,
             version: status.version,
             snapshots_applied: status.snapshots_applied,
             resumes: status.resumes,
@@ -116,6 +123,12 @@ impl From<ListAgentsResponse> for AgentsReport {
         Self {
             current_revision: answer.current_revision,
             agents: answer.agents.into_iter().map(AgentReport::from).collect(),
+            coordination: answer.coordination,
+            leaders: answer
+                .leaders
+                .into_iter()
+                .map(|l| (l.network, Some(l.agent_id).filter(|a| !a.is_empty())))
+                .collect(),
         }
     }
 }
@@ -126,6 +139,19 @@ impl AgentsReport {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "current revision: {}", self.current_revision);
+        if !self.coordination.is_empty() {
+            let _ = writeln!(out, "coordination: {}", self.coordination);
+        }
+        for (network, leader) in &self.leaders {
+            match leader {
+                Some(a) => {
+                    let _ = writeln!(out, "network {network}: leader {a}");
+                }
+                None => {
+                    let _ = writeln!(out, "network {network}: NO LEADER (every host closed)");
+                }
+            }
+        }
         if self.agents.is_empty() {
             let _ = writeln!(out, "no agent has reported to the control plane");
             return out;
@@ -134,7 +160,7 @@ impl AgentsReport {
             Table::new(&["AGENT", "HOST", "NETWORK", "MODE", "APPLIED", "LAG", "LAST SEEN", "DHCP / REASON / ERROR"]);
         for a in &self.agents {
             table.row(vec![
-                or_dash(&a.agent_id),
+                if a.elected { format!("{} *", a.agent_id) } else { or_dash(&a.agent_id) },
                 or_dash(&a.host),
                 or_dash(&a.network),
                 a.mode.to_string().to_uppercase(),
@@ -210,6 +236,7 @@ mod tests {
                     lag: 0,
                     last_seen_ms: 1_234,
                     stale: false,
+                    elected: false,
                 },
                 AgentInfo {
                     status: Some(AgentStatus {
@@ -230,8 +257,10 @@ mod tests {
                     lag: 2,
                     last_seen_ms: 95_020,
                     stale: true,
+                    elected: false,
                 },
             ],
+            ..Default::default()
         }
     }
 
@@ -250,7 +279,8 @@ mod tests {
 
     #[test]
     fn no_agents_says_so() {
-        let text = AgentsReport::from(ListAgentsResponse { current_revision: 7, agents: vec![] }).render();
+        let text = AgentsReport::from(ListAgentsResponse { current_revision: 7, agents: vec![], ..Default::default() })
+            .render();
         assert_eq!(text, "current revision: 7\nno agent has reported to the control plane\n");
     }
 
@@ -264,7 +294,9 @@ mod tests {
             }),
             ..Default::default()
         };
-        let text = AgentsReport::from(ListAgentsResponse { current_revision: 1, agents: vec![info] }).render();
+        let text =
+            AgentsReport::from(ListAgentsResponse { current_revision: 1, agents: vec![info], ..Default::default() })
+                .render();
         let line = text.lines().last().unwrap();
         assert_eq!(line, "pxe-c  -     -        FOLLOWER  0        0    0.0s ago   dhcp unknown");
     }
@@ -289,6 +321,7 @@ mod tests {
                 "last_error": null,
                 "last_seen_ms": 1234,
                 "stale": false,
+                "elected": false,
                 "version": "0.1.0",
                 "snapshots_applied": 1,
                 "resumes": 0

@@ -87,6 +87,12 @@ impl PxeFilter for FakeControlPlane {
                 lag: 0,
                 last_seen_ms: 500,
                 stale: false,
+                elected: true,
+            }],
+            coordination: "embedded".into(),
+            leaders: vec![ironguard_proto::v1::NetworkLeader {
+                network: "provisioning".into(),
+                agent_id: "pxe-a".into(),
             }],
         }))
     }
@@ -198,8 +204,11 @@ async fn agents_prints_text_or_json_and_honours_the_environment() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.starts_with("current revision: 42\nAGENT"), "{text}");
-    assert!(text.contains("pxe-a  ctrl-1  provisioning  LEADER"), "{text}");
+    assert!(
+        text.starts_with("current revision: 42\ncoordination: embedded\nnetwork provisioning: leader pxe-a\nAGENT"),
+        "{text}"
+    );
+    assert!(text.contains("pxe-a *  ctrl-1  provisioning  LEADER"), "{text}");
 
     let out = ironguardctl(&["agents", "--json", "--controlplane", &url]).await;
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

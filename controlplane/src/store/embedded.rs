@@ -3,7 +3,7 @@
 //! per batch, not per request. A request is acknowledged only after its transaction is committed: after
 //! `kill -9` and restart the state and revision are at least what was last acknowledged.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -14,6 +14,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, info_span};
 
+use super::mirror::Mirror;
 use super::{Applied, FilterStore, Snapshot, StoreError};
 use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, apply_changes};
 
@@ -40,28 +41,6 @@ fn policy_from(code: u64) -> UnknownMacPolicy {
 
 fn emb<E: std::error::Error + Send + Sync + 'static>(op: &'static str) -> impl FnOnce(E) -> StoreError {
     move |e| StoreError::Embedded { op, source: Box::new(e) }
-}
-
-struct Mirror {
-    state: FilterState,
-    log: VecDeque<RevisionDelta>,
-    /// MACs named by the deltas in `log` (the log is bounded by revisions and by this).
-    log_macs: usize,
-    allow: usize,
-    deny: usize,
-}
-
-/// The revision log keeps at most this many MAC changes in memory; older revisions are served as a snapshot.
-const MAX_LOG_MACS: usize = 1_000_000;
-
-impl Mirror {
-    fn trim(&mut self, log_len: usize) {
-        while self.log.len() > log_len || (self.log_macs > MAX_LOG_MACS && self.log.len() > 1) {
-            if let Some(d) = self.log.pop_front() {
-                self.log_macs -= d.delta.len();
-            }
-        }
-    }
 }
 
 struct WriteRequest {
@@ -114,7 +93,7 @@ impl EmbeddedStore {
             w.commit().map_err(emb("commit"))?;
         }
         let mut state = FilterState::default();
-        let mut log = VecDeque::new();
+        let mut log = Vec::new();
         {
             let r = db.begin_read().map_err(emb("begin a read"))?;
             let entries = r.open_table(ENTRIES).map_err(emb("open the entries table"))?;
@@ -135,7 +114,7 @@ impl EmbeddedStore {
                 let (_, v) = row.map_err(emb("read a revision"))?;
                 let d: RevisionDelta = serde_json::from_slice(v.value())
                     .map_err(|e| StoreError::Corrupt(format!("revision record: {e}")))?;
-                log.push_back(d);
+                log.push(d);
             }
         }
         info!(
@@ -147,10 +126,7 @@ impl EmbeddedStore {
             "embedded store opened"
         );
         let (rev_tx, rev_rx) = watch::channel(state.revision);
-        let log_macs = log.iter().map(|d| d.delta.len()).sum();
-        let (allow, deny) = (state.allowed().count(), state.denied().count());
-        let mut mirror = Mirror { state, log, log_macs, allow, deny };
-        mirror.trim(log_len.max(1));
+        let mirror = Mirror::new(state, log, log_len.max(1));
         let mirror = Arc::new(RwLock::new(mirror));
         let (tx, rx) = mpsc::channel(4096);
         let m = mirror.clone();
@@ -219,25 +195,7 @@ fn writer(
         let committed = commit(&db, &overlay, &records, revision, policy, log_len);
         match committed {
             Ok(()) => {
-                {
-                    let mut m = mirror.write().unwrap_or_else(|e| e.into_inner());
-                    for (mac, e) in overlay {
-                        if e.is_empty() {
-                            m.state.entries.remove(&mac);
-                        } else {
-                            m.state.entries.insert(mac, e);
-                        }
-                    }
-                    m.state.revision = revision;
-                    m.state.policy = policy;
-                    for r in records {
-                        m.allow = m.allow + r.delta.allow_add.len() - r.delta.allow_remove.len();
-                        m.deny = m.deny + r.delta.deny_add.len() - r.delta.deny_remove.len();
-                        m.log_macs += r.delta.len();
-                        m.log.push_back(r);
-                    }
-                    m.trim(log_len);
-                }
+                mirror.write().unwrap_or_else(|e| e.into_inner()).commit(overlay, records, revision, policy, log_len);
                 if revision != revision0 {
                     rev_tx.send_replace(revision);
                 }
@@ -304,44 +262,19 @@ impl FilterStore for EmbeddedStore {
     }
 
     fn snapshot(&self) -> Snapshot {
-        let m = self.read();
-        Snapshot {
-            revision: m.state.revision,
-            allow: m.state.allowed().collect(),
-            deny: m.state.denied().collect(),
-            policy: m.state.policy,
-        }
+        self.read().snapshot()
     }
 
     fn counts(&self) -> super::Counts {
-        let m = self.read();
-        super::Counts { revision: m.state.revision, allow: m.allow, deny: m.deny, policy: m.state.policy }
+        self.read().counts()
     }
 
     fn deltas_since(&self, since: u64) -> Option<Vec<RevisionDelta>> {
-        let m = self.read();
-        let current = m.state.revision;
-        if since == current {
-            return Some(vec![]);
-        }
-        if since > current {
-            return None;
-        }
-        let oldest = m.log.front()?.revision;
-        if oldest > since + 1 {
-            return None;
-        }
-        Some(m.log.iter().filter(|d| d.revision > since).cloned().collect())
+        self.read().deltas_since(since)
     }
 
     fn entries(&self, macs: &[MacAddr]) -> (u64, Vec<(MacAddr, Entry)>) {
-        let m = self.read();
-        let list = if macs.is_empty() {
-            m.state.entries.iter().map(|(k, v)| (*k, v.clone())).collect()
-        } else {
-            macs.iter().filter_map(|k| m.state.entries.get(k).map(|v| (*k, v.clone()))).collect()
-        };
-        (m.state.revision, list)
+        self.read().entries(macs)
     }
 
     fn revision(&self) -> watch::Receiver<u64> {

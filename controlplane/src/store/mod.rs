@@ -5,6 +5,8 @@
 //! get deltas without touching the disk; the durable copy is written before a change is acknowledged.
 
 pub mod embedded;
+pub mod etcd;
+mod mirror;
 
 use std::collections::BTreeSet;
 

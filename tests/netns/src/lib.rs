@@ -24,6 +24,9 @@ use std::time::{Duration, Instant};
 
 use ironguard_nft::MacAddr;
 
+pub mod etcd;
+pub use etcd::EtcdProcess;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 fn unique(tag: &str) -> String {

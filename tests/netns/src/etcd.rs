@@ -1,0 +1,121 @@
+//! A real etcd for tests: a single-member cluster on loopback (or inside a namespace), removed on drop.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running etcd.
+#[derive(Debug)]
+pub struct EtcdProcess {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    /// Client URL, e.g. `http://127.0.0.1:23790`.
+    pub url: String,
+    args: Vec<String>,
+    netns: Option<String>,
+    host: String,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+impl EtcdProcess {
+    /// Starts etcd on 127.0.0.1 with free ports, in this process's network namespace.
+    pub fn start_loopback(tag: &str) -> Self {
+        Self::start(tag, None, "127.0.0.1", free_port(), free_port())
+    }
+
+    /// Starts etcd listening on `host` inside the named namespace (ports may be fixed: the namespace is private).
+    pub fn start_in(tag: &str, netns: &str, host: &str, client_port: u16, peer_port: u16) -> Self {
+        Self::start(tag, Some(netns.to_string()), host, client_port, peer_port)
+    }
+
+    fn start(tag: &str, netns: Option<String>, host: &str, client: u16, peer: u16) -> Self {
+        let found = Command::new("sh")
+            .args(["-c", "command -v etcd"])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(found, "etcd is missing: the README's test command installs etcd-server");
+        let dir = std::env::temp_dir().join(format!("ig-etcd-{tag}-{}-{client}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let url = format!("http://{host}:{client}");
+        let peer_url = format!("http://{host}:{peer}");
+        let args = vec![
+            "--name".into(),
+            "t".into(),
+            "--data-dir".into(),
+            dir.display().to_string(),
+            "--listen-client-urls".into(),
+            url.clone(),
+            "--advertise-client-urls".into(),
+            url.clone(),
+            "--listen-peer-urls".into(),
+            peer_url.clone(),
+            "--initial-advertise-peer-urls".into(),
+            peer_url.clone(),
+            "--initial-cluster".into(),
+            format!("t={peer_url}"),
+            "--max-txn-ops".into(),
+            "1024".into(),
+        ];
+        let mut e = Self { child: None, dir, url, args, netns, host: host.to_string(), port: client };
+        e.spawn();
+        e
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "etcd"]);
+                c
+            }
+            None => Command::new("etcd"),
+        };
+        let log = std::fs::File::create(format!("{}.log", self.dir.display())).expect("etcd log");
+        let child = cmd.args(&self.args).stdout(Stdio::null()).stderr(log).spawn().expect("start etcd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let up = match &self.netns {
+                Some(ns) => Command::new("ip")
+                    .args(["netns", "exec", ns, "curl", "-sf", "--max-time", "1", &format!("{}/health", self.url)])
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success()),
+                None => std::net::TcpStream::connect((self.host.as_str(), self.port)).is_ok(),
+            };
+            if up {
+                break;
+            }
+            assert!(Instant::now() < deadline, "etcd did not start; see {}.log", self.dir.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops etcd (SIGKILL), keeping its data.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same data and ports.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for EtcdProcess {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(format!("{}.log", self.dir.display()));
+    }
+}
