@@ -32,5 +32,8 @@ pub use fake::{FakeDataplane, FakeState};
 pub use kernel::KernelDataplane;
 pub use mac::{MacAddr, MacError};
 pub use model::{ConfigError, Delta, DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
-pub use observe::{Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, observe, set_members};
+pub use observe::{
+    Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, leader_rules_present, observe,
+    set_members,
+};
 pub use ruleset::{GUARD_TABLE, OWNED_TABLE};

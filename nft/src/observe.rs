@@ -234,6 +234,33 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
     Err(NftError::Unstable(ATTEMPTS))
 }
 
+/// Whether this host's table currently lets DHCP through for someone: the whitelist's marking rules or the pass
+/// rule are present (Leader). One rule dump of the agent's table: cheap enough to sample every few milliseconds.
+pub fn leader_rules_present() -> Result<bool, NftError> {
+    let sock = DumpSocket::open()?;
+    let mut open = false;
+    let d = sock.dump(NFT_MSG_GETRULE, NFPROTO_INET, &[(1, OWNED_TABLE)], &mut |m| {
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            if ty == 7 {
+                if let Some(c) = parse_comment(v) {
+                    if c == comments::ALLOW_MAC || c == comments::ALLOW_CHADDR || c == comments::PASS {
+                        open = true;
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    match d {
+        Ok(Dumped::Complete) => Ok(open),
+        Ok(Dumped::Interrupted) => Err(NftError::Unstable(1)),
+        // No table: nothing can be open.
+        Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The members of one set of the agent's table (cheap compared with [`observe`]: one dump of one set).
 pub fn set_members(set: &str) -> Result<BTreeSet<MacAddr>, NftError> {
     let sock = DumpSocket::open()?;

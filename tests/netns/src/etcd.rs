@@ -40,7 +40,7 @@ impl EtcdProcess {
             .status()
             .is_ok_and(|s| s.success());
         assert!(found, "etcd is missing: the README's test command installs etcd-server");
-        let dir = std::env::temp_dir().join(format!("ig-etcd-{tag}-{}-{client}", std::process::id()));
+        let dir = std::env::temp_dir().join(crate::unique(&format!("etcd-{tag}")));
         let _ = std::fs::remove_dir_all(&dir);
         let url = format!("http://{host}:{client}");
         let peer_url = format!("http://{host}:{peer}");

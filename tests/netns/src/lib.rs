@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 use ironguard_nft::MacAddr;
 
 pub mod etcd;
+pub mod ha;
 pub use etcd::EtcdProcess;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("ig-{tag}-{}-{n}", std::process::id())
 }
@@ -533,14 +534,21 @@ pub struct ControlPlane {
     pub grpc_port: u16,
     pub admin_port: u16,
     pub extra: Vec<String>,
+    pub host: String,
     ns_name: String,
 }
 
 impl ControlPlane {
     /// Starts a control plane with its own data directory under `dir`; waits until gRPC listens.
     pub fn start(ns: &Netns, dir: &TempDir, grpc_port: u16, admin_port: u16, extra: &[&str]) -> Self {
+        Self::start_on(ns, dir, "127.0.0.1", grpc_port, admin_port, extra)
+    }
+
+    /// Like [`ControlPlane::start`], with gRPC on `host` (e.g. a management bridge address).
+    pub fn start_on(ns: &Netns, dir: &TempDir, host: &str, grpc_port: u16, admin_port: u16, extra: &[&str]) -> Self {
         let data_dir = dir.join(&format!("cp-{grpc_port}"));
         let mut cp = Self {
+            host: host.to_string(),
             proc: Proc { child: None, what: String::new(), log: PathBuf::new() },
             data_dir,
             grpc_port,
@@ -554,7 +562,7 @@ impl ControlPlane {
 
     /// `http://127.0.0.1:PORT`, as seen from the namespace.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc_port)
+        format!("http://{}:{}", self.host, self.grpc_port)
     }
 
     pub fn admin(&self) -> String {
@@ -565,7 +573,7 @@ impl ControlPlane {
         assert_eq!(ns.name(), self.ns_name);
         let mut cmd = ns.cmd(bin("ironguard-controlplane"));
         cmd.arg("--grpc-listen")
-            .arg(format!("127.0.0.1:{}", self.grpc_port))
+            .arg(format!("{}:{}", self.host, self.grpc_port))
             .arg("--admin-listen")
             .arg(format!("127.0.0.1:{}", self.admin_port))
             .arg("--data-dir")

@@ -1,0 +1,259 @@
+//! A high-availability site: three (or more) PXE hosts on one provisioning bridge, each with its own dnsmasq
+//! (distinct ranges and server identifiers) and agent; etcd and two control-plane replicas on a separate
+//! management bridge. A partition is made by taking one host's management link down.
+//!
+//! ```text
+//!   ns "mgmt": br-mgmt 10.90.0.1/24 ── etcd :2379, control planes :9100 and :9110
+//!   ns "pxeN": mgmt0 10.90.0.(10+N) ─ br-mgmt     prov0 10.80.0.(1+N) ─ br-prov ; dnsmasq, agent
+//!   ns "prov": br-prov (L2 only)
+//!   ns "nodeM": eth0 ─ br-prov ; DHCP clients
+//! ```
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ironguard_nft::MacAddr;
+
+use crate::{
+    ControlPlane, Dnsmasq, EtcdProcess, Lease, Netns, Proc, TempDir, bin, dhcp, run_ok, start_agent, verdict, veth,
+    wait_for,
+};
+
+/// One PXE host of the site.
+#[derive(Debug)]
+pub struct PxeHost {
+    pub ns: Netns,
+    pub dnsmasq: Dnsmasq,
+    pub agent: Option<Proc>,
+    pub ip: Ipv4Addr,
+    pub id: String,
+    config: String,
+}
+
+/// The whole site.
+#[derive(Debug)]
+pub struct HaSite {
+    pub hosts: Vec<PxeHost>,
+    pub nodes: Vec<Netns>,
+    pub cps: Vec<ControlPlane>,
+    pub etcd: EtcdProcess,
+    pub mgmt: Netns,
+    pub prov: Netns,
+    pub dir: TempDir,
+}
+
+/// TTL and margin the HA tests run with (the defaults).
+pub const TTL_SECS: u64 = 3;
+pub const MARGIN_MS: u64 = 1000;
+
+impl HaSite {
+    pub fn new(n_hosts: usize, n_nodes: usize) -> Self {
+        let dir = TempDir::new("ha");
+        let mgmt = Netns::new("mgmt");
+        let prov = Netns::new("prov");
+        mgmt.ip(&["link", "add", "br-mgmt", "type", "bridge", "forward_delay", "0"]);
+        mgmt.ip(&["addr", "add", "10.90.0.1/24", "dev", "br-mgmt"]);
+        mgmt.ip(&["link", "set", "br-mgmt", "up"]);
+        prov.ip(&["link", "add", "br-prov", "type", "bridge", "forward_delay", "0"]);
+        prov.ip(&["link", "set", "br-prov", "up"]);
+        let etcd = EtcdProcess::start_in("ha", mgmt.name(), "10.90.0.1", 2379, 2380);
+        let etcd_flag = ["--etcd", "http://10.90.0.1:2379"];
+        let mut cps = Vec::new();
+        for (grpc, admin) in [(9100u16, 9101u16), (9110, 9111)] {
+            let mut extra: Vec<&str> = etcd_flag.to_vec();
+            let rid = format!("cp-{grpc}");
+            extra.extend(["--replica-id", rid.as_str(), "--unknown-mac-policy", "allow"]);
+            cps.push(ControlPlane::start_on(&mgmt, &dir, "10.90.0.1", grpc, admin, &extra));
+        }
+        let mut hosts = Vec::new();
+        for i in 0..n_hosts {
+            let ns = Netns::new(&format!("pxe{i}"));
+            veth(&ns, "mgmt0", &mgmt, &format!("m{i}"));
+            mgmt.ip(&["link", "set", &format!("m{i}"), "master", "br-mgmt"]);
+            ns.ip(&["addr", "add", &format!("10.90.0.{}/24", 10 + i), "dev", "mgmt0"]);
+            veth(&ns, "prov0", &prov, &format!("h{i}"));
+            prov.ip(&["link", "set", &format!("h{i}"), "master", "br-prov"]);
+            let ip = Ipv4Addr::new(10, 80, 0, 1 + i as u8);
+            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "prov0"]);
+            let lo = format!("10.80.0.{}", 100 + 20 * i);
+            let hi = format!("10.80.0.{}", 119 + 20 * i);
+            let dnsmasq = Dnsmasq::start(&ns, &dir, "prov0", (&lo, &hi), &[]);
+            let id = format!("pxe-{i}");
+            let config = format!(
+                "[agent]\nid = \"{id}\"\nnetwork = \"prov\"\n\n[controlplane]\nendpoints = [\"http://10.90.0.1:9100\", \"http://10.90.0.1:9110\"]\n\
+                 lost_after_secs = 30\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n\
+                 [etcd]\nendpoints = [\"http://10.90.0.1:2379\"]\ndial_timeout_ms = 500\nrequest_timeout_ms = 500\n\n\
+                 [election]\nttl_secs = {TTL_SECS}\nmargin_ms = {MARGIN_MS}\n\n[dhcp_health]\ninterval_ms = 200\n\n\
+                 [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\ninterfaces = [\"prov0\"]\n"
+            );
+            hosts.push(PxeHost { ns, dnsmasq, agent: None, ip, id, config });
+        }
+        let mut nodes = Vec::new();
+        for j in 0..n_nodes {
+            let node = Netns::new("node");
+            veth(&node, "eth0", &prov, &format!("n{j}"));
+            prov.ip(&["link", "set", &format!("n{j}"), "master", "br-prov"]);
+            nodes.push(node);
+        }
+        let mut site = Self { hosts, nodes, cps, etcd, mgmt, prov, dir };
+        for i in 0..n_hosts {
+            site.start_agent(i);
+        }
+        site
+    }
+
+    pub fn start_agent(&mut self, i: usize) {
+        let h = &mut self.hosts[i];
+        h.agent = Some(start_agent(&h.ns, &self.dir, &h.config, None));
+    }
+
+    /// The verdict of every host, in order.
+    pub fn verdicts(&self) -> Vec<String> {
+        self.hosts.iter().map(|h| verdict(&h.ns)).collect()
+    }
+
+    /// Index of the host whose kernel state says LEADER, if exactly one does.
+    pub fn leader(&self) -> Option<usize> {
+        let v = self.verdicts();
+        let leaders: Vec<usize> = v.iter().enumerate().filter(|(_, v)| *v == "LEADER").map(|(i, _)| i).collect();
+        (leaders.len() == 1).then(|| leaders[0])
+    }
+
+    /// Waits until exactly one host leads, other than `not` (if given).
+    pub fn wait_leader(&self, not: Option<usize>, timeout: Duration) -> Option<(usize, Duration)> {
+        let t = Instant::now();
+        wait_for(timeout, || self.leader().filter(|l| Some(*l) != not).map(|l| (l, t.elapsed())))
+    }
+
+    /// Cuts (or restores) host `i`'s management link: etcd and the control planes become unreachable.
+    pub fn partition(&self, i: usize, cut: bool) {
+        self.hosts[i].ns.ip(&["link", "set", "mgmt0", if cut { "down" } else { "up" }]);
+    }
+
+    /// One DHCP exchange from node `j` with `mac`.
+    pub fn dhcp(&self, j: usize, mac: MacAddr) -> Option<Lease> {
+        dhcp(&self.nodes[j], "eth0", mac)
+    }
+
+    /// Runs the scapy DHCP probe in node `j` for `seconds`, sending a DISCOVER every `interval` seconds.
+    pub fn spawn_probe(&self, j: usize, mac: MacAddr, seconds: f64, interval: f64) -> std::process::Child {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/dhcp_probe.py");
+        self.nodes[j].ip(&["link", "set", "eth0", "address", &mac.to_string()]);
+        self.nodes[j]
+            .cmd("/usr/bin/python3")
+            .arg(script)
+            .args(["eth0", &mac.to_string(), &seconds.to_string(), &interval.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the scapy probe (python3-scapy)")
+    }
+}
+
+/// Parses the probe's output: per DISCOVER, the servers that offered.
+pub fn probe_results(child: std::process::Child) -> Vec<(u64, Vec<String>)> {
+    let out = child.wait_with_output().expect("probe");
+    assert!(out.status.success(), "probe failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let servers = v["servers"].as_array()?.iter().filter_map(|s| s.as_str().map(String::from)).collect();
+            Some((v["xid"].as_u64()?, servers))
+        })
+        .collect()
+}
+
+/// Samples every host's kernel state (leader rules present or not) from threads inside their namespaces.
+#[derive(Debug)]
+pub struct Watcher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<Vec<(Instant, Instant, bool)>>>,
+}
+
+impl Watcher {
+    pub fn start(hosts: &[PxeHost]) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for h in hosts {
+            let path = format!("/run/netns/{}", h.ns.name());
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let f = std::fs::File::open(&path).expect("netns");
+                nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                let mut samples = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let open = ironguard_nft::leader_rules_present().unwrap_or(false);
+                    samples.push((t0, Instant::now(), open));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                samples
+            }));
+        }
+        Self { stop, threads }
+    }
+
+    /// Stops sampling; returns per host the intervals during which it was certainly open, and the sample count.
+    pub fn finish(self) -> (Vec<Vec<(Instant, Instant)>>, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut all = Vec::new();
+        let mut n = 0;
+        for t in self.threads {
+            let samples = t.join().expect("watcher");
+            n += samples.len();
+            // Consecutive open samples: certainly open from the end of the first to the start of the last.
+            let mut runs = Vec::new();
+            let mut cur: Option<(Instant, Instant)> = None;
+            for (ts, te, open) in samples {
+                match (open, &mut cur) {
+                    (true, None) => cur = Some((te, ts)),
+                    (true, Some(run)) => run.1 = ts,
+                    (false, Some(_)) => runs.push(cur.take().expect("run")),
+                    (false, None) => {}
+                }
+            }
+            runs.extend(cur);
+            all.push(runs.into_iter().filter(|(a, b)| b > a).collect());
+        }
+        (all, n)
+    }
+}
+
+/// Instants at which two hosts were certainly open together: (host a, host b, overlap).
+pub fn dual_open(runs: &[Vec<(Instant, Instant)>]) -> Vec<(usize, usize, Duration)> {
+    let mut out = Vec::new();
+    for a in 0..runs.len() {
+        for b in a + 1..runs.len() {
+            for ra in &runs[a] {
+                for rb in &runs[b] {
+                    let start = ra.0.max(rb.0);
+                    let end = ra.1.min(rb.1);
+                    if end > start {
+                        out.push((a, b, end - start));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Kills a host's agent with `sig` and waits for the process to exit.
+pub fn signal_agent(h: &mut PxeHost, sig: nix::sys::signal::Signal) -> Option<std::process::ExitStatus> {
+    let p = h.agent.as_mut()?;
+    p.signal(sig);
+    p.wait_exit(Duration::from_secs(5))
+}
+
+/// `ironguardctl agents --json` from the management namespace.
+pub fn agents_json(site: &HaSite) -> serde_json::Value {
+    let out = run_ok(site.mgmt.cmd(bin("ironguardctl")).args([
+        "--controlplane",
+        "http://10.90.0.1:9100",
+        "agents",
+        "--json",
+    ]));
+    serde_json::from_slice(&out.stdout).expect("json")
+}

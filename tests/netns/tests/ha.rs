@@ -1,0 +1,190 @@
+//! High availability on a real etcd: three PXE hosts (real dnsmasq each, distinct server identifiers), two
+//! control-plane replicas, real DHCP clients — and the invariant: at most one host serves DHCP at any instant.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use ironguard_netns_tests::ha::*;
+use ironguard_netns_tests::*;
+use nix::sys::signal::Signal;
+
+const NODE_MAC: &str = "52:54:00:44:00:01";
+
+/// After the handover, the new leader's server answers.
+fn lease_from(site: &HaSite, host: usize) {
+    let got = wait_for(Duration::from_secs(10), || site.dhcp(0, mac(NODE_MAC)));
+    let lease = got.expect("a lease from the new leader");
+    assert_eq!(lease.server_id, site.hosts[host].ip, "the offer comes from the leader's dnsmasq");
+}
+
+#[test]
+fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
+    let site = HaSite::new(3, 1);
+    let (leader, took) = site.wait_leader(None, Duration::from_secs(15)).expect("a leader is elected");
+    eprintln!("leader pxe-{leader} after {took:?}; verdicts {:?}", site.verdicts());
+    let v = site.verdicts();
+    assert_eq!(v.iter().filter(|v| *v == "LEADER").count(), 1, "{v:?}");
+    assert_eq!(v.iter().filter(|v| *v == "FOLLOWER").count(), 2, "{v:?}");
+    // Several DISCOVERs, each answered by the leader's server only.
+    let probe = site.spawn_probe(0, mac(NODE_MAC), 2.0, 0.2);
+    let results = probe_results(probe);
+    assert!(results.len() >= 5);
+    let leader_ip = site.hosts[leader].ip.to_string();
+    for (xid, servers) in &results {
+        assert!(servers.len() <= 1, "DISCOVER {xid:x} answered by {servers:?}");
+    }
+    let answered: Vec<_> = results.iter().filter(|(_, s)| !s.is_empty()).collect();
+    assert!(answered.len() >= results.len() / 2, "most DISCOVERs answered: {results:?}");
+    assert!(answered.iter().all(|(_, s)| s[0] == leader_ip), "{results:?}");
+    lease_from(&site, leader);
+    // ironguardctl agents shows every member, the leader and their state.
+    let j = wait_for(Duration::from_secs(5), || {
+        let j = agents_json(&site);
+        (j["agents"].as_array()?.len() == 3).then_some(j)
+    })
+    .expect("three agents reported");
+    let elected: Vec<&serde_json::Value> =
+        j["agents"].as_array().unwrap().iter().filter(|a| a["elected"] == true).collect();
+    assert_eq!(elected.len(), 1, "{j}");
+    assert_eq!(elected[0]["agent_id"], format!("pxe-{leader}"));
+    assert_eq!(j["coordination"], "etcd");
+}
+
+#[test]
+fn leader_sigterm_hands_over_at_once() {
+    let mut site = HaSite::new(3, 1);
+    let (old, _) = site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    lease_from(&site, old);
+    let t = Instant::now();
+    let st = signal_agent(&mut site.hosts[old], Signal::SIGTERM);
+    assert!(st.is_some_and(|s| s.success()), "SIGTERM: exit 0");
+    let (new, gap) = site.wait_leader(Some(old), Duration::from_secs(5)).expect("another host leads");
+    eprintln!("SIGTERM handover: pxe-{old} -> pxe-{new} in {:?} (exit after {:?})", gap, t.elapsed());
+    assert!(gap < Duration::from_secs(1), "graceful handover took {gap:?}");
+    assert_eq!(verdict(&site.hosts[old].ns), "CLOSED");
+    lease_from(&site, new);
+}
+
+#[test]
+fn leader_sigkill_closes_at_once_and_a_successor_opens_after_the_lease() {
+    let mut site = HaSite::new(3, 1);
+    let (old, _) = site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    let t = Instant::now();
+    signal_agent(&mut site.hosts[old], Signal::SIGKILL);
+    assert_eq!(verdict(&site.hosts[old].ns), "CLOSED", "the killed host is closed at once (guard)");
+    let (new, _) = site.wait_leader(Some(old), Duration::from_secs(10)).expect("another host leads");
+    let gap = t.elapsed();
+    eprintln!("SIGKILL handover: pxe-{old} -> pxe-{new} after {gap:?}");
+    assert!(gap >= Duration::from_secs(TTL_SECS) - Duration::from_millis(500), "not before the lease expired: {gap:?}");
+    assert!(gap <= Duration::from_secs(TTL_SECS + 2), "{gap:?}");
+    lease_from(&site, new);
+}
+
+#[test]
+fn partitioned_leaders_close_before_successors_open_20_rounds() {
+    let site = HaSite::new(3, 1);
+    site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    let watcher = Watcher::start(&site.hosts);
+    let rounds = 20;
+    let probe = site.spawn_probe(0, mac(NODE_MAC), 9.0 * rounds as f64, 0.25);
+    let mut gaps = Vec::new();
+    for round in 0..rounds {
+        let (old, _) = site
+            .wait_leader(None, Duration::from_secs(15))
+            .unwrap_or_else(|| panic!("round {round}: no leader: {:?}", site.verdicts()));
+        let t = Instant::now();
+        site.partition(old, true);
+        let closed =
+            wait_for(Duration::from_secs(5), || (verdict(&site.hosts[old].ns) != "LEADER").then(|| t.elapsed()));
+        let closed = closed.unwrap_or_else(|| panic!("round {round}: the partitioned leader never closed"));
+        let (new, _) = site
+            .wait_leader(Some(old), Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("round {round}: no successor"));
+        let opened = t.elapsed();
+        assert!(closed < opened, "round {round}: closed after {closed:?}, successor open after {opened:?}");
+        gaps.push(opened - closed);
+        eprintln!("round {round}: pxe-{old} closed after {closed:?}, pxe-{new} open after {opened:?}");
+        site.partition(old, false);
+        // The healed host rejoins as a follower.
+        let rejoined = wait_for(Duration::from_secs(10), || (verdict(&site.hosts[old].ns) == "FOLLOWER").then_some(()));
+        assert!(rejoined.is_some(), "round {round}: pxe-{old} did not rejoin: {:?}", site.verdicts());
+    }
+    let (runs, samples) = watcher.finish();
+    let overlaps = dual_open(&runs);
+    eprintln!("watcher: {samples} kernel samples; dual-open instants: {overlaps:?}");
+    assert!(samples > 1000, "the watcher sampled: {samples}");
+    assert!(overlaps.is_empty(), "two hosts had the pass rule at the same instant: {overlaps:?}");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(probe.id() as i32), Signal::SIGTERM);
+    let results = probe_results(probe);
+    let doubles: Vec<_> = results.iter().filter(|(_, s)| s.len() > 1).collect();
+    eprintln!(
+        "probe: {} DISCOVERs, {} answered, {} answered twice",
+        results.len(),
+        results.iter().filter(|(_, s)| !s.is_empty()).count(),
+        doubles.len()
+    );
+    assert!(doubles.is_empty(), "offers from two servers to one DISCOVER: {doubles:?}");
+}
+
+#[test]
+fn etcd_down_blocks_everyone_within_the_ttl_and_recovers_by_itself() {
+    let mut site = HaSite::new(3, 1);
+    site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    let t = Instant::now();
+    site.etcd.stop();
+    let blocked = wait_for(Duration::from_secs(TTL_SECS + 2), || {
+        site.verdicts().iter().all(|v| v == "BLOCKED").then(|| t.elapsed())
+    });
+    let blocked = blocked.unwrap_or_else(|| panic!("not all blocked: {:?}", site.verdicts()));
+    eprintln!("etcd down: all hosts BLOCKED after {blocked:?}");
+    assert!(blocked <= Duration::from_secs(TTL_SECS), "{blocked:?}");
+    assert!(site.dhcp(0, mac(NODE_MAC)).is_none(), "no lease without etcd");
+    let t = Instant::now();
+    site.etcd.restart();
+    let (l, _) = site.wait_leader(None, Duration::from_secs(20)).expect("a leader again once etcd is back");
+    eprintln!("etcd back: pxe-{l} leads after {:?}", t.elapsed());
+    lease_from(&site, l);
+}
+
+#[test]
+fn the_leaders_dnsmasq_dies_and_another_host_leads() {
+    let mut site = HaSite::new(3, 1);
+    let (old, _) = site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    site.hosts[old].dnsmasq.proc.kill();
+    let (new, took) = site.wait_leader(Some(old), Duration::from_secs(10)).expect("another host leads");
+    eprintln!("dnsmasq on pxe-{old} killed: pxe-{new} leads after {took:?}");
+    assert_eq!(verdict(&site.hosts[old].ns), "FOLLOWER");
+    lease_from(&site, new);
+}
+
+#[test]
+fn one_control_plane_replica_dies_and_agents_continue_from_the_other() {
+    let mut site = HaSite::new(3, 1);
+    let (leader, _) = site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    // Deny the node on the first replica; every agent applies it.
+    let ctl_on = |url: &str, args: &[&str]| {
+        let mut a = vec!["--controlplane", url];
+        a.extend_from_slice(args);
+        ctl(&site.mgmt, &a)
+    };
+    assert!(ctl_on("http://10.90.0.1:9100", &["filters", "deny", NODE_MAC]).status.success());
+    assert!(wait_for(Duration::from_secs(5), || site.dhcp(0, mac(NODE_MAC)).is_none().then_some(())).is_some());
+    let snapshots =
+        |i: usize| metric(&site.hosts[i].ns, "127.0.0.1:9181", "ironguard_agent_snapshots_applied").unwrap_or(-1.0);
+    let before: Vec<f64> = (0..3).map(snapshots).collect();
+    site.cps[0].kill9();
+    // A change through the surviving replica reaches the agents, which moved to it without a full reload.
+    assert!(ctl_on("http://10.90.0.1:9110", &["filters", "allow", NODE_MAC]).status.success());
+    let got = wait_for(Duration::from_secs(15), || site.dhcp(0, mac(NODE_MAC)));
+    assert_eq!(got.expect("allowed via the other replica").server_id, site.hosts[leader].ip);
+    let resumed = wait_for(Duration::from_secs(10), || {
+        (0..3)
+            .all(|i| {
+                metric(&site.hosts[i].ns, "127.0.0.1:9181", "ironguard_agent_stream_resumes").unwrap_or(0.0) >= 1.0
+            })
+            .then_some(())
+    });
+    assert!(resumed.is_some(), "every agent resumed on the other replica");
+    let after: Vec<f64> = (0..3).map(snapshots).collect();
+    assert_eq!(before, after, "no full reload");
+}
