@@ -6,10 +6,13 @@
 //!   ironic-inspector does), one-MAC add/delete at 100k, and mode switches.
 //! - `filters`: end-to-end latency from `UpdatePxeFilters` to the MAC in the kernel sets of 1 and 3 agents,
 //!   a burst of single-MAC updates, and memory of the agent and control plane (real binaries, namespaces).
+//! - `ha`: failover gaps for SIGTERM, SIGKILL and partition over many rounds, dual-open instants (must be 0),
+//!   and recovery after etcd comes back (three PXE hosts, real etcd, namespaces).
 #![forbid(unsafe_code)]
 
 mod dataplane;
 mod filters;
+mod ha;
 mod stats;
 
 use std::path::PathBuf;
@@ -29,6 +32,8 @@ enum Command {
     Dataplane(dataplane::Args),
     /// Filter service: UpdatePxeFilters -> kernel latency with 1 and 3 agents, bursts, memory.
     Filters(filters::Args),
+    /// High availability: failover gaps and dual-open instants over many rounds.
+    Ha(ha::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,6 +41,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Dataplane(args) => dataplane::run(args),
         Command::Filters(args) => filters::run(args),
+        Command::Ha(args) => ha::run(args),
     }
 }
 

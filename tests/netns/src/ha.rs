@@ -195,30 +195,44 @@ impl Watcher {
         Self { stop, threads }
     }
 
+    /// The same as [`Watcher::start`] (for the benchmark, which wants the raw samples).
+    pub fn start_raw(hosts: &[PxeHost]) -> Self {
+        Self::start(hosts)
+    }
+
+    /// Stops sampling; returns every host's samples: (started, finished, open).
+    pub fn finish_raw(self) -> Vec<Vec<(Instant, Instant, bool)>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads.into_iter().map(|t| t.join().expect("watcher")).collect()
+    }
+
     /// Stops sampling; returns per host the intervals during which it was certainly open, and the sample count.
     pub fn finish(self) -> (Vec<Vec<(Instant, Instant)>>, usize) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut all = Vec::new();
-        let mut n = 0;
-        for t in self.threads {
-            let samples = t.join().expect("watcher");
-            n += samples.len();
-            // Consecutive open samples: certainly open from the end of the first to the start of the last.
+        let samples = self.finish_raw();
+        let n = samples.iter().map(|s| s.len()).sum();
+        (certain_runs(&samples), n)
+    }
+}
+
+/// Consecutive open samples of a host: certainly open from the end of the first to the start of the last.
+pub fn certain_runs(samples: &[Vec<(Instant, Instant, bool)>]) -> Vec<Vec<(Instant, Instant)>> {
+    samples
+        .iter()
+        .map(|host| {
             let mut runs = Vec::new();
             let mut cur: Option<(Instant, Instant)> = None;
-            for (ts, te, open) in samples {
+            for &(ts, te, open) in host {
                 match (open, &mut cur) {
                     (true, None) => cur = Some((te, ts)),
                     (true, Some(run)) => run.1 = ts,
-                    (false, Some(_)) => runs.push(cur.take().expect("run")),
+                    (false, Some(_)) => runs.extend(cur.take()),
                     (false, None) => {}
                 }
             }
             runs.extend(cur);
-            all.push(runs.into_iter().filter(|(a, b)| b > a).collect());
-        }
-        (all, n)
-    }
+            runs.into_iter().filter(|(a, b)| b > a).collect()
+        })
+        .collect()
 }
 
 /// Instants at which two hosts were certainly open together: (host a, host b, overlap).

@@ -67,18 +67,17 @@ pub fn require_privileges() {
     }
 }
 
-/// Path of a workspace binary (built by `cargo build --workspace` before the tests run).
+/// Path of a workspace binary (built by `cargo build --workspace` before the tests run): next to the running
+/// executable (a benchmark in target/<profile>/) or one directory up (a test in target/<profile>/deps/).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: build the workspace binaries first (cargo build --workspace --bins)",
-        p.display()
-    );
-    p
+    let dir = exe.parent().expect("exe dir");
+    for candidate in [dir.join(name), dir.parent().map(|p| p.join(name)).unwrap_or_default()] {
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!("{name} is missing next to {}: build the workspace binaries first (cargo build --workspace --bins)", exe.display());
 }
 
 /// Runs a command to completion; panics with its output if it fails.
