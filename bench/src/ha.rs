@@ -39,7 +39,8 @@ fn gaps(samples: &[Vec<(Instant, Instant, bool)>], failovers: &[Failover]) -> Ve
         .filter_map(|f| {
             let new_open = samples[f.new].iter().filter(|s| s.2 && s.0 >= f.at).map(|s| s.0).min()?;
             let since = f.at.checked_sub(Duration::from_secs(5)).unwrap_or(f.at);
-            let old_last = samples[f.old].iter().filter(|s| s.2 && s.0 >= since && s.0 <= new_open).map(|s| s.1).max()?;
+            let old_last =
+                samples[f.old].iter().filter(|s| s.2 && s.0 >= since && s.0 <= new_open).map(|s| s.1).max()?;
             Some(new_open.saturating_duration_since(old_last))
         })
         .collect()
@@ -49,7 +50,9 @@ fn run_kind(site: &mut HaSite, kind: &str, rounds: usize) -> anyhow::Result<(Sam
     let watcher = Watcher::start_raw(&site.hosts);
     let mut failovers = Vec::new();
     for round in 0..rounds {
-        let (old, _) = site.wait_leader(None, Duration::from_secs(20)).with_context(|| format!("{kind} round {round}: no leader"))?;
+        let (old, _) = site
+            .wait_leader(None, Duration::from_secs(20))
+            .with_context(|| format!("{kind} round {round}: no leader"))?;
         let at = Instant::now();
         match kind {
             "sigterm" => {
@@ -121,8 +124,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         site.wait_leader(None, Duration::from_secs(30)).context("no leader before the etcd outage")?;
         let t = Instant::now();
         site.etcd.stop();
-        let c = wait_for(Duration::from_secs(10), || site.verdicts().iter().all(|v| v == "BLOCKED").then(|| t.elapsed()))
-            .context("not every host blocked without etcd")?;
+        let c =
+            wait_for(Duration::from_secs(10), || site.verdicts().iter().all(|v| v == "BLOCKED").then(|| t.elapsed()))
+                .context("not every host blocked without etcd")?;
         closed.push(c);
         let t = Instant::now();
         site.etcd.restart();
@@ -135,8 +139,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         json!({"rounds": back.len(), "all_blocked_p50_ms": ms(closed.median()), "all_blocked_max_ms": ms(closed.percentile(100.0)),
             "leader_again_p50_ms": ms(back.median()), "leader_again_max_ms": ms(back.percentile(100.0))}),
     );
-    println!("ironguard HA benchmark — 3 PXE hosts (dnsmasq + agent each), etcd, 2 control-plane replicas; TTL {TTL_SECS} s, margin 1 s");
-    println!("gap = new leader's first open kernel sample − old leader's last open sample (watcher samples every host every ~2 ms)");
+    println!(
+        "ironguard HA benchmark — 3 PXE hosts (dnsmasq + agent each), etcd, 2 control-plane replicas; TTL {TTL_SECS} s, margin 1 s"
+    );
+    println!(
+        "gap = new leader's first open kernel sample − old leader's last open sample (watcher samples every host every ~2 ms)"
+    );
     println!();
     println!("| failover | rounds | gap p50 | gap p99 | gap max | dual-open instants | kernel samples | goal |");
     println!("|---|---:|---:|---:|---:|---:|---:|---|");

@@ -28,12 +28,47 @@ impl EtcdProcess {
         Self::start(tag, None, "127.0.0.1", free_port(), free_port())
     }
 
+    /// Starts etcd on 127.0.0.1 serving clients over TLS and requiring client certificates signed by `tls.ca`.
+    pub fn start_loopback_tls(tag: &str, tls: &TlsFiles) -> Self {
+        let (client, peer) = (free_port(), free_port());
+        let mut e = Self::prepare(tag, None, "127.0.0.1", client, peer);
+        e.url = format!("https://127.0.0.1:{client}");
+        let mut args = e.args.clone();
+        for (i, a) in args.clone().iter().enumerate() {
+            if a == "--listen-client-urls" || a == "--advertise-client-urls" {
+                args[i + 1] = e.url.clone();
+            }
+        }
+        args.extend(
+            [
+                "--cert-file",
+                &tls.server_cert.display().to_string(),
+                "--key-file",
+                &tls.server_key.display().to_string(),
+                "--trusted-ca-file",
+                &tls.ca.display().to_string(),
+                "--client-cert-auth",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        e.args = args;
+        e.spawn();
+        e
+    }
+
     /// Starts etcd listening on `host` inside the named namespace (ports may be fixed: the namespace is private).
     pub fn start_in(tag: &str, netns: &str, host: &str, client_port: u16, peer_port: u16) -> Self {
         Self::start(tag, Some(netns.to_string()), host, client_port, peer_port)
     }
 
     fn start(tag: &str, netns: Option<String>, host: &str, client: u16, peer: u16) -> Self {
+        let mut e = Self::prepare(tag, netns, host, client, peer);
+        e.spawn();
+        e
+    }
+
+    fn prepare(tag: &str, netns: Option<String>, host: &str, client: u16, peer: u16) -> Self {
         let found = Command::new("sh")
             .args(["-c", "command -v etcd"])
             .stdout(Stdio::null())
@@ -62,9 +97,7 @@ impl EtcdProcess {
             "--max-txn-ops".into(),
             "1024".into(),
         ];
-        let mut e = Self { child: None, dir, url, args, netns, host: host.to_string(), port: client };
-        e.spawn();
-        e
+        Self { child: None, dir, url, args, netns, host: host.to_string(), port: client }
     }
 
     fn spawn(&mut self) {
@@ -117,5 +150,47 @@ impl Drop for EtcdProcess {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(format!("{}.log", self.dir.display()));
+    }
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
+#[derive(Debug)]
+pub struct TlsFiles {
+    pub dir: crate::TempDir,
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl TlsFiles {
+    pub fn generate() -> Self {
+        let dir = crate::TempDir::new("tls");
+        let p = |n: &str| dir.join(n);
+        let sh = |script: &str| {
+            let st = Command::new("sh").arg("-c").arg(script).current_dir(dir.path()).stderr(Stdio::null()).status();
+            assert!(st.is_ok_and(|s| s.success()), "openssl failed: {script}");
+        };
+        sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca");
+        std::fs::write(p("server.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+            .expect("ext");
+        sh("openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=etcd");
+        sh(
+            "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile server.ext",
+        );
+        std::fs::write(p("client.ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
+        sh("openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=ironguard");
+        sh(
+            "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2 -extfile client.ext",
+        );
+        Self {
+            ca: p("ca.pem"),
+            server_cert: p("server.pem"),
+            server_key: p("server.key"),
+            client_cert: p("client.pem"),
+            client_key: p("client.key"),
+            dir,
+        }
     }
 }

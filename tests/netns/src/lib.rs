@@ -26,7 +26,7 @@ use ironguard_nft::MacAddr;
 
 pub mod etcd;
 pub mod ha;
-pub use etcd::EtcdProcess;
+pub use etcd::{EtcdProcess, TlsFiles};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -77,7 +77,10 @@ pub fn bin(name: &str) -> PathBuf {
             return candidate;
         }
     }
-    panic!("{name} is missing next to {}: build the workspace binaries first (cargo build --workspace --bins)", exe.display());
+    panic!(
+        "{name} is missing next to {}: build the workspace binaries first (cargo build --workspace --bins)",
+        exe.display()
+    );
 }
 
 /// Runs a command to completion; panics with its output if it fails.
