@@ -605,6 +605,11 @@ impl ControlPlane {
 /// An `ironguard-agent run` in a namespace, with a configuration file written from `toml`; waits until its
 /// admin endpoint answers.
 pub fn start_agent(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[&str]>) -> Proc {
+    start_agent_env(ns, dir, toml, wrapper, &[])
+}
+
+/// Like [`start_agent`], with extra environment variables (e.g. `NOTIFY_SOCKET`).
+pub fn start_agent_env(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[&str]>, env: &[(&str, &str)]) -> Proc {
     let cfg = dir.join(&unique("agent-config"));
     std::fs::write(&cfg, toml).expect("write agent config");
     let admin = toml
@@ -621,6 +626,9 @@ pub fn start_agent(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[&str
         None => ns.cmd(bin("ironguard-agent")),
     };
     cmd.arg("--config").arg(&cfg).arg("run").env("RUST_LOG", "info,ironguard_agent=debug");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     let mut p = Proc::spawn("ironguard-agent run", cmd, dir.join(&unique("agent-log")));
     let ok = wait_for(Duration::from_secs(10), || {
         if !p.running() {

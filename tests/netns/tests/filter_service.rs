@@ -309,3 +309,47 @@ fn the_agent_runs_as_a_non_root_user_with_only_cap_net_admin() {
     assert!(got.is_some(), "the unprivileged agent serves the allowed MAC:\n{}", agent.log_text());
     assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_none());
 }
+
+#[test]
+fn a_deleted_guard_is_reinstalled_by_the_reconcile_loop() {
+    let site = Site::new(1, 30);
+    let out = site.lan.pxe.nft(&["delete", "table", "inet", "ironguard_guard"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(verdict(&site.lan.pxe), "UNGUARDED");
+    // The test configuration reconciles every ~5 s (±20 %).
+    let back = wait_for(Duration::from_secs(10), || (verdict(&site.lan.pxe) == "LEADER").then_some(()));
+    assert!(back.is_some(), "the guard was not repaired:\n{}", site.agent.log_text());
+    assert!(metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_drift_repairs").unwrap_or(0.0) >= 1.0);
+}
+
+#[test]
+fn the_agent_notifies_systemd_ready_and_pings_the_watchdog() {
+    use std::os::unix::net::UnixDatagram;
+    let lan = PxeLan::new(1);
+    let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &[]);
+    // The notify socket lives in the filesystem, so it works across network namespaces.
+    let path = lan.dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let toml = agent_toml("agent-sd", &cp.url(), "br0", AGENT_ADMIN, 30);
+    let _agent = start_agent_env(
+        &lan.pxe,
+        &lan.dir,
+        &toml,
+        None,
+        &[("NOTIFY_SOCKET", path.to_str().unwrap()), ("WATCHDOG_USEC", "2000000")],
+    );
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5)
+        && !(got.iter().any(|m: &String| m.contains("READY=1"))
+            && got.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 2)
+    {
+        if let Ok(n) = sock.recv(&mut buf) {
+            got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    assert!(got.iter().any(|m| m.contains("READY=1")), "READY=1 sent: {got:?}");
+    assert!(got.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 2, "watchdog pings: {got:?}");
+}
