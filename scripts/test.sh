@@ -10,11 +10,10 @@ echo "== build"
 cargo build --workspace --all-targets --locked
 echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== unit and integration tests"
-cargo test --workspace --locked --exclude ironguard-netns-tests
-echo "== end-to-end tests in network namespaces (real kernel, dnsmasq, udhcpc)"
-# Mostly waiting on DHCP timeouts, so more threads than cores.
-cargo test -p ironguard-netns-tests --locked -- --test-threads 8
+echo "== unit, integration and end-to-end tests (network namespaces: real kernel, dnsmasq, udhcpc, etcd)"
+# One invocation for the whole workspace (no second build with other features). The end-to-end tests mostly wait
+# on DHCP timeouts and leases, so more threads than cores.
+cargo test --workspace --locked -- --test-threads 8
 echo "== benchmark smoke run (small sizes; full figures: see docs/benchmarks.md)"
 target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
   --json target/bench-smoke/dataplane.json

@@ -16,6 +16,7 @@ pub mod admin;
 pub mod agents;
 pub mod config;
 pub mod filter;
+pub mod inspection;
 pub mod metrics;
 pub mod service;
 pub mod singleton;

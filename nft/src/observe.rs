@@ -217,9 +217,15 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
         let mut observed = Observed { guard: None, owned: None };
         let mut consistent = true;
         for mut t in tables {
-            match read_contents(&sock, &mut t, with_members)? {
-                Dumped::Complete => {}
-                Dumped::Interrupted => consistent = false,
+            match read_contents(&sock, &mut t, with_members) {
+                Ok(Dumped::Complete) => {}
+                Ok(Dumped::Interrupted) => consistent = false,
+                // The table vanished between the listing and this dump (its owner exited): read again.
+                Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => {
+                    consistent = false;
+                    continue;
+                }
+                Err(e) => return Err(e),
             }
             if t.name == GUARD_TABLE {
                 observed.guard = Some(t);

@@ -1,0 +1,338 @@
+//! The etcd inspection store, shared by control-plane replicas.
+//!
+//! ```text
+//! <prefix>/inspect/nodes/<uuid>     node record (compare-and-swap on its modification revision)
+//! <prefix>/inspect/data/<uuid>      ramdisk data
+//! <prefix>/inspect/queue/<id:020>   queued request and who holds it
+//! <prefix>/inspect/seq              the last request id
+//! ```
+//!
+//! Taking a request is a transaction guarded by the entry's modification revision, so two replicas never take the
+//! same request at once; a watch on the queue wakes this replica's workers when another replica enqueues.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
+use ironguard_coord::etcd::EtcdCoordinator;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{InspectionStore, InspectionStoreError, QueueEntry, pick};
+use crate::inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
+
+fn e(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> InspectionStoreError {
+    move |source| InspectionStoreError::Backend { op, source: Box::new(source) }
+}
+
+fn corrupt(e: serde_json::Error) -> InspectionStoreError {
+    InspectionStoreError::Corrupt(e.to_string())
+}
+
+/// Inspections in etcd.
+pub struct EtcdInspections {
+    c: EtcdCoordinator,
+    root: String,
+    wake: watch::Sender<u64>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for EtcdInspections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdInspections").field("root", &self.root).finish()
+    }
+}
+
+impl Drop for EtcdInspections {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl EtcdInspections {
+    pub fn new(c: EtcdCoordinator) -> Self {
+        let root = c.full("inspect/");
+        let (wake, _) = watch::channel(0);
+        let stop = CancellationToken::new();
+        // Wake local workers when any replica writes to the queue.
+        let (client, queue, tx, stop2) = (c.client(), format!("{root}queue/"), wake.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut client = client;
+            loop {
+                if let Ok(mut w) = client.watch(queue.clone(), Some(WatchOptions::new().with_prefix())).await {
+                    loop {
+                        tokio::select! {
+                            m = w.message() => match m { Ok(Some(_)) => tx.send_modify(|v| *v += 1), _ => break },
+                            _ = stop2.cancelled() => return,
+                        }
+                    }
+                }
+                tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop2.cancelled() => return }
+            }
+        });
+        Self { c, root, wake, stop }
+    }
+
+    fn node_key(&self, node: &str) -> String {
+        format!("{}nodes/{node}", self.root)
+    }
+
+    fn data_key(&self, node: &str) -> String {
+        format!("{}data/{node}", self.root)
+    }
+
+    fn queue_key(&self, id: u64) -> String {
+        format!("{}queue/{id:020}", self.root)
+    }
+
+    async fn get_raw(&self, key: String) -> Result<Option<(Vec<u8>, i64)>, InspectionStoreError> {
+        let r = self
+            .c
+            .retry("get", |mut cl| {
+                let k = key.clone();
+                async move { cl.get(k, None).await }
+            })
+            .await
+            .map_err(e("read"))?;
+        Ok(r.kvs().first().map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+    }
+
+    /// Queue entries with their modification revisions, in id order.
+    async fn queue(&self) -> Result<Vec<(QueueEntry, i64)>, InspectionStoreError> {
+        let prefix = format!("{}queue/", self.root);
+        let r = self
+            .c
+            .retry("read the queue", |mut cl| {
+                let p = prefix.clone();
+                async move { cl.get(p, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(e("read the queue"))?;
+        r.kvs()
+            .iter()
+            .map(|kv| Ok((serde_json::from_slice::<QueueEntry>(kv.value()).map_err(corrupt)?, kv.mod_revision())))
+            .collect()
+    }
+
+    /// Rewrites one entry if it did not change since `rev` (false: it did, or it is gone).
+    async fn cas_entry(&self, entry: Option<&QueueEntry>, id: u64, rev: i64) -> Result<bool, InspectionStoreError> {
+        let key = self.queue_key(id);
+        let op = match entry {
+            Some(en) => TxnOp::put(key.clone(), serde_json::to_vec(en).map_err(corrupt)?, None),
+            None => TxnOp::delete(key.clone(), None),
+        };
+        let r = self
+            .c
+            .retry("update the queue", |mut cl| {
+                let txn =
+                    Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)]).and_then([op.clone()]);
+                async move { cl.txn(txn).await }
+            })
+            .await
+            .map_err(e("update the queue"))?;
+        Ok(r.succeeded())
+    }
+
+    async fn update_entry(
+        &self,
+        id: u64,
+        f: impl Fn(QueueEntry) -> Option<QueueEntry> + Send + Sync,
+    ) -> Result<(), InspectionStoreError> {
+        for _ in 0..20 {
+            let Some((raw, rev)) = self.get_raw(self.queue_key(id)).await? else { return Ok(()) };
+            let cur: QueueEntry = serde_json::from_slice(&raw).map_err(corrupt)?;
+            if self.cas_entry(f(cur).as_ref(), id, rev).await? {
+                return Ok(());
+            }
+        }
+        Err(InspectionStoreError::Backend { op: "update the queue", source: "too much contention".into() })
+    }
+}
+
+#[async_trait]
+impl InspectionStore for EtcdInspections {
+    async fn get(&self, node: &str) -> Result<Option<NodeRecord>, InspectionStoreError> {
+        match self.get_raw(self.node_key(node)).await? {
+            Some((v, _)) => Ok(Some(serde_json::from_slice(&v).map_err(corrupt)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<NodeRecord>, InspectionStoreError> {
+        let prefix = format!("{}nodes/", self.root);
+        let r = self
+            .c
+            .retry("list nodes", |mut cl| {
+                let p = prefix.clone();
+                async move { cl.get(p, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(e("list nodes"))?;
+        r.kvs().iter().map(|kv| serde_json::from_slice(kv.value()).map_err(corrupt)).collect()
+    }
+
+    async fn save(&self, rec: &mut NodeRecord) -> Result<(), InspectionStoreError> {
+        let key = self.node_key(&rec.uuid);
+        let mut next = rec.clone();
+        next.version = rec.version + 1;
+        next.updated_at = now_ms();
+        let v = serde_json::to_vec(&next).map_err(corrupt)?;
+        // The stored version must be the one we read.
+        let (found, rev) = match self.get_raw(key.clone()).await? {
+            Some((raw, rev)) => (serde_json::from_slice::<NodeRecord>(&raw).map_err(corrupt)?.version, rev),
+            None => (0, 0),
+        };
+        if found != rec.version {
+            return Err(InspectionStoreError::Conflict { node: rec.uuid.clone(), expected: rec.version, found });
+        }
+        let guard = if rev == 0 {
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+        } else {
+            Compare::mod_revision(key.clone(), CompareOp::Equal, rev)
+        };
+        let r = self
+            .c
+            .retry("save a node", |mut cl| {
+                let txn = Txn::new().when([guard.clone()]).and_then([TxnOp::put(key.clone(), v.clone(), None)]);
+                async move { cl.txn(txn).await }
+            })
+            .await
+            .map_err(e("save a node"))?;
+        if !r.succeeded() {
+            return Err(InspectionStoreError::Conflict {
+                node: rec.uuid.clone(),
+                expected: rec.version,
+                found: rec.version + 1,
+            });
+        }
+        *rec = next;
+        Ok(())
+    }
+
+    async fn remove(&self, node: &str) -> Result<(), InspectionStoreError> {
+        for key in [self.node_key(node), self.data_key(node)] {
+            self.c
+                .retry("remove a node", |mut cl| {
+                    let k = key.clone();
+                    async move { cl.delete(k, None).await }
+                })
+                .await
+                .map_err(e("remove a node"))?;
+        }
+        Ok(())
+    }
+
+    async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), InspectionStoreError> {
+        let (k, v) = (self.data_key(node), serde_json::to_vec(data).map_err(corrupt)?);
+        self.c
+            .retry("store data", |mut cl| {
+                let (k, v) = (k.clone(), v.clone());
+                async move { cl.put(k, v, None).await }
+            })
+            .await
+            .map_err(e("store data"))?;
+        Ok(())
+    }
+
+    async fn get_data(&self, node: &str) -> Result<Option<serde_json::Value>, InspectionStoreError> {
+        match self.get_raw(self.data_key(node)).await? {
+            Some((v, _)) => Ok(Some(serde_json::from_slice(&v).map_err(corrupt)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, InspectionStoreError> {
+        let seq = format!("{}seq", self.root);
+        for _ in 0..50 {
+            let (last, rev) = match self.get_raw(seq.clone()).await? {
+                Some((v, rev)) => (String::from_utf8_lossy(&v).parse::<u64>().unwrap_or(0), rev),
+                None => (0, 0),
+            };
+            let id = last + 1;
+            let entry = QueueEntry {
+                request: Request { id, node: node.to_string(), kind, args: args.clone(), enqueued_at: now_ms() },
+                worker: None,
+                lease_until: 0,
+                attempts: 0,
+                available_at: 0,
+            };
+            let guard = if rev == 0 {
+                Compare::create_revision(seq.clone(), CompareOp::Equal, 0)
+            } else {
+                Compare::mod_revision(seq.clone(), CompareOp::Equal, rev)
+            };
+            let ops = vec![
+                TxnOp::put(seq.clone(), id.to_string(), None),
+                TxnOp::put(self.queue_key(id), serde_json::to_vec(&entry).map_err(corrupt)?, None),
+            ];
+            let r = self
+                .c
+                .retry("enqueue", |mut cl| {
+                    let txn = Txn::new().when([guard.clone()]).and_then(ops.clone());
+                    async move { cl.txn(txn).await }
+                })
+                .await
+                .map_err(e("enqueue"))?;
+            if r.succeeded() {
+                self.wake.send_modify(|v| *v += 1);
+                return Ok(id);
+            }
+        }
+        Err(InspectionStoreError::Backend { op: "enqueue", source: "too much contention".into() })
+    }
+
+    async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, InspectionStoreError> {
+        for _ in 0..10 {
+            let q = self.queue().await?;
+            let now = now_ms();
+            let entries: Vec<QueueEntry> = q.iter().map(|(e, _)| e.clone()).collect();
+            let Some(i) = pick(&entries, now) else { return Ok(None) };
+            let (mut en, rev) = q[i].clone();
+            en.worker = Some(worker.to_string());
+            en.lease_until = now + lease.as_millis() as u64;
+            en.attempts += 1;
+            if self.cas_entry(Some(&en), en.request.id, rev).await? {
+                return Ok(Some(Taken {
+                    request: en.request,
+                    attempt: en.attempts,
+                    worker: worker.to_string(),
+                    lease_until: en.lease_until,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), InspectionStoreError> {
+        let worker = taken.worker.clone();
+        self.update_entry(taken.request.id, move |mut en| {
+            if en.worker.as_deref() == Some(worker.as_str()) {
+                en.lease_until = now_ms() + lease.as_millis() as u64;
+            }
+            Some(en)
+        })
+        .await
+    }
+
+    async fn consume(&self, taken: &Taken) -> Result<(), InspectionStoreError> {
+        self.update_entry(taken.request.id, |_| None).await
+    }
+
+    async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), InspectionStoreError> {
+        self.update_entry(taken.request.id, move |mut en| {
+            en.worker = None;
+            en.lease_until = 0;
+            en.available_at = now_ms() + delay.as_millis() as u64;
+            Some(en)
+        })
+        .await
+    }
+
+    async fn pending(&self) -> Result<Vec<Request>, InspectionStoreError> {
+        Ok(self.queue().await?.into_iter().map(|(e, _)| e.request).collect())
+    }
+
+    fn wakeups(&self) -> watch::Receiver<u64> {
+        self.wake.subscribe()
+    }
+}
