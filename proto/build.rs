@@ -2,7 +2,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
-    let protos = ["ironguard/v1/filter.proto"];
+    let protos = ["ironguard/v1/filter.proto", "ironguard/v1/inspection.proto"];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

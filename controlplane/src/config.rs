@@ -4,7 +4,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use ironguard_coord::EtcdConfig;
-use ironguard_nft::UnknownMacPolicy;
+
+use crate::inspection::engine::InspectionConfig;
+use crate::inspection::periodic::{PolicySetting, SyncConfig};
+use crate::ironic::IronicConfig;
 use serde::{Deserialize, Serialize};
 
 /// Where the control plane looks for its configuration when `--config` is not given.
@@ -20,6 +23,12 @@ pub struct ControlPlaneConfig {
     pub log: LogConfig,
     /// etcd: shared state for replicated control planes. Empty endpoints: the embedded store.
     pub etcd: EtcdConfig,
+    /// Ironic's REST API.
+    pub ironic: IronicConfig,
+    /// Inspections run by ironguard.
+    pub inspection: InspectionConfig,
+    /// Synchronisation with Ironic and the other singleton periodic tasks.
+    pub sync: SyncConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,8 +56,9 @@ pub struct StoreConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FilterConfig {
-    /// What the leader agent does with MACs in neither set.
-    pub unknown_mac_policy: UnknownMacPolicy,
+    /// What the leader agent does with MACs in neither set: allow, deny, or while-inspecting (allowed only while
+    /// some node is inspected, or with `[sync] auto_discovery`).
+    pub unknown_mac_policy: PolicySetting,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,7 +96,7 @@ impl Default for StoreConfig {
 
 impl Default for FilterConfig {
     fn default() -> Self {
-        Self { unknown_mac_policy: UnknownMacPolicy::Allow }
+        Self { unknown_mac_policy: PolicySetting::Allow }
     }
 }
 
@@ -126,6 +136,10 @@ impl ControlPlaneConfig {
             anyhow::bail!("store.change_log_length must be at least 1");
         }
         self.etcd.validate().map_err(|e| anyhow::anyhow!("[etcd]: {e}"))?;
+        self.ironic.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        if self.inspection.request_lease_ms < 1000 {
+            anyhow::bail!("[inspection] request_lease_ms must be at least 1000");
+        }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             anyhow::bail!("log.format must be \"text\" or \"json\", not {:?}", self.log.format);
         }

@@ -5,6 +5,8 @@
 //! - [`service`]: the `PxeFilter` gRPC service (UpdatePxeFilters, WatchFilters, ReportStatus, …).
 //! - [`agents`]: what each agent last reported, and who leads each network.
 //! - [`singleton`]: periodic tasks run by the elected control-plane leader only.
+//! - [`inspection`]: the inspection engine (state machine, work queue, workers, tasks, gRPC `Inspection`).
+//! - [`ironic`]: the Ironic REST client.
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`config`]: TOML + environment + flags.
 //!
@@ -17,6 +19,7 @@ pub mod agents;
 pub mod config;
 pub mod filter;
 pub mod inspection;
+pub mod ironic;
 pub mod metrics;
 pub mod service;
 pub mod singleton;
@@ -37,8 +40,16 @@ use tracing::info;
 pub use config::ControlPlaneConfig;
 
 use ironguard_coord::Coordinator;
+use ironguard_proto::v1::inspection_server::InspectionServer;
 
 use crate::agents::AgentRegistry;
+use crate::inspection::engine::{CrashPoint, Engine, RecordData};
+use crate::inspection::periodic::PolicySetting;
+use crate::inspection::service::InspectionService;
+use crate::inspection::store::InspectionStore;
+use crate::inspection::store::embedded::EmbeddedInspections;
+use crate::inspection::store::etcd::EtcdInspections;
+use crate::ironic::Ironic;
 use crate::metrics::Metrics;
 use crate::service::PxeFilterService;
 use crate::store::FilterStore;
@@ -46,6 +57,9 @@ use crate::store::embedded::EmbeddedStore;
 
 /// A control plane with its listeners bound, ready to [`run`](Server::run).
 pub struct Server {
+    /// The inspection engine (its workers start with [`Server::run`]).
+    pub engine: Arc<Engine>,
+    periodic: Vec<singleton::PeriodicTask>,
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub store: Arc<dyn FilterStore>,
@@ -87,7 +101,12 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         (Arc::new(store), AgentRegistry::local(stale), Arc::new(ironguard_coord::local::LocalCoordinator::new()))
     };
     // Publish the configured unknown-MAC policy (a new revision only if it differs from the stored one).
-    store.apply(vec![], Some(config.filter.unknown_mac_policy)).await.context("recording the unknown-MAC policy")?;
+    // while-inspecting starts closed; the ironic-inspection task opens it while something is inspected.
+    let initial_policy = match config.filter.unknown_mac_policy {
+        PolicySetting::Allow => ironguard_nft::UnknownMacPolicy::Allow,
+        PolicySetting::Deny | PolicySetting::WhileInspecting => ironguard_nft::UnknownMacPolicy::Deny,
+    };
+    store.apply(vec![], Some(initial_policy)).await.context("recording the unknown-MAC policy")?;
     let metrics = Arc::new(Metrics::new());
     let grpc = TcpListener::bind(config.server.grpc_listen)
         .await
@@ -95,11 +114,33 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let admin = TcpListener::bind(config.server.admin_listen)
         .await
         .with_context(|| format!("binding the admin listener on {}", config.server.admin_listen))?;
+    let agents = Arc::new(agents);
+    let inspections: Arc<dyn InspectionStore> = if config.etcd.enabled() {
+        let c = ironguard_coord::etcd::EtcdCoordinator::connect(&config.etcd).await?;
+        Arc::new(EtcdInspections::new(c))
+    } else {
+        Arc::new(EmbeddedInspections::open(&config.store.data_dir).context("opening the inspection store")?)
+    };
+    let ironic = if config.ironic.url.is_empty() {
+        None
+    } else {
+        Some(Arc::new(Ironic::new(config.ironic.clone()).context("configuring the Ironic client")?))
+    };
+    let engine = Arc::new(Engine {
+        store: inspections,
+        filters: store.clone(),
+        agents: agents.clone(),
+        ironic,
+        coord: coord.clone(),
+        cfg: config.inspection.clone(),
+        hooks: vec![Box::new(RecordData)],
+        crash: CrashPoint::from_env(),
+    });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let service = PxeFilterService {
         stopping: stop_rx,
         store: store.clone(),
-        agents: Arc::new(agents),
+        agents,
         metrics: metrics.clone(),
         heartbeat: Duration::from_secs(config.server.heartbeat_secs),
     };
@@ -115,7 +156,10 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         config.server.replica_id.clone()
     };
     let (leading_tx, leading) = tokio::sync::watch::channel(false);
+    let periodic = inspection::periodic::tasks(engine.clone(), config.sync.clone(), config.filter.unknown_mac_policy);
     Ok(Server {
+        engine,
+        periodic,
         leading,
         coord,
         replica,
@@ -156,13 +200,14 @@ impl Server {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(PxeFilterServer::new(self.service))
+            .add_service(InspectionServer::new(InspectionService { engine: self.engine.clone() }))
             .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
                 let _ = grpc_stop.wait_for(|v| *v).await;
             });
         info!(grpc = %self.grpc_addr, admin = %self.admin_addr, coordination = self.coord.backend(), "control plane serving");
         self.ready.store(true, Ordering::Relaxed);
         let tasks_stop = tokio_util::sync::CancellationToken::new();
-        let mut tasks = Vec::new();
+        let mut tasks = self.periodic.clone();
         if self.coord.backend() == "etcd" {
             tasks.push(agent_report_cleanup(self.coord.clone()));
         }
@@ -173,6 +218,8 @@ impl Server {
             self.leading_tx.clone(),
             tasks_stop.clone(),
         ));
+        let workers = self.engine.spawn_workers(&self.replica, tasks_stop.clone());
+        info!(workers = workers.len(), ironic = self.engine.ironic.is_some(), "inspection workers started");
         let mut tasks_stop_rx = stop_tx.subscribe();
         tokio::spawn(async move {
             let _ = tasks_stop_rx.wait_for(|v| *v).await;

@@ -26,11 +26,14 @@ struct Cli {
     #[arg(long, env = "IRONGUARD_CP_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Unknown-MAC policy published to agents: allow or deny (filter.unknown_mac_policy).
-    #[arg(long, env = "IRONGUARD_CP_UNKNOWN_MAC_POLICY", value_parser = ["allow", "deny"])]
+    #[arg(long, env = "IRONGUARD_CP_UNKNOWN_MAC_POLICY", value_parser = ["allow", "deny", "while-inspecting"])]
     unknown_mac_policy: Option<String>,
     /// etcd endpoint (repeat, or comma-separated; etcd.endpoints). Without it, the embedded store is used.
     #[arg(long = "etcd", env = "IRONGUARD_ETCD_ENDPOINTS", value_delimiter = ',')]
     etcd: Vec<String>,
+    /// Ironic API endpoint (ironic.url), e.g. http://127.0.0.1:6385.
+    #[arg(long, env = "IRONGUARD_IRONIC_URL")]
+    ironic_url: Option<String>,
     /// This replica's name in the control-plane election (server.replica_id).
     #[arg(long, env = "IRONGUARD_CP_REPLICA_ID")]
     replica_id: Option<String>,
@@ -54,11 +57,13 @@ fn effective(cli: &Cli) -> anyhow::Result<ControlPlaneConfig> {
         c.store.data_dir = d.clone();
     }
     if let Some(p) = &cli.unknown_mac_policy {
-        c.filter.unknown_mac_policy =
-            if p == "deny" { ironguard_nft::UnknownMacPolicy::Deny } else { ironguard_nft::UnknownMacPolicy::Allow };
+        c.filter.unknown_mac_policy = serde_json::from_value(serde_json::Value::String(p.clone()))?;
     }
     if !cli.etcd.is_empty() {
         c.etcd.endpoints = cli.etcd.clone();
+    }
+    if let Some(u) = &cli.ironic_url {
+        c.ironic.url = u.clone();
     }
     if let Some(r) = &cli.replica_id {
         c.server.replica_id = r.clone();

@@ -143,7 +143,7 @@ fn print_config_shows_the_effective_configuration() {
     let parsed: ControlPlaneConfig = toml::from_str(&text).unwrap();
     assert_eq!(parsed.server.grpc_listen.to_string(), "127.0.0.1:7000");
     assert_eq!(parsed.store.data_dir.to_str(), Some("/tmp/from-env"));
-    assert_eq!(parsed.filter.unknown_mac_policy, ironguard_nft::UnknownMacPolicy::Deny);
+    assert_eq!(parsed.filter.unknown_mac_policy, ironguard_controlplane::inspection::periodic::PolicySetting::Deny);
     // A bad configuration file is a clear error.
     let dir = std::env::temp_dir().join(format!("ig-cp-badcfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -1,0 +1,139 @@
+//! The `Inspection` gRPC service.
+
+use std::sync::Arc;
+
+use ironguard_proto::v1::inspection_server::Inspection;
+use ironguard_proto::v1::{
+    ContinueRequest, ContinueResponse, DataResponse, InspectionStatus, ListRequest, ListResponse, NodeRequest,
+    RequestAccepted, StartRequest, StartResponse,
+};
+use tonic::{Request, Response, Status};
+
+use super::engine::{ApiError, Engine};
+use super::machine::State;
+use super::records::NodeRecord;
+
+/// gRPC front of the engine.
+#[derive(Debug)]
+pub struct InspectionService {
+    pub engine: Arc<Engine>,
+}
+
+/// Largest introspection document accepted by `Continue`.
+pub const MAX_DATA_BYTES: usize = 2 << 20;
+
+fn status(e: ApiError) -> Status {
+    match &e {
+        ApiError::UnknownNode(_) | ApiError::NoMatch(_) => Status::not_found(e.to_string()),
+        ApiError::ProvisionState { .. } | ApiError::Illegal { .. } | ApiError::NoData(_) | ApiError::NoIronic => {
+            Status::failed_precondition(e.to_string())
+        }
+        ApiError::BadData(_) => Status::invalid_argument(e.to_string()),
+        ApiError::Ironic(_) => Status::unavailable(e.to_string()),
+        ApiError::Store(_) => Status::internal(e.to_string()),
+    }
+}
+
+fn to_pb(r: NodeRecord) -> InspectionStatus {
+    InspectionStatus {
+        node: r.uuid,
+        state: r.state.to_string(),
+        finished: matches!(r.state, State::Finished | State::Error),
+        error: r.error.unwrap_or_default(),
+        started_at_ms: r.started_at.unwrap_or(0),
+        finished_at_ms: r.finished_at.unwrap_or(0),
+        macs: r.macs.iter().map(|m| m.to_string()).collect(),
+        manage_boot: r.manage_boot,
+        updated_at_ms: r.updated_at,
+    }
+}
+
+fn node_arg(n: &str) -> Result<&str, Status> {
+    if n.is_empty() || n.len() > 255 || n.contains('/') {
+        return Err(Status::invalid_argument(format!("{n:?} is not a node UUID or name")));
+    }
+    Ok(n)
+}
+
+#[tonic::async_trait]
+impl Inspection for InspectionService {
+    async fn start(&self, r: Request<StartRequest>) -> Result<Response<StartResponse>, Status> {
+        let r = r.into_inner();
+        let (rec, id) = self.engine.start(node_arg(&r.node)?, r.manage_boot).await.map_err(status)?;
+        Ok(Response::new(StartResponse { node: rec.uuid, request_id: id }))
+    }
+
+    async fn get(&self, r: Request<NodeRequest>) -> Result<Response<InspectionStatus>, Status> {
+        let node = r.into_inner().node;
+        let rec = self
+            .engine
+            .store
+            .get(node_arg(&node)?)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .ok_or_else(|| Status::not_found(format!("node {node} has never been inspected")))?;
+        Ok(Response::new(to_pb(rec)))
+    }
+
+    async fn list(&self, r: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let r = r.into_inner();
+        let size = match r.page_size {
+            0 => 100,
+            n => n.min(1000) as usize,
+        };
+        let states = r
+            .states
+            .iter()
+            .map(|s| s.parse::<State>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Status::invalid_argument)?;
+        let mut all = self.engine.store.list().await.map_err(|e| Status::internal(e.to_string()))?;
+        all.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+        let items: Vec<NodeRecord> = all
+            .into_iter()
+            .filter(|rec| states.is_empty() || states.contains(&rec.state))
+            .filter(|rec| r.page_token.is_empty() || rec.uuid > r.page_token)
+            .take(size + 1)
+            .collect();
+        let more = items.len() > size;
+        let page: Vec<NodeRecord> = items.into_iter().take(size).collect();
+        let next = if more { page.last().map(|p| p.uuid.clone()).unwrap_or_default() } else { String::new() };
+        Ok(Response::new(ListResponse { inspections: page.into_iter().map(to_pb).collect(), next_page_token: next }))
+    }
+
+    async fn abort(&self, r: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
+        let id = self.engine.abort(node_arg(&r.into_inner().node)?).await.map_err(status)?;
+        Ok(Response::new(RequestAccepted { request_id: id }))
+    }
+
+    async fn r#continue(&self, r: Request<ContinueRequest>) -> Result<Response<ContinueResponse>, Status> {
+        let r = r.into_inner();
+        if r.data_json.len() > MAX_DATA_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "introspection data is {} bytes; at most {MAX_DATA_BYTES}",
+                r.data_json.len()
+            )));
+        }
+        let data: serde_json::Value = serde_json::from_str(&r.data_json)
+            .map_err(|e| Status::invalid_argument(format!("introspection data is not JSON: {e}")))?;
+        let node = self.engine.continue_inspection(data).await.map_err(status)?;
+        Ok(Response::new(ContinueResponse { node }))
+    }
+
+    async fn reapply(&self, r: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
+        let id = self.engine.reapply(node_arg(&r.into_inner().node)?).await.map_err(status)?;
+        Ok(Response::new(RequestAccepted { request_id: id }))
+    }
+
+    async fn get_data(&self, r: Request<NodeRequest>) -> Result<Response<DataResponse>, Status> {
+        let node = r.into_inner().node;
+        let data = self
+            .engine
+            .store
+            .get_data(node_arg(&node)?)
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .ok_or_else(|| Status::not_found(format!("no introspection data stored for node {node}")))?;
+        Ok(Response::new(DataResponse { node, data_json: data.to_string() }))
+    }
+}

@@ -1,0 +1,370 @@
+//! The inspection engine in-process against the fake Ironic over real HTTP: flows, retries, bad input, races,
+//! periodic tasks. A test client plays the leader agent: it follows WatchFilters and reports what it received as
+//! applied (the real agent and kernel are in tests/netns).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use fake_ironic::{FakeIronic, Fault, Node, Port};
+use ironguard_controlplane::ControlPlaneConfig;
+use ironguard_proto::v1::inspection_client::InspectionClient;
+use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
+use ironguard_proto::v1::{
+    AgentStatus, ContinueRequest, GetFilterStateRequest, ListRequest, Mode, NodeRequest, StartRequest,
+    WatchFiltersRequest, filter_event::Event,
+};
+use tonic::transport::Channel;
+
+const N1: &str = "11111111-1111-1111-1111-111111111111";
+const MAC1: &str = "52:54:00:aa:00:01";
+
+struct Site {
+    ironic: FakeIronic,
+    channel: Channel,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn node(uuid: &str, state: &str, ip: &str) -> Node {
+    let mut n = Node::new(uuid);
+    n.provision_state = state.into();
+    n.driver_info.insert("ipmi_address".into(), serde_json::json!(ip));
+    n
+}
+
+async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
+    let ironic = FakeIronic::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    ironic.add_node(node(N1, "manageable", "10.0.0.1"));
+    ironic.add_port(Port { address: MAC1.into(), node_uuid: N1.into(), ..Default::default() }).unwrap();
+    let mut c = ControlPlaneConfig::default();
+    c.server.grpc_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.heartbeat_secs = 1;
+    let dir = std::env::temp_dir().join(format!("ig-insp-it-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    c.store.data_dir = dir.clone();
+    c.ironic.url = ironic.url();
+    c.ironic.retries = 3;
+    c.ironic.retry_backoff_ms = 20;
+    c.inspection.workers = 2;
+    c.inspection.take_timeout_ms = 100;
+    c.inspection.request_lease_ms = 2000;
+    c.inspection.allow_timeout_secs = 5;
+    c.sync.ironic_sync_secs = 0;
+    c.sync.ironic_inspection = false;
+    tweak(&mut c);
+    let server = ironguard_controlplane::serve(&c).await.unwrap();
+    let url = format!("http://{}", server.grpc_addr);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
+    // The stand-in leader agent: reports every revision it receives as applied.
+    let ch = channel.clone();
+    tokio::spawn(async move {
+        let mut c = PxeFilterClient::new(ch);
+        let mut w = c
+            .watch_filters(WatchFiltersRequest {
+                agent_id: "test-leader".into(),
+                network: "n".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        while let Ok(Some(ev)) = w.message().await {
+            let rev = match ev.event {
+                Some(Event::Snapshot(s)) => s.revision,
+                Some(Event::Delta(d)) => d.revision,
+                Some(Event::Heartbeat(h)) => h.revision,
+                None => continue,
+            };
+            let status = AgentStatus {
+                agent_id: "test-leader".into(),
+                network: "n".into(),
+                applied_revision: rev,
+                mode: Mode::Leader as i32,
+                ..Default::default()
+            };
+            let _ = c.report_status(status).await;
+        }
+    });
+    Site { ironic, channel, stop: Some(tx), dir }
+}
+
+impl Site {
+    fn insp(&self) -> InspectionClient<Channel> {
+        InspectionClient::new(self.channel.clone())
+    }
+
+    async fn state(&self, node: &str) -> (String, String) {
+        let s = self.insp().get(NodeRequest { node: node.into() }).await.unwrap().into_inner();
+        (s.state, s.error)
+    }
+
+    async fn wait_state(&self, node: &str, want: &str) -> (String, String) {
+        let t = Instant::now();
+        loop {
+            if let Ok(r) = self.insp().get(NodeRequest { node: node.into() }).await {
+                let s = r.into_inner();
+                if s.state == want {
+                    return (s.state, s.error);
+                }
+            }
+            assert!(t.elapsed() < Duration::from_secs(15), "{node} never reached {want}: {:?}", self.state(node).await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn allow_reasons(&self, mac: &str) -> Vec<String> {
+        let s = PxeFilterClient::new(self.channel.clone())
+            .get_filter_state(GetFilterStateRequest { macs: vec![mac.into()] })
+            .await
+            .unwrap()
+            .into_inner();
+        s.entries.into_iter().flat_map(|e| e.allow_reasons).collect()
+    }
+
+    fn calls(&self, needle: &str) -> Vec<fake_ironic::Call> {
+        self.ironic.calls().into_iter().filter(|c| c.path.contains(needle)).collect()
+    }
+}
+
+fn data_for(mac: &str) -> String {
+    serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": mac}], "bmc_address": "10.0.0.1"}, "foo": "bar"}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn start_wait_continue_finish() {
+    let s = site("flow", |_| {}).await;
+    let r = s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap().into_inner();
+    assert_eq!(r.node, N1);
+    s.wait_state(N1, "waiting").await;
+    assert_eq!(s.allow_reasons(MAC1).await, vec![format!("inspection:{N1}")]);
+    assert_eq!(s.ironic.boot_device(N1).as_deref(), Some("pxe"));
+    assert_eq!(s.ironic.power_state(N1).as_deref(), Some("power on"));
+    let boot = s.calls("/management/boot_device");
+    let power = s.calls("/states/power");
+    assert!(boot[0].seq < power[0].seq, "PXE set before powering on");
+    // Every versioned call carried the negotiated microversion.
+    assert!(
+        s.ironic.calls().iter().filter(|c| c.path.starts_with("/v1")).all(|c| c.api_version.as_deref() == Some("1.81"))
+    );
+
+    let c = s.insp().r#continue(ContinueRequest { data_json: data_for(MAC1) }).await.unwrap().into_inner();
+    assert_eq!(c.node, N1);
+    let (_, err) = s.wait_state(N1, "finished").await;
+    assert_eq!(err, "");
+    assert!(s.allow_reasons(MAC1).await.is_empty(), "the allow is removed at once");
+    assert_eq!(s.ironic.power_state(N1).as_deref(), Some("power off"));
+    let data = s.insp().get_data(NodeRequest { node: N1.into() }).await.unwrap().into_inner();
+    let v: serde_json::Value = serde_json::from_str(&data.data_json).unwrap();
+    assert_eq!(v["foo"], "bar");
+    assert_eq!(v["ironguard"]["node"], N1);
+    // A second inspection of the same node works (finished --start--> starting).
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abort_and_timeout_end_in_error_and_remove_the_allow() {
+    let s = site("abort", |c| {
+        c.inspection.timeout_secs = 1;
+        c.sync.timeout_check_secs = 1;
+    })
+    .await;
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    s.insp().abort(NodeRequest { node: N1.into() }).await.unwrap();
+    let (_, err) = s.wait_state(N1, "error").await;
+    assert_eq!(err, "inspection aborted");
+    assert!(s.allow_reasons(MAC1).await.is_empty());
+    assert_eq!(s.ironic.power_state(N1).as_deref(), Some("power off"));
+    // Timeout: start again and never continue.
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    let (_, err) = s.wait_state(N1, "error").await;
+    assert!(err.contains("timed out"), "{err}");
+    assert!(s.allow_reasons(MAC1).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ironic_503_and_409_are_retried_and_a_dead_ironic_is_a_clear_error() {
+    let s = site("retry", |_| {}).await;
+    s.ironic.inject(Fault {
+        method: Some("PUT".into()),
+        path_prefix: format!("/v1/nodes/{N1}/states/power"),
+        status: 503,
+        count: 1,
+        latency_ms: 0,
+    });
+    s.ironic.inject(Fault {
+        method: Some("PUT".into()),
+        path_prefix: format!("/v1/nodes/{N1}/management"),
+        status: 409,
+        count: 1,
+        latency_ms: 0,
+    });
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    assert_eq!(s.calls("/states/power").len(), 2, "503 then 200");
+    assert_eq!(s.calls("/management/boot_device").len(), 2, "409 then 200");
+    s.insp().abort(NodeRequest { node: N1.into() }).await.unwrap();
+    s.wait_state(N1, "error").await;
+    // Ironic down beyond the retry budget.
+    s.ironic.inject(Fault {
+        method: Some("PUT".into()),
+        path_prefix: format!("/v1/nodes/{N1}/states/power"),
+        status: 503,
+        count: 0,
+        latency_ms: 0,
+    });
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    let t = Instant::now();
+    let err = loop {
+        let (state, err) = s.state(N1).await;
+        if state == "error" && err.contains("503") {
+            break err;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{state} {err}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(err.contains("attempts"), "{err}");
+    assert!(s.allow_reasons(MAC1).await.is_empty(), "no allow left behind after an error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_gets_clear_errors_and_changes_nothing() {
+    let s = site("bad", |_| {}).await;
+    let e = s.insp().start(StartRequest { node: "no-such-node".into(), manage_boot: true }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(e.message().contains("no-such-node"));
+    s.ironic.add_node(node("22222222-2222-2222-2222-222222222222", "active", "10.0.0.2"));
+    let e = s
+        .insp()
+        .start(StartRequest { node: "22222222-2222-2222-2222-222222222222".into(), manage_boot: true })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("active"), "{}", e.message());
+    let e = s.insp().abort(NodeRequest { node: N1.into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "never inspected");
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    let e = s.insp().reapply(NodeRequest { node: N1.into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "reapply is illegal while waiting");
+    assert!(e.message().contains("waiting"), "{}", e.message());
+    let e = s
+        .insp()
+        .r#continue(ContinueRequest { data_json: data_for("52:54:00:ff:ff:ff").replace("10.0.0.1", "10.9.9.9") })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let e = s.insp().r#continue(ContinueRequest { data_json: "{not json".into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let e = s.insp().r#continue(ContinueRequest { data_json: "x".repeat(3 << 20) }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "oversized");
+    let e = s.insp().list(ListRequest { states: vec!["bogus".into()], ..Default::default() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // Nothing changed: still waiting.
+    assert_eq!(s.state(N1).await.0, "waiting");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ironic_sync_denies_known_ports_and_forgets_deleted_nodes() {
+    let s = site("sync", |c| {
+        c.sync.ironic_sync_secs = 1;
+    })
+    .await;
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    let deny = || async {
+        PxeFilterClient::new(s.channel.clone())
+            .get_filter_state(GetFilterStateRequest { macs: vec![MAC1.into()] })
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let t = Instant::now();
+    loop {
+        let st = deny().await;
+        if st.entries.iter().any(|e| e.deny_reasons.contains(&"ironic".to_string())) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{st:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.ironic.remove_node(N1).unwrap();
+    let t = Instant::now();
+    while s.insp().get(NodeRequest { node: N1.into() }).await.is_ok() {
+        assert!(t.elapsed() < Duration::from_secs(5), "deleted node not removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let st = deny().await;
+    assert!(st.entries.is_empty(), "its MACs leave both sets: {st:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ironics_own_inspection_allows_its_ports_while_it_lasts() {
+    let s = site("own", |c| {
+        c.sync.ironic_inspection = true;
+        c.sync.ironic_inspection_period_ms = 100;
+    })
+    .await;
+    s.ironic.set_provision_state(N1, "inspect wait").unwrap();
+    let t = Instant::now();
+    while !s.allow_reasons(MAC1).await.contains(&"ironic-inspection".to_string()) {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.ironic.set_provision_state(N1, "manageable").unwrap();
+    let t = Instant::now();
+    while !s.allow_reasons(MAC1).await.is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Another inspect interface does not count.
+    s.ironic.set_inspect_interface(N1, "inspector").unwrap();
+    s.ironic.set_provision_state(N1, "inspect wait").unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(s.allow_reasons(MAC1).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reboot_throttle_spaces_power_ons() {
+    let s = site("throttle", |c| {
+        c.inspection.reboot_quantum_ms = 400;
+        c.inspection.workers = 3;
+    })
+    .await;
+    let ids = ["33333333-0000-0000-0000-000000000001", "33333333-0000-0000-0000-000000000002"];
+    for (i, id) in ids.iter().enumerate() {
+        s.ironic.add_node(node(id, "manageable", &format!("10.0.1.{i}")));
+        s.ironic
+            .add_port(Port { address: format!("52:54:00:bb:00:0{i}"), node_uuid: id.to_string(), ..Default::default() })
+            .unwrap();
+    }
+    for id in [N1, ids[0], ids[1]] {
+        s.insp().start(StartRequest { node: id.into(), manage_boot: true }).await.unwrap();
+    }
+    for id in [N1, ids[0], ids[1]] {
+        s.wait_state(id, "waiting").await;
+    }
+    let mut at: Vec<_> = s.calls("/states/power").into_iter().map(|c| c.at).collect();
+    at.sort();
+    assert_eq!(at.len(), 3);
+    for w in at.windows(2) {
+        let gap = w[1].duration_since(w[0]).unwrap();
+        assert!(gap >= Duration::from_millis(380), "power-ons {gap:?} apart");
+    }
+}
