@@ -49,7 +49,9 @@ async fn answer(
     path: String,
 ) -> Response {
     let is_v1 = path == "/v1" || path.starts_with("/v1/");
-    let mut effective = shared.config.min_version.clone();
+    // Decided up front so that every /v1 answer (a fault's too) carries the version the request asked for.
+    let version = if is_v1 { check_version(&shared, requested.as_deref()) } else { Ok(String::new()) };
+    let effective = version.as_ref().map_or_else(|_| shared.config.min_version.clone(), Clone::clone);
     let mut resp = 'answer: {
         if let Some(fault) = fault {
             if fault.latency_ms > 0 {
@@ -63,11 +65,8 @@ async fn answer(
         if !is_public(&path) && !authorized(&shared, req.headers()) {
             break 'answer unauthorized(&shared);
         }
-        if is_v1 {
-            match check_version(&shared, requested.as_deref()) {
-                Ok(v) => effective = v,
-                Err(e) => break 'answer e.into_response(),
-            }
+        if let Err(e) = version {
+            break 'answer e.into_response();
         }
         next.run(req).await
     };

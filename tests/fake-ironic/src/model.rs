@@ -1,4 +1,4 @@
-//! What the fake holds: nodes, ports, armed faults and the call log, in one [`Store`] behind one lock.
+//! What the fake holds: nodes, ports, armed faults and the call log, in one `Store` behind one lock.
 //!
 //! Nodes and ports keep their insertion order (Ironic sorts by its database id by default), which is what makes
 //! `marker` pagination stable.
@@ -147,7 +147,7 @@ struct ArmedFault {
 
 /// Everything the fake holds.
 #[derive(Debug, Default)]
-pub struct Store {
+pub(crate) struct Store {
     next_node_id: u64,
     nodes: BTreeMap<u64, Node>,
     node_ids: HashMap<String, u64>,

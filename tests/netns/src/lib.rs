@@ -537,6 +537,8 @@ pub struct ControlPlane {
     pub admin_port: u16,
     pub extra: Vec<String>,
     pub host: String,
+    /// Environment for the next (re)start (e.g. `IRONGUARD_TEST_CRASH`).
+    pub env: Vec<(String, String)>,
     ns_name: String,
 }
 
@@ -546,10 +548,34 @@ impl ControlPlane {
         Self::start_on(ns, dir, "127.0.0.1", grpc_port, admin_port, extra)
     }
 
+    /// Like [`ControlPlane::start`], with environment variables for the process (and its restarts).
+    pub fn start_env(
+        ns: &Netns,
+        dir: &TempDir,
+        grpc_port: u16,
+        admin_port: u16,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut cp = Self {
+            proc: Proc { child: None, what: String::new(), log: PathBuf::new() },
+            data_dir: dir.join(&format!("cp-{grpc_port}")),
+            grpc_port,
+            admin_port,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            host: "127.0.0.1".into(),
+            ns_name: ns.name().to_string(),
+        };
+        cp.spawn(ns, dir);
+        cp
+    }
+
     /// Like [`ControlPlane::start`], with gRPC on `host` (e.g. a management bridge address).
     pub fn start_on(ns: &Netns, dir: &TempDir, host: &str, grpc_port: u16, admin_port: u16, extra: &[&str]) -> Self {
         let data_dir = dir.join(&format!("cp-{grpc_port}"));
         let mut cp = Self {
+            env: Vec::new(),
             host: host.to_string(),
             proc: Proc { child: None, what: String::new(), log: PathBuf::new() },
             data_dir,
@@ -582,6 +608,9 @@ impl ControlPlane {
             .arg(&self.data_dir)
             .args(&self.extra)
             .env("RUST_LOG", "info");
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
         let log = dir.join(&format!("controlplane-{}.log", self.grpc_port));
         self.proc = Proc::spawn("ironguard-controlplane", cmd, log);
         assert!(
@@ -645,4 +674,83 @@ pub fn agent_toml(id: &str, cp_url: &str, iface: &str, admin: &str, lost_after_s
     format!(
         "[agent]\nid = \"{id}\"\nnetwork = \"test\"\n\n[controlplane]\nendpoints = [\"{cp_url}\"]\nlost_after_secs = {lost_after_secs}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n[dhcp_health]\ninterval_ms = 200\n\n[reconcile]\ninterval_secs = 5\n\n[admin]\nlisten = \"{admin}\"\n\n[dataplane]\ninterfaces = [\"{iface}\"]\n"
     )
+}
+
+/// A `fake-ironic` process (the Ironic test double) in a namespace, driven through its `/_fake` admin API.
+#[derive(Debug)]
+pub struct FakeIronicProc {
+    pub proc: Proc,
+    pub url: String,
+    ns: String,
+}
+
+impl FakeIronicProc {
+    pub fn start(ns: &Netns, dir: &TempDir, port: u16) -> Self {
+        let mut cmd = ns.cmd(bin("fake-ironic"));
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")]).env("RUST_LOG", "info");
+        let proc = Proc::spawn("fake-ironic", cmd, dir.join(&format!("fake-ironic-{port}.log")));
+        assert!(wait_tcp_listen(ns, port, Duration::from_secs(10)), "fake-ironic did not listen:\n{}", proc.log_text());
+        Self { proc, url: format!("http://127.0.0.1:{port}"), ns: ns.name().to_string() }
+    }
+
+    fn curl(&self, method: &str, path: &str, body: Option<&serde_json::Value>) -> String {
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            &self.ns,
+            "curl",
+            "-sf",
+            "--max-time",
+            "5",
+            "-X",
+            method,
+            &format!("{}{path}", self.url),
+        ]);
+        if let Some(b) = body {
+            c.args(["-H", "Content-Type: application/json", "-d", &b.to_string()]);
+        }
+        let out = run_ok(&mut c);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Adds a node (`{"uuid": ..., "provision_state": ...}`) and one port per MAC.
+    pub fn add_node(&self, uuid: &str, provision_state: &str, macs: &[MacAddr]) {
+        self.curl("POST", "/_fake/nodes", Some(&serde_json::json!({"uuid": uuid, "provision_state": provision_state, "driver_info": {"ipmi_address": "10.1.2.3"}})));
+        for m in macs {
+            self.curl("POST", "/_fake/ports", Some(&serde_json::json!({"address": m.to_string(), "node_uuid": uuid})));
+        }
+    }
+
+    pub fn set_provision_state(&self, uuid: &str, state: &str) {
+        self.curl(
+            "PUT",
+            &format!("/_fake/nodes/{uuid}/provision_state"),
+            Some(&serde_json::json!({"provision_state": state})),
+        );
+    }
+
+    /// The recorded calls: (method, path, time).
+    pub fn calls(&self) -> Vec<(String, String, std::time::SystemTime)> {
+        let v: serde_json::Value = serde_json::from_str(&self.curl("GET", "/_fake/calls", None)).expect("calls json");
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| {
+                        let at = &c["at"];
+                        let secs = at["secs_since_epoch"].as_u64()?;
+                        let nanos = at["nanos_since_epoch"].as_u64().unwrap_or(0);
+                        let t = std::time::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos);
+                        Some((c["method"].as_str()?.to_string(), c["path"].as_str()?.to_string(), t))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn power_state(&self, uuid: &str) -> Option<String> {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.curl("GET", &format!("/_fake/nodes/{uuid}"), None)).ok()?;
+        v["power_state"].as_str().map(String::from)
+    }
 }

@@ -1,0 +1,270 @@
+//! Inspections end to end: the real control plane (embedded store, and etcd), the fake Ironic as a process, a real
+//! agent and dnsmasq, real DHCP clients — and worker deaths at the worst moments.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::{Duration, Instant, SystemTime};
+
+use ironguard_netns_tests::*;
+use ironguard_proto::v1::inspection_client::InspectionClient;
+use ironguard_proto::v1::{ContinueRequest, NodeRequest, StartRequest};
+use nix::sys::signal::Signal;
+use tonic::transport::Channel;
+
+const NODE: &str = "44444444-4444-4444-4444-444444444444";
+const NODE_MAC: &str = "52:54:00:44:00:04";
+const AGENT_ADMIN: &str = "127.0.0.1:9181";
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+fn grpc<T: Send + 'static>(ns: &Netns, f: impl FnOnce(InspectionClient<Channel>) -> BoxFut<T> + Send + 'static) -> T {
+    in_netns(ns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let mut last = None;
+            for _ in 0..50 {
+                match InspectionClient::connect("http://127.0.0.1:9100").await {
+                    Ok(c) => return f(c).await,
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("cannot reach the control plane: {last:?}")
+        })
+    })
+}
+
+struct Site {
+    lan: PxeLan,
+    ironic: FakeIronicProc,
+    cp: ControlPlane,
+    _agent: Proc,
+    _etcd: Option<EtcdProcess>,
+}
+
+fn cp_config(dir: &TempDir, etcd: Option<&str>) -> std::path::PathBuf {
+    let p = dir.join("controlplane.toml");
+    let etcd = etcd.map(|u| format!("[etcd]\nendpoints = [\"{u}\"]\n")).unwrap_or_default();
+    std::fs::write(
+        &p,
+        format!(
+            "[filter]\nunknown_mac_policy = \"deny\"\n\n[ironic]\nurl = \"http://127.0.0.1:6385\"\nretries = 2\nretry_backoff_ms = 50\n\n\
+             [inspection]\nworkers = 2\ntake_timeout_ms = 200\nrequest_lease_ms = 2000\nallow_timeout_secs = 15\n\n\
+             [sync]\nironic_sync_secs = 0\nironic_inspection = false\n\n{etcd}"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+impl Site {
+    fn new(with_etcd: bool, env: &[(&str, &str)]) -> Self {
+        let lan = PxeLan::new(1);
+        let ironic = FakeIronicProc::start(&lan.pxe, &lan.dir, 6385);
+        ironic.add_node(NODE, "manageable", &[mac(NODE_MAC)]);
+        let etcd = with_etcd.then(|| EtcdProcess::start_in("insp", lan.pxe.name(), "127.0.0.1", 2379, 2380));
+        let cfg = cp_config(&lan.dir, etcd.as_ref().map(|e| e.url.as_str()));
+        let cp = ControlPlane::start_env(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap()], env);
+        let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-i", &cp.url(), "br0", AGENT_ADMIN, 30), None);
+        let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
+        assert!(leader.is_some(), "{}", agent.log_text());
+        Self { lan, ironic, cp, _agent: agent, _etcd: etcd }
+    }
+
+    fn state(&self) -> (String, String) {
+        grpc(&self.lan.pxe, |mut c| {
+            Box::pin(async move {
+                match c.get(NodeRequest { node: NODE.into() }).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        (r.state, r.error)
+                    }
+                    Err(e) => ("unreachable".into(), e.message().to_string()),
+                }
+            })
+        })
+    }
+
+    fn wait_state(&self, want: &str, timeout: Duration) -> (String, String) {
+        let t = Instant::now();
+        loop {
+            let s = self.state();
+            if s.0 == want {
+                return s;
+            }
+            assert!(t.elapsed() < timeout, "never reached {want}: {s:?}\n{}", self.cp.proc.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn start(&self) {
+        grpc(&self.lan.pxe, |mut c| {
+            Box::pin(async move { c.start(StartRequest { node: NODE.into(), manage_boot: true }).await.unwrap() })
+        });
+    }
+
+    fn continue_(&self) -> Result<String, tonic::Status> {
+        let data =
+            serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": NODE_MAC}]}, "cpus": 8})
+                .to_string();
+        grpc(&self.lan.pxe, move |mut c| {
+            Box::pin(
+                async move { c.r#continue(ContinueRequest { data_json: data }).await.map(|r| r.into_inner().node) },
+            )
+        })
+    }
+
+    fn power_calls(&self, target: &str) -> Vec<SystemTime> {
+        // The fake records bodies nowhere; the power state after each call tells on/off apart, so count the calls and
+        // read the final state where it matters.
+        let _ = target;
+        self.ironic
+            .calls()
+            .into_iter()
+            .filter(|(m, p, _)| m == "PUT" && p.contains("/states/power"))
+            .map(|(_, _, t)| t)
+            .collect()
+    }
+}
+
+/// Samples the kernel's allow_mac set in the PXE namespace; returns the first time `mac` was present.
+fn watch_allow(ns: &Netns, mac: ironguard_nft::MacAddr) -> std::thread::JoinHandle<Option<SystemTime>> {
+    let path = format!("/run/netns/{}", ns.name());
+    std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(30) {
+            if ironguard_nft::set_members("allow_mac").is_ok_and(|m| m.contains(&mac)) {
+                return Some(SystemTime::now());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        None
+    })
+}
+
+#[test]
+fn full_flow_allow_before_power_on_then_denied_at_once() {
+    let site = Site::new(false, &[]);
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "not allowed before the inspection");
+    let watcher = watch_allow(&site.lan.pxe, mac(NODE_MAC));
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(20));
+    let allowed_at = watcher.join().unwrap().expect("the node's MAC reached the leader's kernel");
+    let powered = site.power_calls("power on");
+    assert_eq!(powered.len(), 1, "one power-on call");
+    assert!(
+        allowed_at < powered[0],
+        "the MAC was allowed in the leader's kernel {:?} before the power-on call",
+        powered[0].duration_since(allowed_at).unwrap_or_default()
+    );
+    assert_eq!(site.ironic.power_state(NODE).as_deref(), Some("power on"));
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_some(), "the node being inspected gets a lease");
+    assert_eq!(site.continue_().unwrap(), NODE);
+    let (_, err) = site.wait_state("finished", Duration::from_secs(20));
+    assert_eq!(err, "");
+    let gone = wait_for(Duration::from_secs(3), || {
+        in_netns(&site.lan.pxe, || ironguard_nft::set_members("allow_mac").map(|m| m.is_empty()).unwrap_or(false))
+            .then_some(())
+    });
+    assert!(gone.is_some(), "the allow is removed at once");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "denied again once finished");
+    assert_eq!(site.ironic.power_state(NODE).as_deref(), Some("power off"));
+}
+
+#[test]
+fn abort_closes_dhcp_for_the_node() {
+    let site = Site::new(false, &[]);
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(20));
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_some());
+    grpc(&site.lan.pxe, |mut c| Box::pin(async move { c.abort(NodeRequest { node: NODE.into() }).await.unwrap() }));
+    let (_, err) = site.wait_state("error", Duration::from_secs(20));
+    assert_eq!(err, "inspection aborted");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "no lease after abort");
+}
+
+#[test]
+fn worker_killed_after_the_task_before_consuming_goes_to_error_not_twice() {
+    let mut site = Site::new(false, &[("IRONGUARD_TEST_CRASH", "after-task:process")]);
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(20));
+    let _ = site.continue_();
+    // The control plane aborts itself right after the processing task.
+    let died = site.cp.proc.wait_exit(Duration::from_secs(15));
+    assert!(died.is_some(), "the crash point was reached:\n{}", site.cp.proc.log_text());
+    assert!(site.cp.proc.log_text().contains("IRONGUARD_TEST_CRASH"));
+    site.cp.env.clear();
+    site.cp.restart(&site.lan.pxe, &site.lan.dir);
+    // Redelivered after its lease (2 s): déjà vu of a strict transition → error, task not repeated.
+    let (_, err) = site.wait_state("error", Duration::from_secs(20));
+    assert!(err.contains("not repeated"), "{err}");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "no allow left behind");
+}
+
+#[test]
+fn worker_killed_before_the_transition_runs_the_task_once() {
+    let mut site = Site::new(false, &[("IRONGUARD_TEST_CRASH", "before-transition:process")]);
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(20));
+    let before = site.power_calls("").len();
+    let _ = site.continue_();
+    let died = site.cp.proc.wait_exit(Duration::from_secs(15));
+    assert!(died.is_some(), "the crash point was reached:\n{}", site.cp.proc.log_text());
+    site.cp.env.clear();
+    site.cp.restart(&site.lan.pxe, &site.lan.dir);
+    let (_, err) = site.wait_state("finished", Duration::from_secs(20));
+    assert_eq!(err, "");
+    assert_eq!(site.power_calls("").len(), before + 1, "the processing task (power off) ran exactly once");
+}
+
+fn restart_mid_inspection(with_etcd: bool) {
+    let mut site = Site::new(with_etcd, &[]);
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(20));
+    site.cp.proc.signal(Signal::SIGKILL);
+    site.cp.proc.wait_exit(Duration::from_secs(5));
+    site.cp.restart(&site.lan.pxe, &site.lan.dir);
+    assert_eq!(site.state().0, "waiting", "the inspection survives the restart");
+    assert_eq!(site.continue_().unwrap(), NODE);
+    site.wait_state("finished", Duration::from_secs(20));
+    assert!(metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_resumes").unwrap_or(0.0) >= 1.0);
+}
+
+#[test]
+fn control_plane_restarted_mid_inspection_embedded() {
+    restart_mid_inspection(false);
+}
+
+#[test]
+fn control_plane_restarted_mid_inspection_etcd() {
+    restart_mid_inspection(true);
+}
+
+#[test]
+fn ironics_own_inspection_opens_dhcp_for_its_node() {
+    let lan = PxeLan::new(1);
+    let ironic = FakeIronicProc::start(&lan.pxe, &lan.dir, 6385);
+    ironic.add_node(NODE, "manageable", &[mac(NODE_MAC)]);
+    let cfg = lan.dir.join("cp.toml");
+    std::fs::write(
+        &cfg,
+        "[filter]\nunknown_mac_policy = \"deny\"\n[ironic]\nurl = \"http://127.0.0.1:6385\"\n[sync]\nironic_sync_secs = 0\nironic_inspection = true\nironic_inspection_period_ms = 500\n",
+    )
+    .unwrap();
+    let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap()]);
+    let _agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-o", &cp.url(), "br0", AGENT_ADMIN, 30), None);
+    assert!(wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(())).is_some());
+    assert!(dhcp(&lan.nodes[0], "eth0", mac(NODE_MAC)).is_none());
+    ironic.set_provision_state(NODE, "inspect wait");
+    let t = Instant::now();
+    let lease = wait_for(Duration::from_secs(10), || dhcp(&lan.nodes[0], "eth0", mac(NODE_MAC)));
+    assert!(lease.is_some(), "Ironic's inspection opened DHCP for its node");
+    eprintln!("lease {:?} after the node entered inspect wait", t.elapsed());
+    ironic.set_provision_state(NODE, "manageable");
+    let closed =
+        wait_for(Duration::from_secs(10), || dhcp(&lan.nodes[0], "eth0", mac(NODE_MAC)).is_none().then_some(()));
+    assert!(closed.is_some(), "denied again once Ironic is done");
+}
