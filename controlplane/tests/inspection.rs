@@ -19,6 +19,7 @@ const N1: &str = "11111111-1111-1111-1111-111111111111";
 const MAC1: &str = "52:54:00:aa:00:01";
 
 struct Site {
+    engine: std::sync::Arc<ironguard_controlplane::inspection::engine::Engine>,
     ironic: FakeIronic,
     channel: Channel,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -63,6 +64,7 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
     c.sync.ironic_inspection = false;
     tweak(&mut c);
     let server = ironguard_controlplane::serve(&c).await.unwrap();
+    let engine = server.engine.clone();
     let url = format!("http://{}", server.grpc_addr);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run(async move {
@@ -99,7 +101,7 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
             let _ = c.report_status(status).await;
         }
     });
-    Site { ironic, channel, stop: Some(tx), dir }
+    Site { engine, ironic, channel, stop: Some(tx), dir }
 }
 
 impl Site {
@@ -367,4 +369,38 @@ async fn the_reboot_throttle_spaces_power_ons() {
         let gap = w[1].duration_since(w[0]).unwrap();
         assert!(gap >= Duration::from_millis(380), "power-ons {gap:?} apart");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_workers_racing_for_one_node_one_proceeds_the_other_leaves_the_request() {
+    use ironguard_controlplane::inspection::records::{Kind, Taken, now_ms};
+    let s = site("race", |_| {}).await;
+    // The first worker's task blocks in Ironic for a while, holding the node's lock.
+    // (count 2: the API call of Start reads the node too, then the worker's task.)
+    s.ironic.inject(Fault {
+        method: Some("GET".into()),
+        path_prefix: format!("/v1/nodes/{N1}?"),
+        status: 0,
+        count: 2,
+        latency_ms: 1500,
+    });
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.wait_state(N1, "starting").await;
+    // A second worker (say on another replica) holds a request for the same node.
+    let id = s.engine.store.enqueue(N1, Kind::Abort, serde_json::Value::Null).await.unwrap();
+    let req = s.engine.store.pending().await.unwrap().into_iter().find(|r| r.id == id).unwrap();
+    let taken = Taken { request: req, attempt: 1, worker: "racer".into(), lease_until: now_ms() + 5000 };
+    let session = s.engine.coord.session(Duration::from_secs(10)).await.unwrap();
+    let t = Instant::now();
+    s.engine.handle(taken, &session, &tokio_util::sync::CancellationToken::new()).await;
+    assert!(t.elapsed() < Duration::from_secs(1), "the loser does not wait for the lock");
+    assert!(
+        s.engine.store.pending().await.unwrap().iter().any(|r| r.id == id),
+        "the loser left its request in the queue"
+    );
+    assert_eq!(s.state(N1).await.0, "starting", "the loser changed nothing");
+    // The winner finishes (starting -> waiting); the left request is then taken by a worker and applied (abort is
+    // only legal from waiting, so reaching "aborted" proves the order).
+    let (_, err) = s.wait_state(N1, "error").await;
+    assert_eq!(err, "inspection aborted");
 }

@@ -44,14 +44,18 @@ struct Site {
 }
 
 fn cp_config(dir: &TempDir, etcd: Option<&str>) -> std::path::PathBuf {
+    cp_config_with(dir, etcd, "")
+}
+
+fn cp_config_with(dir: &TempDir, etcd: Option<&str>, inspection_extra: &str) -> std::path::PathBuf {
     let p = dir.join("controlplane.toml");
     let etcd = etcd.map(|u| format!("[etcd]\nendpoints = [\"{u}\"]\n")).unwrap_or_default();
     std::fs::write(
         &p,
         format!(
             "[filter]\nunknown_mac_policy = \"deny\"\n\n[ironic]\nurl = \"http://127.0.0.1:6385\"\nretries = 2\nretry_backoff_ms = 50\n\n\
-             [inspection]\nworkers = 2\ntake_timeout_ms = 200\nrequest_lease_ms = 2000\nallow_timeout_secs = 15\n\n\
-             [sync]\nironic_sync_secs = 0\nironic_inspection = false\n\n{etcd}"
+             [inspection]\nworkers = 2\ntake_timeout_ms = 200\nrequest_lease_ms = 2000\nallow_timeout_secs = 15\n{inspection_extra}\n\
+             [sync]\nironic_sync_secs = 0\nironic_inspection = false\ntimeout_check_secs = 1\n\n{etcd}"
         ),
     )
     .unwrap();
@@ -60,11 +64,15 @@ fn cp_config(dir: &TempDir, etcd: Option<&str>) -> std::path::PathBuf {
 
 impl Site {
     fn new(with_etcd: bool, env: &[(&str, &str)]) -> Self {
+        Self::with_config(with_etcd, env, "")
+    }
+
+    fn with_config(with_etcd: bool, env: &[(&str, &str)], inspection_extra: &str) -> Self {
         let lan = PxeLan::new(1);
         let ironic = FakeIronicProc::start(&lan.pxe, &lan.dir, 6385);
         ironic.add_node(NODE, "manageable", &[mac(NODE_MAC)]);
         let etcd = with_etcd.then(|| EtcdProcess::start_in("insp", lan.pxe.name(), "127.0.0.1", 2379, 2380));
-        let cfg = cp_config(&lan.dir, etcd.as_ref().map(|e| e.url.as_str()));
+        let cfg = cp_config_with(&lan.dir, etcd.as_ref().map(|e| e.url.as_str()), inspection_extra);
         let cp = ControlPlane::start_env(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap()], env);
         let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-i", &cp.url(), "br0", AGENT_ADMIN, 30), None);
         let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
@@ -184,6 +192,18 @@ fn abort_closes_dhcp_for_the_node() {
     let (_, err) = site.wait_state("error", Duration::from_secs(20));
     assert_eq!(err, "inspection aborted");
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "no lease after abort");
+}
+
+#[test]
+fn timeout_closes_dhcp_for_the_node() {
+    let site = Site::with_config(false, &[], "timeout_secs = 3\n");
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(20));
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_some());
+    let (_, err) = site.wait_state("error", Duration::from_secs(20));
+    assert!(err.contains("timed out"), "{err}");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "no lease after the timeout");
+    assert_eq!(site.ironic.power_state(NODE).as_deref(), Some("power off"));
 }
 
 #[test]
