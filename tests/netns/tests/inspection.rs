@@ -43,10 +43,6 @@ struct Site {
     _etcd: Option<EtcdProcess>,
 }
 
-fn cp_config(dir: &TempDir, etcd: Option<&str>) -> std::path::PathBuf {
-    cp_config_with(dir, etcd, "")
-}
-
 fn cp_config_with(dir: &TempDir, etcd: Option<&str>, inspection_extra: &str) -> std::path::PathBuf {
     let p = dir.join("controlplane.toml");
     let etcd = etcd.map(|u| format!("[etcd]\nendpoints = [\"{u}\"]\n")).unwrap_or_default();
