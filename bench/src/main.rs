@@ -6,6 +6,8 @@
 //!   ironic-inspector does), one-MAC add/delete at 100k, and mode switches.
 //! - `filters`: end-to-end latency from `UpdatePxeFilters` to the MAC in the kernel sets of 1 and 3 agents,
 //!   a burst of single-MAC updates, and memory of the agent and control plane (real binaries, namespaces).
+//! - `inspect`: inspections with the fake Ironic (200 at once, Continue throughput, Ironic sync of 10k nodes,
+//!   control-plane memory) — real control plane and agent processes in a namespace.
 //! - `ha`: failover gaps for SIGTERM, SIGKILL and partition over many rounds, dual-open instants (must be 0),
 //!   and recovery after etcd comes back (three PXE hosts, real etcd, namespaces).
 #![forbid(unsafe_code)]
@@ -13,6 +15,7 @@
 mod dataplane;
 mod filters;
 mod ha;
+mod inspect;
 mod stats;
 
 use std::path::PathBuf;
@@ -34,6 +37,8 @@ enum Command {
     Filters(filters::Args),
     /// High availability: failover gaps and dual-open instants over many rounds.
     Ha(ha::Args),
+    /// Inspection engine: 200 inspections at once, Continue throughput, Ironic sync of 10k nodes, memory.
+    Inspect(inspect::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dataplane(args) => dataplane::run(args),
         Command::Filters(args) => filters::run(args),
         Command::Ha(args) => ha::run(args),
+        Command::Inspect(args) => inspect::run(args),
     }
 }
 

@@ -15,8 +15,16 @@ use tracing::warn;
 
 /// Where reports live.
 pub enum AgentRegistry {
-    Local { agents: Mutex<BTreeMap<String, (AgentStatus, Instant)>>, stale_after: Duration },
-    Shared { coord: Arc<dyn Coordinator>, stale_after: Duration },
+    Local {
+        agents: Mutex<BTreeMap<String, (AgentStatus, Instant)>>,
+        stale_after: Duration,
+        reports: tokio::sync::watch::Sender<u64>,
+    },
+    Shared {
+        coord: Arc<dyn Coordinator>,
+        stale_after: Duration,
+        reports: tokio::sync::watch::Sender<u64>,
+    },
 }
 
 impl std::fmt::Debug for AgentRegistry {
@@ -36,11 +44,19 @@ const STATUS: &str = "agents/status/";
 
 impl AgentRegistry {
     pub fn local(stale_after: Duration) -> Self {
-        Self::Local { agents: Mutex::new(BTreeMap::new()), stale_after }
+        Self::Local { agents: Mutex::new(BTreeMap::new()), stale_after, reports: tokio::sync::watch::channel(0).0 }
     }
 
     pub fn shared(coord: Arc<dyn Coordinator>, stale_after: Duration) -> Self {
-        Self::Shared { coord, stale_after }
+        Self::Shared { coord, stale_after, reports: tokio::sync::watch::channel(0).0 }
+    }
+
+    /// Changes whenever this replica receives a report (waiters then re-read; other replicas' reports are seen by
+    /// polling).
+    pub fn reports(&self) -> tokio::sync::watch::Receiver<u64> {
+        match self {
+            AgentRegistry::Local { reports, .. } | AgentRegistry::Shared { reports, .. } => reports.subscribe(),
+        }
     }
 
     /// "etcd" or "embedded".
@@ -54,18 +70,20 @@ impl AgentRegistry {
     /// Records a report.
     pub async fn report(&self, status: AgentStatus) {
         match self {
-            AgentRegistry::Local { agents, .. } => {
+            AgentRegistry::Local { agents, reports, .. } => {
                 agents
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(status.agent_id.clone(), (status, Instant::now()));
+                reports.send_modify(|n| *n += 1);
             }
-            AgentRegistry::Shared { coord, .. } => {
+            AgentRegistry::Shared { coord, reports, .. } => {
                 let mut v = now_ms().to_be_bytes().to_vec();
                 v.extend(status.encode_to_vec());
                 if let Err(e) = coord.put(&format!("{STATUS}{}", status.agent_id), v, None).await {
                     warn!(error = %e, agent = %status.agent_id, "cannot store an agent report in etcd");
                 }
+                reports.send_modify(|n| *n += 1);
             }
         }
     }

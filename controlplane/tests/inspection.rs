@@ -375,16 +375,15 @@ async fn the_reboot_throttle_spaces_power_ons() {
 async fn two_workers_racing_for_one_node_one_proceeds_the_other_leaves_the_request() {
     use ironguard_controlplane::inspection::records::{Kind, Taken, now_ms};
     let s = site("race", |_| {}).await;
-    // The first worker's task blocks in Ironic for a while, holding the node's lock.
-    // (count 2: the API call of Start reads the node too, then the worker's task.)
+    // The first worker's task blocks in Ironic for a while (validating the power interface), holding the node's lock.
     s.ironic.inject(Fault {
         method: Some("GET".into()),
-        path_prefix: format!("/v1/nodes/{N1}?"),
+        path_prefix: format!("/v1/nodes/{N1}/validate"),
         status: 0,
-        count: 2,
+        count: 1,
         latency_ms: 1500,
     });
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
     s.wait_state(N1, "starting").await;
     // A second worker (say on another replica) holds a request for the same node.
     let id = s.engine.store.enqueue(N1, Kind::Abort, serde_json::Value::Null).await.unwrap();

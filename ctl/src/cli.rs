@@ -1,10 +1,17 @@
 //! The command line of `ironguardctl`: what is parsed and checked before anything runs.
 //!
 //! MAC arguments are parsed into [`MacAddr`] by clap, so a malformed address is a usage error (exit 2, with
-//! [`MacAddr`]'s message quoting the input) before any namespace is entered or any connection is opened.
+//! [`MacAddr`]'s message quoting the input) before any namespace is entered or any connection is opened. Likewise
+//! node names must be non-empty and inspection states one of [`INSPECTION_STATES`].
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::{NonEmptyStringValueParser, PossibleValuesParser};
 use clap::{Args, Parser, Subcommand};
 use ironguard_nft::MacAddr;
+
+use crate::inspect::wait::WaitBounds;
 
 /// Where the control plane's gRPC API listens unless `--controlplane` or `IRONGUARD_CONTROLPLANE` says otherwise.
 pub const DEFAULT_CONTROLPLANE: &str = "http://127.0.0.1:9100";
@@ -12,7 +19,7 @@ pub const DEFAULT_CONTROLPLANE: &str = "http://127.0.0.1:9100";
 #[derive(Debug, Parser)]
 #[command(name = "ironguardctl", version, about = "ironguard operator CLI")]
 pub struct Cli {
-    /// gRPC address of the control plane, for `filters` and `agents`.
+    /// gRPC address of the control plane, for `filters`, `agents` and `inspect`.
     #[arg(
         long,
         global = true,
@@ -50,6 +57,122 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Node inspections run by the control plane: start, follow, abort, reapply, and their data.
+    Inspect {
+        #[command(subcommand)]
+        command: InspectCommand,
+    },
+}
+
+/// The states of an inspection, as the `Inspection` service names them (`--state` of `inspect list`).
+pub const INSPECTION_STATES: [&str; 8] =
+    ["starting", "waiting", "processing", "finished", "error", "reapplying", "aborting", "enrolling"];
+
+#[derive(Debug, Subcommand)]
+pub enum InspectCommand {
+    /// Start inspecting these nodes; a node the control plane refuses is reported and the others still start.
+    Start {
+        /// Ironic node UUIDs or names.
+        #[arg(required = true, value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
+        nodes: Vec<String>,
+        /// Do not set PXE boot or power the nodes on and off: something else boots them.
+        #[arg(long)]
+        no_manage_boot: bool,
+        /// Then wait for the started inspections to finish, as `inspect wait` does (and exit as it does).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds (exit 2).
+        #[arg(long, value_name = "SECS", default_value_t = 3600, requires = "wait")]
+        timeout: u64,
+        /// With --wait: ask the control plane this often, in milliseconds.
+        #[arg(
+            long,
+            value_name = "MS",
+            default_value_t = 1000,
+            value_parser = clap::value_parser!(u64).range(1..),
+            requires = "wait"
+        )]
+        interval: u64,
+    },
+    /// The inspection status of one node.
+    Status {
+        /// Ironic node UUID, as `inspect start` and `inspect list` show it (inspections are kept by UUID).
+        #[arg(value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
+        node: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspections known to the control plane, one page (or every page with --all).
+    List {
+        /// Only inspections in this state (repeatable).
+        #[arg(long = "state", value_name = "STATE", value_parser = PossibleValuesParser::new(INSPECTION_STATES))]
+        states: Vec<String>,
+        /// At most this many per page (the control plane's default is 100).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+        page_size: Option<u32>,
+        /// Start after this token, from a previous page's `more:` line.
+        #[arg(long, value_name = "TOKEN")]
+        page_token: Option<String>,
+        /// Follow the pages to the last one.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Abort the inspection of a node.
+    Abort {
+        /// Ironic node UUID, as `inspect start` and `inspect list` show it (inspections are kept by UUID).
+        #[arg(value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
+        node: String,
+    },
+    /// Process a node's stored introspection data again.
+    Reapply {
+        /// Ironic node UUID, as `inspect start` and `inspect list` show it (inspections are kept by UUID).
+        #[arg(value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
+        node: String,
+    },
+    /// The introspection data stored for a node, as indented JSON.
+    Data {
+        /// Ironic node UUID, as `inspect start` and `inspect list` show it (inspections are kept by UUID).
+        #[arg(value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
+        node: String,
+        /// Write it to this file instead of standard output.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Hand a ramdisk's introspection data (a JSON object) to the control plane, which finds its node.
+    Continue {
+        /// The JSON document; `-` reads standard input.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Wait until the inspections of these nodes are finished (exit 0), one ended in error (1), or time is up (2).
+    Wait {
+        /// Ironic node UUIDs (as `inspect start` and `inspect list` show them).
+        #[arg(required = true, value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
+        nodes: Vec<String>,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+}
+
+/// How long `inspect wait` waits, and how often it asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
+pub struct WaitArgs {
+    /// Give up after this many seconds (exit 2).
+    #[arg(long, value_name = "SECS", default_value_t = 3600)]
+    pub timeout: u64,
+    /// Ask the control plane this often, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub interval: u64,
+}
+
+impl WaitArgs {
+    pub fn bounds(&self) -> WaitBounds {
+        WaitBounds { timeout: Duration::from_secs(self.timeout), interval: Duration::from_millis(self.interval) }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -189,6 +312,78 @@ mod tests {
         let e =
             anyhow::Error::new(std::io::Error::other("Connection refused (os error 111)")).context("transport error");
         assert_eq!(error_text(&e), "transport error: Connection refused (os error 111)");
+    }
+
+    #[test]
+    fn inspect_start_takes_nodes_and_wait_bounds() {
+        let cli = parse(&["inspect", "start", "n1", "n2", "--no-manage-boot", "--wait", "--timeout", "60"]).unwrap();
+        let Command::Inspect { command: InspectCommand::Start { nodes, no_manage_boot, wait, timeout, interval } } =
+            cli.command
+        else {
+            panic!("not inspect start: {cli:?}")
+        };
+        assert_eq!(nodes, ["n1", "n2"]);
+        assert!(no_manage_boot && wait);
+        assert_eq!((timeout, interval), (60, 1000));
+
+        let err = parse(&["inspect", "start", "n1", "--timeout", "60"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+        assert!(err.to_string().contains("--wait"), "{err}");
+
+        let err = parse(&["inspect", "start"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+        let err = parse(&["inspect", "start", ""]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidValue);
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn inspect_wait_defaults_to_an_hour_polling_every_second() {
+        let cli = parse(&["inspect", "wait", "n1"]).unwrap();
+        let Command::Inspect { command: InspectCommand::Wait { nodes, wait } } = cli.command else {
+            panic!("not inspect wait: {cli:?}")
+        };
+        assert_eq!(nodes, ["n1"]);
+        assert_eq!(wait.bounds(), WaitBounds { timeout: Duration::from_secs(3600), interval: Duration::from_secs(1) });
+        let err = parse(&["inspect", "wait", "n1", "--interval", "0"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn inspect_list_checks_states_and_page_size() {
+        let cli =
+            parse(&["inspect", "list", "--state", "error", "--state", "waiting", "--page-size", "5", "--all"]).unwrap();
+        let Command::Inspect { command: InspectCommand::List { states, page_size, page_token, all, json } } =
+            cli.command
+        else {
+            panic!("not inspect list: {cli:?}")
+        };
+        assert_eq!(states, ["error", "waiting"]);
+        assert_eq!((page_size, page_token, all, json), (Some(5), None, true, false));
+
+        let err = parse(&["inspect", "list", "--state", "done"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidValue);
+        assert!(err.to_string().contains("finished"), "{err}");
+        for size in ["0", "1001"] {
+            let err = parse(&["inspect", "list", "--page-size", size]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{size}");
+        }
+    }
+
+    #[test]
+    fn inspect_continue_needs_a_file_and_data_takes_an_output() {
+        let err = parse(&["inspect", "continue"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+        let cli = parse(&["inspect", "continue", "--file", "-"]).unwrap();
+        let Command::Inspect { command: InspectCommand::Continue { file } } = cli.command else {
+            panic!("not inspect continue: {cli:?}")
+        };
+        assert_eq!(file, PathBuf::from("-"));
+        let cli = parse(&["inspect", "data", "n1", "-o", "/tmp/n1.json"]).unwrap();
+        let Command::Inspect { command: InspectCommand::Data { node, output } } = cli.command else {
+            panic!("not inspect data: {cli:?}")
+        };
+        assert_eq!((node.as_str(), output), ("n1", Some(PathBuf::from("/tmp/n1.json"))));
     }
 
     #[test]

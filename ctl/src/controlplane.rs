@@ -1,12 +1,14 @@
-//! The gRPC connection to the control plane (`ironguard.v1.PxeFilter`), with bounded waits and errors that name
-//! the control plane's URL.
+//! The gRPC connection to the control plane (`ironguard.v1.PxeFilter` and `ironguard.v1.Inspection` over one
+//! channel), with bounded waits and errors that name the control plane's URL.
 
 use std::time::Duration;
 
+use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    FilterState, GetFilterStateRequest, ListAgentsRequest, ListAgentsResponse, UpdatePxeFiltersRequest,
-    UpdatePxeFiltersResponse,
+    ContinueRequest, ContinueResponse, DataResponse, FilterState, GetFilterStateRequest, InspectionStatus,
+    ListAgentsRequest, ListAgentsResponse, ListRequest, ListResponse, NodeRequest, RequestAccepted, StartRequest,
+    StartResponse, UpdatePxeFiltersRequest, UpdatePxeFiltersResponse,
 };
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -47,6 +49,12 @@ pub enum ControlPlaneError {
     /// The server answered INVALID_ARGUMENT; `message` is its explanation.
     #[error("the control plane at {url} rejected {rpc}: {message}")]
     Rejected { url: String, rpc: &'static str, message: String },
+    /// The server answered NOT_FOUND (an unknown node, a node never inspected); `message` is its explanation.
+    #[error("the control plane at {url} found nothing for {rpc}: {message}")]
+    NotFound { url: String, rpc: &'static str, message: String },
+    /// The server answered FAILED_PRECONDITION (a provision or inspection state that forbids the request).
+    #[error("the control plane at {url} refused {rpc} (failed precondition): {message}")]
+    Refused { url: String, rpc: &'static str, message: String },
     #[error("the control plane at {url} did not answer {rpc} within {timeout:?}")]
     NoAnswer { url: String, rpc: &'static str, timeout: Duration },
     #[error("{rpc} to the control plane at {url} failed: {}", status_text(status))]
@@ -54,13 +62,15 @@ pub enum ControlPlaneError {
 }
 
 impl ControlPlaneError {
-    /// Classifies a failed call: INVALID_ARGUMENT is the server refusing the request, anything else a failure.
+    /// Classifies a failed call: INVALID_ARGUMENT, NOT_FOUND and FAILED_PRECONDITION are the server refusing the
+    /// request (its message says why), anything else a failure.
     pub fn from_status(url: &str, rpc: &'static str, status: Status) -> Self {
+        let (url, message) = (url.to_string(), status.message().to_string());
         match status.code() {
-            Code::InvalidArgument => {
-                Self::Rejected { url: url.to_string(), rpc, message: status.message().to_string() }
-            }
-            _ => Self::Failed { url: url.to_string(), rpc, status },
+            Code::InvalidArgument => Self::Rejected { url, rpc, message },
+            Code::NotFound => Self::NotFound { url, rpc, message },
+            Code::FailedPrecondition => Self::Refused { url, rpc, message },
+            _ => Self::Failed { url, rpc, status },
         }
     }
 }
@@ -95,12 +105,17 @@ fn endpoint(url: &str) -> Result<Endpoint, ControlPlaneError> {
     Ok(endpoint)
 }
 
-/// A connected `PxeFilter` client.
+/// Largest answer accepted from the control plane. tonic's default (4 MiB) is below what `GetData` may return:
+/// the server accepts 2 MiB of introspection data and its processing hooks may add to it.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
+
+/// Connected `PxeFilter` and `Inspection` clients, sharing one channel.
 #[derive(Debug, Clone)]
 pub struct ControlPlane {
     url: String,
     rpc_timeout: Duration,
     client: PxeFilterClient<Channel>,
+    inspection: InspectionClient<Channel>,
 }
 
 impl ControlPlane {
@@ -113,7 +128,17 @@ impl ControlPlane {
             .await
             .map_err(|_| ControlPlaneError::ConnectTimeout { url: url.clone(), timeout: target.connect_timeout })?
             .map_err(|source| ControlPlaneError::Unreachable { url: url.clone(), source })?;
-        Ok(Self { url, rpc_timeout: target.rpc_timeout, client: PxeFilterClient::new(channel) })
+        Ok(Self {
+            url,
+            rpc_timeout: target.rpc_timeout,
+            client: PxeFilterClient::new(channel.clone()),
+            inspection: InspectionClient::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES),
+        })
+    }
+
+    /// The URL this client talks to, for messages.
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     pub async fn filter_state(&mut self, request: GetFilterStateRequest) -> Result<FilterState, ControlPlaneError> {
@@ -132,6 +157,43 @@ impl ControlPlane {
     pub async fn list_agents(&mut self) -> Result<ListAgentsResponse, ControlPlaneError> {
         let answer = self.client.list_agents(ListAgentsRequest {}).await;
         self.answer("ListAgents", answer)
+    }
+
+    pub async fn start_inspection(&mut self, request: StartRequest) -> Result<StartResponse, ControlPlaneError> {
+        let answer = self.inspection.start(request).await;
+        self.answer("Start", answer)
+    }
+
+    /// The inspection status of `node` (`Get`).
+    pub async fn inspection(&mut self, node: &str) -> Result<InspectionStatus, ControlPlaneError> {
+        let answer = self.inspection.get(NodeRequest { node: node.to_string() }).await;
+        self.answer("Get", answer)
+    }
+
+    pub async fn list_inspections(&mut self, request: ListRequest) -> Result<ListResponse, ControlPlaneError> {
+        let answer = self.inspection.list(request).await;
+        self.answer("List", answer)
+    }
+
+    pub async fn abort_inspection(&mut self, node: &str) -> Result<RequestAccepted, ControlPlaneError> {
+        let answer = self.inspection.abort(NodeRequest { node: node.to_string() }).await;
+        self.answer("Abort", answer)
+    }
+
+    pub async fn reapply_inspection(&mut self, node: &str) -> Result<RequestAccepted, ControlPlaneError> {
+        let answer = self.inspection.reapply(NodeRequest { node: node.to_string() }).await;
+        self.answer("Reapply", answer)
+    }
+
+    /// Hands the ramdisk's introspection data to the control plane (`Continue`), which finds its node.
+    pub async fn continue_inspection(&mut self, data_json: String) -> Result<ContinueResponse, ControlPlaneError> {
+        let answer = self.inspection.r#continue(ContinueRequest { data_json }).await;
+        self.answer("Continue", answer)
+    }
+
+    pub async fn inspection_data(&mut self, node: &str) -> Result<DataResponse, ControlPlaneError> {
+        let answer = self.inspection.get_data(NodeRequest { node: node.to_string() }).await;
+        self.answer("GetData", answer)
     }
 
     fn answer<T>(&self, rpc: &'static str, answer: Result<tonic::Response<T>, Status>) -> Result<T, ControlPlaneError> {
@@ -183,6 +245,31 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "ListAgents to the control plane at http://cp:9100 failed: Unavailable: not the leader"
+        );
+    }
+
+    #[test]
+    fn not_found_and_failed_precondition_carry_the_servers_message() {
+        let err = ControlPlaneError::from_status(
+            "http://cp:9100",
+            "Start",
+            Status::not_found("node n1 is not known to Ironic"),
+        );
+        assert!(matches!(err, ControlPlaneError::NotFound { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "the control plane at http://cp:9100 found nothing for Start: node n1 is not known to Ironic"
+        );
+        let err = ControlPlaneError::from_status(
+            "http://cp:9100",
+            "Start",
+            Status::failed_precondition("node n1 is in provision state active"),
+        );
+        assert!(matches!(err, ControlPlaneError::Refused { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "the control plane at http://cp:9100 refused Start (failed precondition): node n1 is in provision state \
+             active"
         );
     }
 

@@ -5,15 +5,17 @@
 //!   netlink) as text or JSON, ending with one verdict line.
 //! - [`netns`]: `--netns NAME`, entering a named network namespace before anything else opens a socket.
 //! - [`owner`]: from a table's owner netlink port id to the owning process, via `/proc`.
-//! - [`controlplane`]: the gRPC connection to the control plane (`ironguard.v1.PxeFilter`), with bounded waits
-//!   and errors that name its URL.
+//! - [`controlplane`]: the gRPC connection to the control plane (`ironguard.v1.PxeFilter` and
+//!   `ironguard.v1.Inspection`), with bounded waits and errors that name its URL.
 //! - [`filters`]: `ironguardctl filters show|allow|deny|remove`, the requests and the rendering of the answers.
 //! - [`agents`]: `ironguardctl agents`, the rendering of `ListAgents`.
-//! - [`table`]: the plain-text tables both of them print.
+//! - [`inspect`]: `ironguardctl inspect start|status|list|abort|reapply|data|continue|wait`, the rendering of the
+//!   `Inspection` answers and the check of `continue`'s document; [`inspect::wait`] is the polling loop of `wait`.
+//! - [`table`]: the plain-text tables they print.
 //!
 //! Requests are built and answers rendered by plain functions ([`filters::update_request`],
-//! [`filters::FilterStateReport::render`], [`agents::AgentsReport::render`], ...) so they are tested without a
-//! server; `main` only connects, calls and prints.
+//! [`filters::FilterStateReport::render`], [`agents::AgentsReport::render`], [`inspect::ListReport::render`], ...)
+//! so they are tested without a server; `main` only connects, calls and prints.
 #![forbid(unsafe_code)]
 
 pub mod agents;
@@ -21,6 +23,7 @@ pub mod chains;
 pub mod cli;
 pub mod controlplane;
 pub mod filters;
+pub mod inspect;
 pub mod netns;
 pub mod owner;
 pub mod table;

@@ -1,22 +1,27 @@
 //! `ironguardctl` command line. See `ironguardctl --help`.
 #![forbid(unsafe_code)]
 
+use std::collections::HashSet;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser as _;
+use ironguard_proto::v1::{ListRequest, StartRequest};
 use ironguardctl::agents::AgentsReport;
 use ironguardctl::chains::ChainsReport;
-use ironguardctl::cli::{Cli, Command, FiltersCommand};
+use ironguardctl::cli::{Cli, Command, FiltersCommand, InspectCommand, error_text};
 use ironguardctl::controlplane::{ControlPlane, Target};
 use ironguardctl::filters::{self, FilterAction, FilterStateReport, UpdateReport};
+use ironguardctl::inspect::wait::{self, WaitBounds};
+use ironguardctl::inspect::{self, InspectionReport, ListReport, NodeAction};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ironguardctl: {}", ironguardctl::cli::error_text(&e));
+            eprintln!("ironguardctl: {}", error_text(&e));
             ExitCode::from(2)
         }
     }
@@ -40,6 +45,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Filters { command } => block_on(filters(Target::new(cli.controlplane), command)),
         Command::Agents { json } => block_on(agents(Target::new(cli.controlplane), json)),
+        Command::Inspect { command } => block_on(inspect(Target::new(cli.controlplane), command)),
     }
 }
 
@@ -82,4 +88,136 @@ async fn agents(target: Target, json: bool) -> anyhow::Result<ExitCode> {
         print!("{}", report.render());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn inspect(target: Target, command: InspectCommand) -> anyhow::Result<ExitCode> {
+    let connect = || ControlPlane::connect(&target);
+    match command {
+        InspectCommand::Start { nodes, no_manage_boot, wait, timeout, interval } => {
+            let mut controlplane = connect().await?;
+            let mut started = Vec::new();
+            let mut refused = false;
+            for node in dedup(nodes) {
+                let request = StartRequest { node: node.clone(), manage_boot: !no_manage_boot };
+                match controlplane.start_inspection(request).await {
+                    Ok(answer) => {
+                        println!("{}", inspect::started_line(&node, &answer));
+                        // Later calls name the node as the control plane does (its UUID).
+                        started.push(if answer.node.is_empty() { node } else { answer.node });
+                    }
+                    Err(e) => {
+                        eprintln!("ironguardctl: {node}: {}", error_text(&e.into()));
+                        refused = true;
+                    }
+                }
+            }
+            let mut code = if refused { 2 } else { 0 };
+            if wait && !started.is_empty() {
+                let bounds =
+                    WaitBounds { timeout: Duration::from_secs(timeout), interval: Duration::from_millis(interval) };
+                code = code.max(wait_for(&controlplane, &started, bounds).await);
+            }
+            Ok(ExitCode::from(code))
+        }
+        InspectCommand::Status { node, json } => {
+            let mut controlplane = connect().await?;
+            let report = InspectionReport::from(controlplane.inspection(&node).await?);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::List { states, page_size, page_token, all, json } => {
+            let mut controlplane = connect().await?;
+            let mut request =
+                ListRequest { page_size: page_size.unwrap_or(0), page_token: page_token.unwrap_or_default(), states };
+            let mut report = ListReport::default();
+            let mut tokens_seen = HashSet::new();
+            loop {
+                report.add_page(controlplane.list_inspections(request.clone()).await?);
+                match &report.next_page_token {
+                    Some(token) if all => {
+                        // A server that hands out a token twice would keep this loop going forever.
+                        anyhow::ensure!(
+                            tokens_seen.insert(token.clone()),
+                            "the control plane at {} answered List with page token {token:?} twice; stopping",
+                            controlplane.url()
+                        );
+                        request.page_token = token.clone();
+                    }
+                    _ => break,
+                }
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::Abort { node } => {
+            let mut controlplane = connect().await?;
+            let answer = controlplane.abort_inspection(&node).await?;
+            println!("{}", inspect::accepted_line(&node, NodeAction::Abort, answer.request_id));
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::Reapply { node } => {
+            let mut controlplane = connect().await?;
+            let answer = controlplane.reapply_inspection(&node).await?;
+            println!("{}", inspect::accepted_line(&node, NodeAction::Reapply, answer.request_id));
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::Data { node, output } => {
+            let mut controlplane = connect().await?;
+            let answer = controlplane.inspection_data(&node).await?;
+            let text = inspect::pretty_data(&answer.data_json).with_context(|| {
+                format!(
+                    "the control plane at {} sent introspection data of node {node} that is not JSON",
+                    controlplane.url()
+                )
+            })?;
+            match output {
+                Some(file) => {
+                    std::fs::write(&file, &text).with_context(|| format!("cannot write {}", file.display()))?;
+                    println!("{node}: introspection data written to {} ({} bytes)", file.display(), text.len());
+                }
+                None => print!("{text}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::Continue { file } => {
+            // Checked before connecting: a document that is not a JSON object never reaches the control plane.
+            let document = inspect::read_introspection_data(&file)?;
+            let mut controlplane = connect().await?;
+            let answer = controlplane.continue_inspection(document).await?;
+            println!("{}", inspect::continued_line(&answer));
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::Wait { nodes, wait } => {
+            let controlplane = connect().await?;
+            Ok(ExitCode::from(wait_for(&controlplane, &nodes, wait.bounds()).await))
+        }
+    }
+}
+
+/// Waits for the inspections of `nodes`, printing each one as it finishes and, on standard error, why the wait
+/// stopped early. Returns the exit code.
+async fn wait_for(controlplane: &ControlPlane, nodes: &[String], bounds: WaitBounds) -> u8 {
+    let get = |node: String| {
+        let mut controlplane = controlplane.clone();
+        async move { controlplane.inspection(&node).await }
+    };
+    let report = wait::wait_for(nodes, bounds, get, |finished| println!("{}", wait::finished_line(finished))).await;
+    for line in report.render_end().lines() {
+        eprintln!("ironguardctl: {line}");
+    }
+    report.exit_code()
+}
+
+/// `nodes` in order, each once.
+fn dedup(nodes: Vec<String>) -> Vec<String> {
+    let mut seen = HashSet::new();
+    nodes.into_iter().filter(|n| seen.insert(n.clone())).collect()
 }

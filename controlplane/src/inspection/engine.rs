@@ -392,6 +392,16 @@ impl Engine {
         let mut rec = self.store.get(&req.node).await?.unwrap_or_else(|| NodeRecord::new(&req.node));
         let Some(event) = req.kind.event() else { return Ok(()) };
         if event.is_strict() && rec.strict_request == Some(req.id) {
+            let in_progress = match event {
+                Event::Process => State::Processing,
+                Event::Abort => State::Aborting,
+                _ => State::Reapplying,
+            };
+            if rec.state != in_progress {
+                // The request completed; only its consumption was lost.
+                info!(state = %rec.state, "request already completed; dropped");
+                return Ok(());
+            }
             // Déjà vu: a worker applied this strict transition, then died. Do not repeat the task.
             let msg = format!("a worker stopped while running '{event}' for request {}; not repeated", req.id);
             warn!("{msg}");
@@ -410,6 +420,11 @@ impl Engine {
             }
             if event.is_strict() {
                 rec.strict_request = Some(req.id);
+            }
+            if req.kind == Kind::Timeout {
+                // The timeout event lands in `error` before its task runs: say why from the start.
+                rec.error = Some(format!("inspection timed out after {} s", self.cfg.timeout_secs));
+                rec.finished_at = Some(now_ms());
             }
             if req.kind == Kind::Start {
                 rec.started_at = Some(now_ms());
@@ -571,6 +586,7 @@ impl Engine {
         let revision = applied.revision;
         // The node must not PXE boot before the leader serves it.
         let deadline = Instant::now() + Duration::from_secs(self.cfg.allow_timeout_secs);
+        let mut reports = self.agents.reports();
         loop {
             if self.agents.leader_applied(&self.cfg.network).await.is_some_and(|r| r >= revision) {
                 break;
@@ -581,7 +597,8 @@ impl Engine {
                     self.cfg.allow_timeout_secs
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Woken by a report to this replica; polled for reports that reach another replica.
+            let _ = tokio::time::timeout(Duration::from_millis(100), reports.changed()).await;
         }
         info!(revision, macs = macs.len(), "the leader applied the allow");
         if rec.manage_boot {

@@ -55,6 +55,26 @@ fn node_arg(n: &str) -> Result<&str, Status> {
     Ok(n)
 }
 
+impl InspectionService {
+    /// Inspections are keyed by UUID; a name is looked up in Ironic.
+    async fn resolve(&self, node: &str) -> Result<String, Status> {
+        let node = node_arg(node)?;
+        if self.engine.store.get(node).await.map_err(|e| Status::internal(e.to_string()))?.is_some() {
+            return Ok(node.to_string());
+        }
+        match &self.engine.ironic {
+            Some(i) => match i.get_node(node).await {
+                Ok(n) => Ok(n.uuid),
+                Err(crate::ironic::IronicError::NotFound { .. }) => {
+                    Err(Status::not_found(format!("node {node} is not known to Ironic")))
+                }
+                Err(e) => Err(Status::unavailable(e.to_string())),
+            },
+            None => Ok(node.to_string()),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Inspection for InspectionService {
     async fn start(&self, r: Request<StartRequest>) -> Result<Response<StartResponse>, Status> {
@@ -64,11 +84,11 @@ impl Inspection for InspectionService {
     }
 
     async fn get(&self, r: Request<NodeRequest>) -> Result<Response<InspectionStatus>, Status> {
-        let node = r.into_inner().node;
+        let node = self.resolve(&r.into_inner().node).await?;
         let rec = self
             .engine
             .store
-            .get(node_arg(&node)?)
+            .get(&node)
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .ok_or_else(|| Status::not_found(format!("node {node} has never been inspected")))?;
@@ -102,7 +122,8 @@ impl Inspection for InspectionService {
     }
 
     async fn abort(&self, r: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
-        let id = self.engine.abort(node_arg(&r.into_inner().node)?).await.map_err(status)?;
+        let node = self.resolve(&r.into_inner().node).await?;
+        let id = self.engine.abort(&node).await.map_err(status)?;
         Ok(Response::new(RequestAccepted { request_id: id }))
     }
 
@@ -121,16 +142,17 @@ impl Inspection for InspectionService {
     }
 
     async fn reapply(&self, r: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
-        let id = self.engine.reapply(node_arg(&r.into_inner().node)?).await.map_err(status)?;
+        let node = self.resolve(&r.into_inner().node).await?;
+        let id = self.engine.reapply(&node).await.map_err(status)?;
         Ok(Response::new(RequestAccepted { request_id: id }))
     }
 
     async fn get_data(&self, r: Request<NodeRequest>) -> Result<Response<DataResponse>, Status> {
-        let node = r.into_inner().node;
+        let node = self.resolve(&r.into_inner().node).await?;
         let data = self
             .engine
             .store
-            .get_data(node_arg(&node)?)
+            .get_data(&node)
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .ok_or_else(|| Status::not_found(format!("no introspection data stored for node {node}")))?;

@@ -84,7 +84,7 @@ impl EmbeddedStore {
         let path: PathBuf = dir.join(DB_FILE);
         let started = Instant::now();
         // The mirror serves every read; redb's page cache only needs to hold what a commit touches.
-        let db = Database::builder().set_cache_size(16 << 20).create(&path).map_err(|e| open_err(Box::new(e)))?;
+        let db = Database::builder().set_cache_size(4 << 20).create(&path).map_err(|e| open_err(Box::new(e)))?;
         {
             let w = db.begin_write().map_err(emb("begin a transaction"))?;
             w.open_table(ENTRIES).map_err(emb("open the entries table"))?;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
 use super::{InspectionStore, InspectionStoreError, QueueEntry, backend, pick};
@@ -39,7 +39,7 @@ impl EmbeddedInspections {
     pub fn open(dir: &Path) -> Result<Self, InspectionStoreError> {
         std::fs::create_dir_all(dir).map_err(backend("create the data directory"))?;
         let db = Database::builder()
-            .set_cache_size(16 << 20)
+            .set_cache_size(4 << 20)
             .create(dir.join(FILE))
             .map_err(backend("open inspections.redb"))?;
         let w = db.begin_write().map_err(backend("begin a transaction"))?;
@@ -63,14 +63,20 @@ impl EmbeddedInspections {
         self.wake.send_modify(|v| *v += 1);
     }
 
-    /// Reads and rewrites one queue entry in a write transaction.
+    /// Reads and rewrites one queue entry in a write transaction. Lease bookkeeping (take, extend, release) need not
+    /// survive a crash — a lost take only makes the request available sooner — so it skips the fsync; consuming
+    /// does not.
     async fn update_entry(
         &self,
         id: u64,
+        durable: bool,
         f: impl FnOnce(Option<QueueEntry>) -> Result<Option<QueueEntry>, InspectionStoreError> + Send + 'static,
     ) -> Result<(), InspectionStoreError> {
         self.blocking(move |db| {
-            let w = db.begin_write().map_err(backend("begin a transaction"))?;
+            let mut w = db.begin_write().map_err(backend("begin a transaction"))?;
+            if !durable {
+                w.set_durability(Durability::None).map_err(backend("set durability"))?;
+            }
             {
                 let mut q = w.open_table(QUEUE).map_err(backend("open the queue"))?;
                 let cur = match q.get(id).map_err(backend("read the queue"))? {
@@ -229,7 +235,8 @@ impl InspectionStore for EmbeddedInspections {
     async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, InspectionStoreError> {
         let worker = worker.to_string();
         self.blocking(move |db| {
-            let w = db.begin_write().map_err(backend("begin a transaction"))?;
+            let mut w = db.begin_write().map_err(backend("begin a transaction"))?;
+            w.set_durability(Durability::None).map_err(backend("set durability"))?;
             let taken;
             {
                 let mut q = w.open_table(QUEUE).map_err(backend("open the queue"))?;
@@ -256,7 +263,7 @@ impl InspectionStore for EmbeddedInspections {
 
     async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), InspectionStoreError> {
         let worker = taken.worker.clone();
-        self.update_entry(taken.request.id, move |e| {
+        self.update_entry(taken.request.id, false, move |e| {
             Ok(e.map(|mut e| {
                 if e.worker.as_deref() == Some(worker.as_str()) {
                     e.lease_until = now_ms() + lease.as_millis() as u64;
@@ -268,13 +275,13 @@ impl InspectionStore for EmbeddedInspections {
     }
 
     async fn consume(&self, taken: &Taken) -> Result<(), InspectionStoreError> {
-        self.update_entry(taken.request.id, |_| Ok(None)).await?;
+        self.update_entry(taken.request.id, true, |_| Ok(None)).await?;
         self.wake();
         Ok(())
     }
 
     async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), InspectionStoreError> {
-        self.update_entry(taken.request.id, move |e| {
+        self.update_entry(taken.request.id, false, move |e| {
             Ok(e.map(|mut e| {
                 e.worker = None;
                 e.lease_until = 0;

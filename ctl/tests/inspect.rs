@@ -1,0 +1,408 @@
+//! `ironguardctl inspect`, the binary itself, against a fake `Inspection` server on `127.0.0.1:0`: what it sends,
+//! what it prints, and its exit codes.
+// A test crate: the fake server's helpers panic on setup failures, which fails the test that called them.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Output, Stdio};
+use std::sync::{Arc, Mutex};
+
+use ironguard_proto::v1::inspection_server::{Inspection, InspectionServer};
+use ironguard_proto::v1::{
+    ContinueRequest, ContinueResponse, DataResponse, InspectionStatus, ListRequest, ListResponse, NodeRequest,
+    RequestAccepted, StartRequest, StartResponse,
+};
+use tokio::io::AsyncWriteExt as _;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+/// 2023-11-14T22:13:20.123Z
+const STARTED_MS: u64 = 1_700_000_000_123;
+/// 2023-11-14T22:20:00.000Z
+const FINISHED_MS: u64 = 1_700_000_400_000;
+
+fn status(node: &str, state: &str, error: &str) -> InspectionStatus {
+    let finished = matches!(state, "finished" | "error");
+    InspectionStatus {
+        node: node.into(),
+        state: state.into(),
+        finished,
+        error: error.into(),
+        started_at_ms: STARTED_MS,
+        finished_at_ms: if finished { FINISHED_MS } else { 0 },
+        macs: vec!["52:54:00:12:34:56".into()],
+        manage_boot: true,
+        updated_at_ms: FINISHED_MS,
+    }
+}
+
+/// Records the requests it receives (shared with the test) and answers from scripts:
+/// - `Start`: NOT_FOUND for `ghost`, FAILED_PRECONDITION for `deployed`; `rack1-u12` resolves to `uuid-rack1-u12`.
+/// - `Get`: the node's scripted answers in turn, the last one repeating; NOT_FOUND for a node without a script.
+/// - `List`: [`FakeInspection::records`], paged as the control plane does (by node, the token the last one sent).
+#[derive(Debug, Clone, Default)]
+struct FakeInspection {
+    starts: Arc<Mutex<Vec<StartRequest>>>,
+    gets: Arc<Mutex<Vec<String>>>,
+    lists: Arc<Mutex<Vec<ListRequest>>>,
+    continues: Arc<Mutex<Vec<String>>>,
+    scripts: Arc<Mutex<HashMap<String, Vec<InspectionStatus>>>>,
+    records: Arc<Mutex<Vec<InspectionStatus>>>,
+}
+
+impl FakeInspection {
+    fn script(&self, node: &str, states: &[(&str, &str)]) {
+        let answers = states.iter().map(|(state, error)| status(node, state, error)).collect();
+        self.scripts.lock().unwrap().insert(node.into(), answers);
+    }
+
+    fn gets_of(&self, node: &str) -> usize {
+        self.gets.lock().unwrap().iter().filter(|n| *n == node).count()
+    }
+}
+
+#[tonic::async_trait]
+impl Inspection for FakeInspection {
+    async fn start(&self, request: Request<StartRequest>) -> Result<Response<StartResponse>, Status> {
+        let request = request.into_inner();
+        let mut starts = self.starts.lock().unwrap();
+        starts.push(request.clone());
+        match request.node.as_str() {
+            "ghost" => Err(Status::not_found("node ghost is not known to Ironic")),
+            "deployed" => Err(Status::failed_precondition(
+                r#"node deployed is in provision state "active"; inspection needs one of manageable, inspect failed"#,
+            )),
+            node => {
+                let node = if node == "rack1-u12" { "uuid-rack1-u12".to_string() } else { node.to_string() };
+                Ok(Response::new(StartResponse { node, request_id: 100 + starts.len() as u64 }))
+            }
+        }
+    }
+
+    async fn get(&self, request: Request<NodeRequest>) -> Result<Response<InspectionStatus>, Status> {
+        let node = request.into_inner().node;
+        self.gets.lock().unwrap().push(node.clone());
+        let mut scripts = self.scripts.lock().unwrap();
+        let answers =
+            scripts.get_mut(&node).ok_or_else(|| Status::not_found(format!("node {node} has never been inspected")))?;
+        let answer = if answers.len() > 1 { answers.remove(0) } else { answers[0].clone() };
+        Ok(Response::new(answer))
+    }
+
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let request = request.into_inner();
+        self.lists.lock().unwrap().push(request.clone());
+        let size = if request.page_size == 0 { 100 } else { request.page_size as usize };
+        let mut records = self.records.lock().unwrap().clone();
+        records.sort_by(|a, b| a.node.cmp(&b.node));
+        let items: Vec<InspectionStatus> = records
+            .into_iter()
+            .filter(|r| request.states.is_empty() || request.states.contains(&r.state))
+            .filter(|r| request.page_token.is_empty() || r.node > request.page_token)
+            .take(size + 1)
+            .collect();
+        let more = items.len() > size;
+        let page: Vec<InspectionStatus> = items.into_iter().take(size).collect();
+        let next_page_token = if more { page.last().unwrap().node.clone() } else { String::new() };
+        Ok(Response::new(ListResponse { inspections: page, next_page_token }))
+    }
+
+    async fn abort(&self, _request: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
+        Ok(Response::new(RequestAccepted { request_id: 7 }))
+    }
+
+    async fn r#continue(&self, request: Request<ContinueRequest>) -> Result<Response<ContinueResponse>, Status> {
+        self.continues.lock().unwrap().push(request.into_inner().data_json);
+        Ok(Response::new(ContinueResponse { node: "node-a".into() }))
+    }
+
+    async fn reapply(&self, _request: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
+        Ok(Response::new(RequestAccepted { request_id: 8 }))
+    }
+
+    async fn get_data(&self, request: Request<NodeRequest>) -> Result<Response<DataResponse>, Status> {
+        let node = request.into_inner().node;
+        Ok(Response::new(DataResponse { node, data_json: r#"{"inventory":{"cpu":{"count":4}}}"#.into() }))
+    }
+}
+
+async fn start_fake() -> (FakeInspection, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let fake = FakeInspection::default();
+    let server = tonic::transport::Server::builder().add_service(InspectionServer::new(fake.clone()));
+    tokio::spawn(server.serve_with_incoming(TcpIncoming::from(listener)));
+    (fake, format!("http://{addr}"))
+}
+
+fn command(url: &str, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ironguardctl"));
+    command.arg("--controlplane").arg(url).arg("inspect").args(args).env_remove("IRONGUARD_CONTROLPLANE");
+    command
+}
+
+async fn ironguardctl(url: &str, args: &[&str]) -> Output {
+    command(url, args).output().await.unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A file under cargo's scratch directory for integration tests, holding `text`.
+fn scratch_file(name: &str, text: &str) -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn start_goes_on_after_an_unknown_node_and_exits_2() {
+    let (fake, url) = start_fake().await;
+    let out = ironguardctl(&url, &["start", "ghost", "node-a"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "node-a: inspection started (request 102)\n");
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "ironguardctl: ghost: the control plane at {url} found nothing for Start: node ghost is not known to \
+             Ironic\n"
+        )
+    );
+    let starts = fake.starts.lock().unwrap();
+    assert_eq!(
+        *starts,
+        [
+            StartRequest { node: "ghost".into(), manage_boot: true },
+            StartRequest { node: "node-a".into(), manage_boot: true }
+        ]
+    );
+}
+
+#[tokio::test]
+async fn start_reports_a_refused_state_and_passes_no_manage_boot() {
+    let (fake, url) = start_fake().await;
+    let out = ironguardctl(&url, &["start", "node-a", "deployed", "--no-manage-boot"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "node-a: inspection started (request 101)\n");
+    let err = stderr(&out);
+    assert!(err.starts_with("ironguardctl: deployed: "), "{err}");
+    assert!(
+        err.contains(r#"refused Start (failed precondition): node deployed is in provision state "active""#),
+        "{err}"
+    );
+    assert!(fake.starts.lock().unwrap().iter().all(|s| !s.manage_boot));
+}
+
+#[tokio::test]
+async fn start_then_wait_follows_the_node_the_control_plane_named() {
+    let (fake, url) = start_fake().await;
+    fake.script("uuid-rack1-u12", &[("starting", ""), ("waiting", ""), ("finished", "")]);
+    let out = ironguardctl(&url, &["start", "rack1-u12", "--wait", "--interval", "20"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "rack1-u12: inspection started (request 101, node uuid-rack1-u12)\nuuid-rack1-u12: finished\n"
+    );
+    assert_eq!(fake.gets_of("uuid-rack1-u12"), 3);
+    assert_eq!(fake.gets_of("rack1-u12"), 0);
+}
+
+#[tokio::test]
+async fn status_prints_text_or_json() {
+    let (fake, url) = start_fake().await;
+    fake.script("node-a", &[("error", "inspection aborted")]);
+    let out = ironguardctl(&url, &["status", "node-a"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "node: node-a\nstate: error\nfinished: yes\nerror: inspection aborted\n\
+         started at: 2023-11-14T22:13:20.123Z\nfinished at: 2023-11-14T22:20:00.000Z\n\
+         updated at: 2023-11-14T22:20:00.000Z\nMACs: 52:54:00:12:34:56\nmanage boot: yes\n"
+    );
+
+    let out = ironguardctl(&url, &["status", "node-a", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["state"], "error");
+    assert_eq!(json["error"], "inspection aborted");
+    assert_eq!(json["started_at"], "2023-11-14T22:13:20.123Z");
+
+    let out = ironguardctl(&url, &["status", "node-z"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "ironguardctl: the control plane at {url} found nothing for Get: node node-z has never been inspected\n"
+        )
+    );
+}
+
+#[tokio::test]
+async fn list_prints_one_page_with_its_token_or_follows_every_page() {
+    let (fake, url) = start_fake().await;
+    *fake.records.lock().unwrap() = vec![
+        status("n1", "finished", ""),
+        status("n2", "waiting", ""),
+        status("n3", "error", "inspection timed out after 3600 s"),
+        status("n4", "processing", ""),
+        status("n5", "finished", ""),
+    ];
+
+    let out = ironguardctl(&url, &["list", "--page-size", "2"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "NODE  STATE     ERROR  STARTED                   FINISHED\n\
+         n1    finished  -      2023-11-14T22:13:20.123Z  2023-11-14T22:20:00.000Z\n\
+         n2    waiting   -      2023-11-14T22:13:20.123Z  -\n\
+         more: --page-token n2\n"
+    );
+    let out = ironguardctl(&url, &["list", "--page-size", "2", "--page-token", "n2"]).await;
+    assert!(stdout(&out).starts_with("NODE  STATE       ERROR"), "{}", stdout(&out));
+    assert!(stdout(&out).ends_with("more: --page-token n4\n"), "{}", stdout(&out));
+
+    fake.lists.lock().unwrap().clear();
+    let out = ironguardctl(&url, &["list", "--page-size", "2", "--all", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes: Vec<&str> =
+        json["inspections"].as_array().unwrap().iter().map(|i| i["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes, ["n1", "n2", "n3", "n4", "n5"]);
+    assert_eq!(json["next_page_token"], serde_json::Value::Null);
+    let tokens: Vec<String> = fake.lists.lock().unwrap().iter().map(|l| l.page_token.clone()).collect();
+    assert_eq!(tokens, ["", "n2", "n4"]);
+
+    let out = ironguardctl(&url, &["list", "--all", "--state", "finished", "--state", "error"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 4, "{}", stdout(&out));
+    assert_eq!(fake.lists.lock().unwrap().last().unwrap().states, ["finished", "error"]);
+}
+
+#[tokio::test]
+async fn wait_exits_0_when_every_inspection_finished() {
+    let (fake, url) = start_fake().await;
+    fake.script("node-a", &[("waiting", ""), ("processing", ""), ("finished", "")]);
+    fake.script("node-b", &[("finished", "")]);
+    let out = ironguardctl(&url, &["wait", "node-a", "node-b", "--interval", "20"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "node-b: finished\nnode-a: finished\n");
+    assert_eq!(stderr(&out), "");
+}
+
+#[tokio::test]
+async fn wait_exits_1_when_an_inspection_ended_in_error() {
+    let (fake, url) = start_fake().await;
+    fake.script("node-a", &[("finished", "")]);
+    fake.script("node-b", &[("processing", ""), ("error", "inspection timed out after 3600 s")]);
+    let out = ironguardctl(&url, &["wait", "node-a", "node-b", "--interval", "20"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "node-a: finished\nnode-b: error: inspection timed out after 3600 s\n");
+}
+
+#[tokio::test]
+async fn wait_exits_2_on_timeout_naming_the_nodes_still_running() {
+    let (fake, url) = start_fake().await;
+    fake.script("node-a", &[("finished", "")]);
+    fake.script("node-b", &[("waiting", "")]);
+    let started = std::time::Instant::now();
+    let out = ironguardctl(&url, &["wait", "node-a", "node-b", "--timeout", "1", "--interval", "100"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    assert_eq!(stdout(&out), "node-a: finished\n");
+    assert_eq!(stderr(&out), "ironguardctl: timed out after 1s; still running: node-b (waiting)\n");
+    assert!(fake.gets_of("node-b") >= 5, "{}", fake.gets_of("node-b"));
+}
+
+#[tokio::test]
+async fn wait_exits_2_when_a_node_is_unknown() {
+    let (fake, url) = start_fake().await;
+    fake.script("node-a", &[("waiting", "")]);
+    let out = ironguardctl(&url, &["wait", "node-a", "node-z"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "ironguardctl: node-z: the control plane at {url} found nothing for Get: node node-z has never been \
+             inspected\nironguardctl: stopped waiting; still running: node-a (waiting), node-z (state unknown)\n"
+        )
+    );
+}
+
+#[tokio::test]
+async fn continue_refuses_a_document_that_is_not_a_json_object_without_any_call() {
+    let (fake, url) = start_fake().await;
+    let not_json = scratch_file("continue-not-json.json", "{\"inventory\": ");
+    let out = ironguardctl(&url, &["continue", "--file", not_json.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.starts_with(&format!("ironguardctl: {} is not JSON: ", not_json.display())), "{err}");
+
+    let array = scratch_file("continue-array.json", "[{\"inventory\": {}}]");
+    let out = ironguardctl(&url, &["continue", "--file", array.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("holds a JSON array, not the JSON object of"), "{}", stderr(&out));
+
+    let out = ironguardctl(&url, &["continue", "--file", "/nonexistent/ironguard/data.json"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with("ironguardctl: cannot read /nonexistent/ironguard/data.json: "),
+        "{}",
+        stderr(&out)
+    );
+
+    assert!(fake.continues.lock().unwrap().is_empty());
+
+    // The document is checked before connecting: with no control plane at all, the error is still the file's.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = ironguardctl(&format!("http://127.0.0.1:{port}"), &["continue", "--file", array.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("holds a JSON array"), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn continue_sends_the_document_from_a_file_or_stdin() {
+    let (fake, url) = start_fake().await;
+    let document = r#"{"inventory": {"interfaces": [{"mac_address": "52:54:00:12:34:56"}]}}"#;
+    let file = scratch_file("continue-ok.json", document);
+    let out = ironguardctl(&url, &["continue", "--file", file.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "introspection data accepted for node node-a\n");
+
+    let mut child = command(&url, &["continue", "--file", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(document.as_bytes()).await.unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(*fake.continues.lock().unwrap(), [document, document]);
+}
+
+#[tokio::test]
+async fn abort_reapply_and_data() {
+    let (_fake, url) = start_fake().await;
+    let out = ironguardctl(&url, &["abort", "node-a"]).await;
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), "node-a: abort requested (request 7)\n".into()));
+    let out = ironguardctl(&url, &["reapply", "node-a"]).await;
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), "node-a: reapply requested (request 8)\n".into()));
+
+    let pretty = "{\n  \"inventory\": {\n    \"cpu\": {\n      \"count\": 4\n    }\n  }\n}\n";
+    let out = ironguardctl(&url, &["data", "node-a"]).await;
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), pretty.into()));
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("data-node-a.json");
+    let out = ironguardctl(&url, &["data", "node-a", "--output", file.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        format!("node-a: introspection data written to {} ({} bytes)\n", file.display(), pretty.len())
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), pretty);
+}
