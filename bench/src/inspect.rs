@@ -55,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &cfg,
         format!(
             "[filter]\nunknown_mac_policy = \"deny\"\n[ironic]\nurl = \"{}\"\n[inspection]\nworkers = {}\npower_off = true\n\
-             [sync]\nironic_sync_secs = 1\nironic_inspection = false\n",
+             [sync]\nironic_inspection = false\n",
             ironic.url, args.workers
         ),
     )?;

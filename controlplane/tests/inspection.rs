@@ -403,3 +403,36 @@ async fn two_workers_racing_for_one_node_one_proceeds_the_other_leaves_the_reque
     let (_, err) = s.wait_state(N1, "error").await;
     assert_eq!(err, "inspection aborted");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policy_while_inspecting_allows_unknown_macs_only_during_an_inspection() {
+    use ironguard_controlplane::inspection::periodic::PolicySetting;
+    use ironguard_proto::v1::UnknownMacPolicy;
+    let s = site("policy", |c| {
+        c.filter.unknown_mac_policy = PolicySetting::WhileInspecting;
+        c.sync.ironic_inspection_period_ms = 100;
+    })
+    .await;
+    let policy = || async {
+        PxeFilterClient::new(s.channel.clone())
+            .get_filter_state(GetFilterStateRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .unknown_mac_policy
+    };
+    let wait_policy = |want: UnknownMacPolicy| async move {
+        let t = Instant::now();
+        while policy().await != want as i32 {
+            assert!(t.elapsed() < Duration::from_secs(5), "policy never became {want:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    wait_policy(UnknownMacPolicy::Deny).await;
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    wait_policy(UnknownMacPolicy::Allow).await;
+    s.insp().r#continue(ContinueRequest { data_json: data_for(MAC1) }).await.unwrap();
+    s.wait_state(N1, "finished").await;
+    wait_policy(UnknownMacPolicy::Deny).await;
+}

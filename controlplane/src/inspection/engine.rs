@@ -373,10 +373,13 @@ impl Engine {
         let _ = self.coord.unlock(&guard).await;
     }
 
+    /// Test hook: stops the worker at `point` and keeps the process alive so a test can SIGKILL it right there.
     fn crash_if(&self, point: CrashPoint) {
         if self.crash == Some(point) {
-            error!(?point, "IRONGUARD_TEST_CRASH: aborting the process here");
-            std::process::abort();
+            error!(?point, "IRONGUARD_TEST_CRASH: worker stopped here, waiting to be killed");
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
         }
     }
 
@@ -502,8 +505,13 @@ impl Engine {
     }
 
     async fn remove_allow(&self, node: &str) {
+        // The node's recorded MACs first (cheap); a full scan only when the record has none (e.g. it is gone).
+        let macs = match self.store.get(node).await {
+            Ok(Some(r)) if !r.macs.is_empty() => r.macs,
+            _ => vec![],
+        };
         let r = reason(node);
-        let (_, entries) = self.filters.entries(&[]);
+        let (_, entries) = self.filters.entries(&macs);
         let changes: Vec<ReasonChange> = entries
             .into_iter()
             .filter(|(_, e)| e.allow.contains(&r))

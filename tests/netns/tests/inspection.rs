@@ -208,10 +208,8 @@ fn worker_killed_after_the_task_before_consuming_goes_to_error_not_twice() {
     site.start();
     site.wait_state("waiting", Duration::from_secs(20));
     let _ = site.continue_();
-    // The control plane aborts itself right after the processing task.
-    let died = site.cp.proc.wait_exit(Duration::from_secs(15));
-    assert!(died.is_some(), "the crash point was reached:\n{}", site.cp.proc.log_text());
-    assert!(site.cp.proc.log_text().contains("IRONGUARD_TEST_CRASH"));
+    // The worker stops right after the processing task; kill the process there.
+    kill_at_crash_point(&mut site.cp);
     site.cp.env.clear();
     site.cp.restart(&site.lan.pxe, &site.lan.dir);
     // Redelivered after its lease (2 s): déjà vu of a strict transition → error, task not repeated.
@@ -227,13 +225,21 @@ fn worker_killed_before_the_transition_runs_the_task_once() {
     site.wait_state("waiting", Duration::from_secs(20));
     let before = site.power_calls("").len();
     let _ = site.continue_();
-    let died = site.cp.proc.wait_exit(Duration::from_secs(15));
-    assert!(died.is_some(), "the crash point was reached:\n{}", site.cp.proc.log_text());
+    kill_at_crash_point(&mut site.cp);
     site.cp.env.clear();
     site.cp.restart(&site.lan.pxe, &site.lan.dir);
     let (_, err) = site.wait_state("finished", Duration::from_secs(20));
     assert_eq!(err, "");
     assert_eq!(site.power_calls("").len(), before + 1, "the processing task (power off) ran exactly once");
+}
+
+/// Waits until the control plane's worker reports it stopped at the crash point, then SIGKILLs the process.
+fn kill_at_crash_point(cp: &mut ControlPlane) {
+    let reached =
+        wait_for(Duration::from_secs(15), || cp.proc.log_text().contains("IRONGUARD_TEST_CRASH").then_some(()));
+    assert!(reached.is_some(), "the crash point was not reached:\n{}", cp.proc.log_text());
+    cp.proc.signal(Signal::SIGKILL);
+    assert!(cp.proc.wait_exit(Duration::from_secs(5)).is_some());
 }
 
 fn restart_mid_inspection(with_etcd: bool) {
