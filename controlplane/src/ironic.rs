@@ -355,6 +355,10 @@ impl Ironic {
                     continue;
                 }
                 404 => return Err(IronicError::NotFound { what: error_message(&text) }),
+                // 409 is retried when the node is locked (another conductor action); other conflicts are final.
+                409 if !error_message(&text).to_lowercase().contains("lock") => {
+                    return Err(IronicError::Http { op: op.to_string(), status, message: error_message(&text) });
+                }
                 409 | 500..=599 => {
                     last = format!("{status}: {}", error_message(&text));
                     warn!(op, attempt, status, "Ironic answered {status}; retrying");

@@ -122,3 +122,26 @@ async fn microversion_is_negotiated_down_and_lists_follow_next() {
     let e = c.get_node("x").await.unwrap_err();
     assert!(e.to_string().contains("1.6") && e.to_string().contains("1.8"), "{e}");
 }
+
+#[tokio::test]
+async fn node_patch_ports_boot_device_and_power() {
+    let f = fake(FakeIronicConfig::default()).await;
+    let c = Ironic::new(IronicConfig { url: f.url(), ..Default::default() }).unwrap();
+    let uuid = "55555555-5555-5555-5555-555555555555";
+    c.patch_node(uuid, &serde_json::json!([{"op": "add", "path": "/extra/inspected_by", "value": "ironguard"}]))
+        .await
+        .unwrap();
+    assert_eq!(f.node(uuid).unwrap().extra["inspected_by"], "ironguard");
+    let p = c.create_port(uuid, "52:54:00:77:00:01").await.unwrap();
+    assert_eq!(c.list_ports(Some(uuid)).await.unwrap().len(), 1);
+    let dup = c.create_port(uuid, "52:54:00:77:00:01").await.unwrap_err();
+    assert!(dup.to_string().contains("409"), "a duplicate address is refused: {dup}");
+    c.delete_port(&p.uuid).await.unwrap();
+    assert!(c.list_ports(Some(uuid)).await.unwrap().is_empty());
+    c.set_boot_device(uuid, "pxe", false).await.unwrap();
+    c.set_power(uuid, "power on").await.unwrap();
+    assert_eq!((f.boot_device(uuid).as_deref(), f.power_state(uuid).as_deref()), (Some("pxe"), Some("power on")));
+    let v = c.validate(uuid, "power").await.unwrap();
+    assert_eq!(v.result, Some(true));
+    assert!(matches!(c.get_node("missing").await.unwrap_err(), IronicError::NotFound { .. }));
+}
