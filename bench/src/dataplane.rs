@@ -5,10 +5,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy};
 use serde_json::json;
 
-use crate::stats::{Samples, human, ms};
+use crate::stats::{Samples, human, macs, ms};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -30,13 +30,6 @@ pub struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/dataplane.json")]
     json: PathBuf,
-}
-
-fn macs(n: usize, tag: u8) -> Vec<MacAddr> {
-    (0..n)
-        .map(|i| MacAddr::from_octets([0x02, tag, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x01]))
-        .collect::<Result<_, _>>()
-        .unwrap_or_default()
 }
 
 fn state(n: usize) -> DesiredState {

@@ -16,7 +16,7 @@ use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::stats::{Samples, human, ms};
+use crate::stats::{Samples, human, macs, ms};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -38,13 +38,6 @@ pub struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/filters.json")]
     json: PathBuf,
-}
-
-fn macs(n: usize, tag: u8) -> Vec<MacAddr> {
-    (0..n)
-        .map(|i| MacAddr::from_octets([0x02, tag, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x01]))
-        .collect::<Result<_, _>>()
-        .unwrap_or_default()
 }
 
 fn sibling(name: &str) -> anyhow::Result<PathBuf> {

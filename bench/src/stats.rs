@@ -1,6 +1,16 @@
-//! Small statistics helpers: medians and percentiles of durations, formatted for tables.
+//! Small helpers shared by the benchmarks: test MACs, medians and percentiles of durations, table formatting.
 
 use std::time::Duration;
+
+use ironguard_nft::MacAddr;
+
+/// `n` distinct unicast MACs `02:TAG:xx:xx:xx:01` (a tag per benchmark keeps sets apart).
+pub fn macs(n: usize, tag: u8) -> Vec<MacAddr> {
+    (0..n)
+        .map(|i| MacAddr::from_octets([0x02, tag, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x01]))
+        .collect::<Result<_, _>>()
+        .unwrap_or_default()
+}
 
 /// Sorted samples of one measurement.
 #[derive(Debug, Clone)]

@@ -67,6 +67,17 @@ pub fn require_privileges() {
     }
 }
 
+/// A command prefix running a program as uid/gid 65534 holding CAP_NET_ADMIN and no other capability.
+pub const SETPRIV_NET_ADMIN_ONLY: [&str; 7] = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=-all,+net_admin",
+    "--ambient-caps=-all,+net_admin",
+    "--bounding-set=-all,+net_admin",
+];
+
 /// Path of a workspace binary (built by `cargo build --workspace` before the tests run): next to the running
 /// executable (a benchmark in target/<profile>/) or one directory up (a test in target/<profile>/deps/).
 pub fn bin(name: &str) -> PathBuf {

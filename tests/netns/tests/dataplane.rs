@@ -368,15 +368,7 @@ fn guard_install_is_idempotent_and_status_reports_it() {
 #[test]
 fn works_as_a_non_root_user_with_only_cap_net_admin() {
     let lan = PxeLan::new(2);
-    let setpriv = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all,+net_admin",
-        "--ambient-caps=-all,+net_admin",
-        "--bounding-set=-all,+net_admin",
-    ];
+    let setpriv = SETPRIV_NET_ADMIN_ONLY;
     // The guard, installed by the unprivileged user.
     let mut guard = lan.pxe.cmd(setpriv[0]);
     guard.args(&setpriv[1..]).arg(bin("ironguard-agent")).args(["guard", "install", "--interface", "br0"]);

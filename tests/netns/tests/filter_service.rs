@@ -286,15 +286,7 @@ fn dnsmasq_stopped_the_agent_steps_down_and_says_why() {
 fn the_agent_runs_as_a_non_root_user_with_only_cap_net_admin() {
     let lan = PxeLan::new(1);
     let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
-    let setpriv = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all,+net_admin",
-        "--ambient-caps=-all,+net_admin",
-        "--bounding-set=-all,+net_admin",
-    ];
+    let setpriv = SETPRIV_NET_ADMIN_ONLY;
     let agent =
         start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-np", &cp.url(), "br0", AGENT_ADMIN, 30), Some(&setpriv));
     let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap();
