@@ -86,19 +86,23 @@ impl std::fmt::Debug for Server {
 pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     config.validate()?;
     let stale = Duration::from_secs(config.agents.stale_after_secs);
-    let (store, agents, coord): (Arc<dyn FilterStore>, AgentRegistry, Arc<dyn Coordinator>) = if config.etcd.enabled() {
+    type Stores = (Arc<dyn FilterStore>, Arc<dyn InspectionStore>, AgentRegistry, Arc<dyn Coordinator>);
+    let (store, inspections, agents, coord): Stores = if config.etcd.enabled() {
         let c = ironguard_coord::etcd::EtcdCoordinator::connect(&config.etcd)
             .await
             .with_context(|| format!("connecting to etcd {:?}", config.etcd.endpoints))?;
         let store = store::etcd::EtcdStore::open(c.clone(), config.store.change_log_length)
             .await
             .context("opening the filter state in etcd")?;
+        let inspections = EtcdInspections::new(c.clone());
         let coord: Arc<dyn Coordinator> = Arc::new(c);
-        (Arc::new(store), AgentRegistry::shared(coord.clone(), stale), coord)
+        (Arc::new(store), Arc::new(inspections), AgentRegistry::shared(coord.clone(), stale), coord)
     } else {
         let store = EmbeddedStore::open(&config.store.data_dir, config.store.change_log_length)
             .context("opening the filter store")?;
-        (Arc::new(store), AgentRegistry::local(stale), Arc::new(ironguard_coord::local::LocalCoordinator::new()))
+        let inspections = EmbeddedInspections::open(&config.store.data_dir).context("opening the inspection store")?;
+        let coord = Arc::new(ironguard_coord::local::LocalCoordinator::new());
+        (Arc::new(store), Arc::new(inspections), AgentRegistry::local(stale), coord)
     };
     // Publish the configured unknown-MAC policy (a new revision only if it differs from the stored one).
     // while-inspecting starts closed; the ironic-inspection task opens it while something is inspected.
@@ -115,12 +119,6 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         .await
         .with_context(|| format!("binding the admin listener on {}", config.server.admin_listen))?;
     let agents = Arc::new(agents);
-    let inspections: Arc<dyn InspectionStore> = if config.etcd.enabled() {
-        let c = ironguard_coord::etcd::EtcdCoordinator::connect(&config.etcd).await?;
-        Arc::new(EtcdInspections::new(c))
-    } else {
-        Arc::new(EmbeddedInspections::open(&config.store.data_dir).context("opening the inspection store")?)
-    };
     let ironic = if config.ironic.url.is_empty() {
         None
     } else {
