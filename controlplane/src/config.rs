@@ -42,6 +42,9 @@ pub struct ServerConfig {
     pub heartbeat_secs: u64,
     /// This replica's name in the control-plane election (default: host name and gRPC port).
     pub replica_id: String,
+    /// The ironic-inspector v1 REST API (for ironic-python-agent and `openstack baremetal introspection`), e.g.
+    /// "0.0.0.0:5050". Off when unset.
+    pub inspector_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +87,7 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9101)),
             heartbeat_secs: 2,
             replica_id: String::new(),
+            inspector_listen: None,
         }
     }
 }

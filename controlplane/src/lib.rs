@@ -7,6 +7,7 @@
 //! - [`singleton`]: periodic tasks run by the elected control-plane leader only.
 //! - [`inspection`]: the inspection engine (state machine, work queue, workers, tasks, gRPC `Inspection`).
 //! - [`ironic`]: the Ironic REST client.
+//! - [`inspector_api`]: the ironic-inspector v1 REST API (for ironic-python-agent and the OpenStack CLI).
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`config`]: TOML + environment + flags.
 //!
@@ -19,6 +20,7 @@ pub mod agents;
 pub mod config;
 pub mod filter;
 pub mod inspection;
+pub mod inspector_api;
 pub mod ironic;
 pub mod metrics;
 pub mod service;
@@ -59,6 +61,9 @@ use crate::store::embedded::EmbeddedStore;
 pub struct Server {
     /// The inspection engine (its workers start with [`Server::run`]).
     pub engine: Arc<Engine>,
+    /// The ironic-inspector v1 REST API's address, when enabled.
+    pub inspector_addr: Option<SocketAddr>,
+    inspector: Option<TcpListener>,
     periodic: Vec<singleton::PeriodicTask>,
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
@@ -146,6 +151,16 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     metrics.revision.set(counts.revision as i64);
     metrics.allowed.set(counts.allow as i64);
     metrics.denied.set(counts.deny as i64);
+    let inspector = match config.server.inspector_listen {
+        Some(a) => {
+            Some(TcpListener::bind(a).await.with_context(|| format!("binding the ironic-inspector API on {a}"))?)
+        }
+        None => None,
+    };
+    let inspector_addr = match &inspector {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
     let grpc_addr = grpc.local_addr()?;
     let replica = if config.server.replica_id.is_empty() {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -156,6 +171,8 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let (leading_tx, leading) = tokio::sync::watch::channel(false);
     let periodic = inspection::periodic::tasks(engine.clone(), config.sync.clone(), config.filter.unknown_mac_policy);
     Ok(Server {
+        inspector,
+        inspector_addr,
         engine,
         periodic,
         leading,
@@ -205,6 +222,21 @@ impl Server {
         info!(grpc = %self.grpc_addr, admin = %self.admin_addr, coordination = self.coord.backend(), "control plane serving");
         self.ready.store(true, Ordering::Relaxed);
         let tasks_stop = tokio_util::sync::CancellationToken::new();
+        if let Some(l) = self.inspector {
+            let app = inspector_api::router(self.engine.clone());
+            let mut stop = stop_tx.subscribe();
+            info!(addr = ?self.inspector_addr, "ironic-inspector v1 API serving");
+            tokio::spawn(async move {
+                let r = axum::serve(l, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stop.wait_for(|v| *v).await;
+                    })
+                    .await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "ironic-inspector API failed");
+                }
+            });
+        }
         let mut tasks = self.periodic.clone();
         if self.coord.backend() == "etcd" {
             tasks.push(agent_report_cleanup(self.coord.clone()));

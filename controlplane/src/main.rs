@@ -31,6 +31,9 @@ struct Cli {
     /// etcd endpoint (repeat, or comma-separated; etcd.endpoints). Without it, the embedded store is used.
     #[arg(long = "etcd", env = "IRONGUARD_ETCD_ENDPOINTS", value_delimiter = ',')]
     etcd: Vec<String>,
+    /// Serve the ironic-inspector v1 REST API on this address (server.inspector_listen), e.g. 0.0.0.0:5050.
+    #[arg(long, env = "IRONGUARD_CP_INSPECTOR_LISTEN")]
+    inspector_listen: Option<SocketAddr>,
     /// Ironic API endpoint (ironic.url), e.g. http://127.0.0.1:6385.
     #[arg(long, env = "IRONGUARD_IRONIC_URL")]
     ironic_url: Option<String>,
@@ -61,6 +64,9 @@ fn effective(cli: &Cli) -> anyhow::Result<ControlPlaneConfig> {
     }
     if !cli.etcd.is_empty() {
         c.etcd.endpoints = cli.etcd.clone();
+    }
+    if let Some(a) = cli.inspector_listen {
+        c.server.inspector_listen = Some(a);
     }
     if let Some(u) = &cli.ironic_url {
         c.ironic.url = u.clone();

@@ -24,6 +24,8 @@ struct Site {
     channel: Channel,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     dir: std::path::PathBuf,
+    /// The ironic-inspector v1 REST API (always on in these tests).
+    inspector: String,
 }
 
 impl Drop for Site {
@@ -49,6 +51,7 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
     let mut c = ControlPlaneConfig::default();
     c.server.grpc_listen = "127.0.0.1:0".parse().unwrap();
     c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.inspector_listen = Some("127.0.0.1:0".parse().unwrap());
     c.server.heartbeat_secs = 1;
     let dir = std::env::temp_dir().join(format!("ig-insp-it-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -65,6 +68,7 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
     tweak(&mut c);
     let server = ironguard_controlplane::serve(&c).await.unwrap();
     let engine = server.engine.clone();
+    let inspector = format!("http://{}", server.inspector_addr.unwrap());
     let url = format!("http://{}", server.grpc_addr);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run(async move {
@@ -101,7 +105,7 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
             let _ = c.report_status(status).await;
         }
     });
-    Site { engine, ironic, channel, stop: Some(tx), dir }
+    Site { engine, ironic, channel, stop: Some(tx), dir, inspector }
 }
 
 impl Site {
@@ -435,4 +439,100 @@ async fn policy_while_inspecting_allows_unknown_macs_only_during_an_inspection()
     s.insp().r#continue(ContinueRequest { data_json: data_for(MAC1) }).await.unwrap();
     s.wait_state(N1, "finished").await;
     wait_policy(UnknownMacPolicy::Deny).await;
+}
+
+/// The ironic-inspector v1 REST API over real HTTP, as ironic-python-agent and `openstack baremetal
+/// introspection` use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_ironic_inspector_v1_rest_api() {
+    let s = site("v1api", |_| {}).await;
+    let http = reqwest::Client::new();
+    let u = |p: &str| format!("{}{p}", s.inspector);
+
+    let root = http.get(u("/")).send().await.unwrap();
+    assert_eq!(root.status(), 200);
+    assert_eq!(root.headers()["X-OpenStack-Ironic-Inspector-API-Maximum-Version"], "1.18");
+    let v: serde_json::Value = root.json().await.unwrap();
+    assert_eq!(v["versions"][0]["id"], "1.18");
+
+    // Start: 202, then the status follows the engine.
+    let r = http.post(u(&format!("/v1/introspection/{N1}"))).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    s.wait_state(N1, "waiting").await;
+    let st: serde_json::Value =
+        http.get(u(&format!("/v1/introspection/{N1}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(st["uuid"], N1);
+    assert_eq!(st["state"], "waiting");
+    assert_eq!(st["finished"], false);
+    assert!(st["error"].is_null(), "{st}");
+    assert!(st["started_at"].as_str().unwrap().len() == 19, "{st}");
+    assert!(st["finished_at"].is_null());
+    // A node Ironic has deployed may not be inspected: refused, and nothing changes.
+    s.ironic.set_provision_state(N1, "active").unwrap();
+    let r = http.post(u(&format!("/v1/introspection/{N1}"))).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert!(e["error"]["message"].as_str().unwrap().contains("active"), "{e}");
+    assert_eq!(s.state(N1).await.0, "waiting");
+    s.ironic.set_provision_state(N1, "manageable").unwrap();
+
+    // Bad input on /v1/continue: clear errors, nothing changes.
+    let r = http.post(u("/v1/continue")).body("{not json").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("not JSON"));
+    let stranger = serde_json::json!({"inventory": {"interfaces": [{"mac_address": "52:54:00:99:99:99"}]}});
+    let r = http.post(u("/v1/continue")).body(stranger.to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 404, "no node has that MAC");
+    let big = vec![b' '; ironguard_controlplane::inspection::service::MAX_DATA_BYTES + 1];
+    let r = http.post(u("/v1/continue")).body(big).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("over"));
+    assert_eq!(s.state(N1).await.0, "waiting");
+
+    // The ramdisk's report, as ironic-python-agent posts it.
+    let r = http.post(u("/v1/continue")).body(data_for(MAC1)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["uuid"], N1);
+    s.wait_state(N1, "finished").await;
+    let st: serde_json::Value =
+        http.get(u(&format!("/v1/introspection/{N1}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(st["finished"], true);
+    assert!(st["finished_at"].is_string());
+    let d: serde_json::Value =
+        http.get(u(&format!("/v1/introspection/{N1}/data"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(d["foo"], "bar");
+
+    // Listing, with filters and bad parameters.
+    let l: serde_json::Value = http.get(u("/v1/introspection")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(l["introspection"].as_array().unwrap().len(), 1);
+    assert_eq!(l["introspection"][0]["uuid"], N1);
+    let l: serde_json::Value =
+        http.get(u("/v1/introspection?state=waiting")).send().await.unwrap().json().await.unwrap();
+    assert!(l["introspection"].as_array().unwrap().is_empty());
+    assert_eq!(http.get(u("/v1/introspection?limit=0")).send().await.unwrap().status(), 400);
+    assert_eq!(http.get(u("/v1/introspection?state=bogus")).send().await.unwrap().status(), 400);
+    assert_eq!(http.get(u("/v1/introspection?marker=nope")).send().await.unwrap().status(), 400);
+
+    // Unknown nodes and bad parameters.
+    let unknown = "99999999-9999-9999-9999-999999999999";
+    let r = http.get(u(&format!("/v1/introspection/{unknown}"))).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains(unknown));
+    assert_eq!(http.post(u(&format!("/v1/introspection/{unknown}"))).send().await.unwrap().status(), 404);
+    let r = http.post(u(&format!("/v1/introspection/{N1}?manage_boot=maybe"))).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(s.state(N1).await.0, "finished");
+
+    // Start without managing boot, then abort: error, allow removed.
+    let r = http.post(u(&format!("/v1/introspection/{N1}?manage_boot=false"))).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    s.wait_state(N1, "waiting").await;
+    assert_eq!(http.post(u(&format!("/v1/introspection/{N1}/abort"))).send().await.unwrap().status(), 202);
+    let (_, err) = s.wait_state(N1, "error").await;
+    assert_eq!(err, "inspection aborted");
+    assert!(s.allow_reasons(MAC1).await.is_empty());
+    let st: serde_json::Value =
+        http.get(u(&format!("/v1/introspection/{N1}"))).send().await.unwrap().json().await.unwrap();
+    assert_eq!(st["error"], "inspection aborted");
+    assert_eq!(st["finished"], true);
 }
