@@ -26,11 +26,9 @@ impl Timestamp {
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (secs, millis) = (self.0 / 1000, self.0 % 1000);
-        let (days, of_day) = (secs / 86_400, secs % 86_400);
-        let (year, month, day) = civil_from_days(days);
-        let (hour, minute, second) = (of_day / 3600, of_day % 3600 / 60, of_day % 60);
-        write!(f, "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z")
+        let t = ironguard_proto::time::utc_fields(self.0);
+        let (year, month, day, hour, minute, second) = (t.year, t.month, t.day, t.hour, t.minute, t.second);
+        write!(f, "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{:03}Z", t.millis)
     }
 }
 
@@ -38,21 +36,6 @@ impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }
-}
-
-/// The proleptic Gregorian date `days` days after 1970-01-01 (Howard Hinnant's `civil_from_days`, for
-/// non-negative days; the eras are 400-year cycles starting on 0000-03-01).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 /// One node's inspection: the JSON document of `inspect status --json`, and a row of `inspect list`.

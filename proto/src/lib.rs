@@ -2,6 +2,7 @@
 //!
 //! - [`v1`]: messages, the `PxeFilter` client and server.
 //! - [`FILE_DESCRIPTOR_SET`]: for gRPC server reflection (so `grpcurl` works without the .proto files).
+//! - [`time`]: the calendar fields of the API's millisecond timestamps, for printing them.
 
 /// Generated code for `ironguard.v1`.
 #[allow(clippy::all, clippy::unwrap_used, missing_debug_implementations, unreachable_pub)]
@@ -11,3 +12,59 @@ pub mod v1 {
 
 /// Encoded file descriptor set of every ironguard .proto, for `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ironguard_descriptor");
+
+/// The API's times are milliseconds since the Unix epoch; this breaks one into its UTC calendar fields, for the
+/// places that print them (`ironguardctl`, the ironic-inspector REST API).
+pub mod time {
+    /// A UTC time split into calendar fields (proleptic Gregorian).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct UtcFields {
+        pub year: u64,
+        pub month: u64,
+        pub day: u64,
+        pub hour: u64,
+        pub minute: u64,
+        pub second: u64,
+        pub millis: u64,
+    }
+
+    /// The calendar fields of `ms` milliseconds after 1970-01-01T00:00:00Z.
+    pub fn utc_fields(ms: u64) -> UtcFields {
+        let (secs, millis) = (ms / 1000, ms % 1000);
+        let (days, of_day) = (secs / 86_400, secs % 86_400);
+        let (year, month, day) = civil_from_days(days);
+        UtcFields { year, month, day, hour: of_day / 3600, minute: of_day % 3600 / 60, second: of_day % 60, millis }
+    }
+
+    /// The date `days` days after 1970-01-01 (Howard Hinnant's `civil_from_days`, for non-negative days; the
+    /// eras are 400-year cycles starting on 0000-03-01).
+    fn civil_from_days(days: u64) -> (u64, u64, u64) {
+        let z = days + 719_468;
+        let era = z / 146_097;
+        let day_of_era = z % 146_097;
+        let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+        let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+        let month_from_march = (5 * day_of_year + 2) / 153;
+        let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+        let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 };
+        let year = year_of_era + era * 400 + u64::from(month <= 2);
+        (year, month, day)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn calendar_fields() {
+            let f = |ms| {
+                let u = utc_fields(ms);
+                (u.year, u.month, u.day, u.hour, u.minute, u.second, u.millis)
+            };
+            assert_eq!(f(0), (1970, 1, 1, 0, 0, 0, 0));
+            assert_eq!(f(951_782_400_000), (2000, 2, 29, 0, 0, 0, 0));
+            assert_eq!(f(1_700_000_000_123), (2023, 11, 14, 22, 13, 20, 123));
+            assert_eq!(f(4_102_444_799_999), (2099, 12, 31, 23, 59, 59, 999));
+        }
+    }
+}
