@@ -8,7 +8,7 @@ packages=(
   dnsmasq-base busybox                            # a real DHCP server and a real DHCP client (udhcpc)
   etcd-server etcd-client                         # the coordination service for HA tests
   python3-scapy                                   # crafted (relayed) DHCP packets
-  libclang-dev clang protobuf-compiler            # rustables' bindgen and the gRPC code generator
+  libclang-dev clang protobuf-compiler libprotobuf-dev  # bindgen; protoc and its well-known .proto files (etcd-client)
   systemd                                         # systemd-analyze / systemd-sysusers verify the units
   build-essential pkg-config ca-certificates curl git
 )

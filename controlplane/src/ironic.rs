@@ -212,9 +212,13 @@ impl Ironic {
         if !cfg.ca_file.is_empty() {
             let pem = std::fs::read(&cfg.ca_file)
                 .map_err(|e| IronicError::Config(format!("cannot read {}: {e}", cfg.ca_file)))?;
-            let cert = reqwest::Certificate::from_pem(&pem)
+            // A bundle: every certificate in the file is trusted (and only those).
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
                 .map_err(|e| IronicError::Config(format!("{}: {e}", cfg.ca_file)))?;
-            b = b.tls_certs_only([cert]);
+            if certs.is_empty() {
+                return Err(IronicError::Config(format!("{}: no PEM certificate in the file", cfg.ca_file)));
+            }
+            b = b.tls_certs_only(certs);
         }
         let http = b.build().map_err(|e| IronicError::Config(format!("HTTP client: {e}")))?;
         Ok(Self { http, cfg, version: OnceCell::new(), token: RwLock::new(None) })
@@ -340,7 +344,11 @@ impl Ironic {
             let resp = match req.send().await {
                 Ok(r) => r,
                 Err(e) => {
-                    last = format!("{e}");
+                    // The causes say why (refused, timed out, "invalid peer certificate: UnknownIssuer").
+                    last = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(": ");
                     debug!(op, attempt, error = %e, "Ironic request failed");
                     continue;
                 }
