@@ -8,6 +8,8 @@ packages=(
   dnsmasq-base busybox                            # a real DHCP server and a real DHCP client (udhcpc)
   etcd-server etcd-client                         # the coordination service for HA tests
   python3-scapy                                   # crafted (relayed) DHCP packets
+  python3 python3-venv                            # the real Ironic 39 and OpenStack clients (scripts/ironic-venv.sh)
+  mmdebstrap                                      # the test command's fresh Debian 12 root (scripts/fresh-root.sh)
   libclang-dev clang protobuf-compiler libprotobuf-dev  # bindgen; protoc and its well-known .proto files (etcd-client)
   systemd                                         # systemd-analyze / systemd-sysusers verify the units
   build-essential pkg-config ca-certificates curl git

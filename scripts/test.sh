@@ -8,6 +8,7 @@ source scripts/install-deps.sh
 
 echo "== build"
 cargo build --workspace --all-targets --locked
+if [ "${1:-}" = --build-only ]; then echo "== build only: done"; exit 0; fi
 echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== unit, integration and end-to-end tests (network namespaces: real kernel, dnsmasq, udhcpc, etcd)"

@@ -179,6 +179,17 @@ fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// `fields` (comma-separated) with `required` added where missing.
+fn with_fields(fields: &str, required: &[&str]) -> String {
+    let mut out: Vec<&str> = fields.split(',').map(str::trim).filter(|f| !f.is_empty()).collect();
+    for r in required {
+        if !out.contains(r) {
+            out.push(r);
+        }
+    }
+    out.join(",")
+}
+
 fn parse_version(v: &str) -> Option<(u32, u32)> {
     let (a, b) = v.split_once('.')?;
     Some((a.parse().ok()?, b.parse().ok()?))
@@ -390,7 +401,11 @@ impl Ironic {
         serde_json::from_str(&text).map_err(|e| IronicError::Protocol { op: op.to_string(), detail: e.to_string() })
     }
 
-    /// Follows `next` links until the last page.
+    /// Every item of a paginated list. Ironic builds its `next` link from sort, limit, marker and a few flags only:
+    /// it drops filters such as `provision_state` and `node_uuid`, so following it verbatim lists everything after
+    /// the first page. Each page is therefore asked for with the caller's whole query plus `limit` and the
+    /// `marker` of the last item (its `uuid`); `next` only says whether there is more. A reply without the
+    /// collection key is an error, never an empty list.
     async fn list<T: for<'de> Deserialize<'de>>(
         &self,
         op: &str,
@@ -398,34 +413,41 @@ impl Ironic {
         key: &str,
         query: &[(&str, String)],
     ) -> Result<Vec<T>, IronicError> {
-        let mut url =
-            reqwest::Url::parse(&format!("{}{path}", self.base())).map_err(|e| IronicError::Config(e.to_string()))?;
-        {
-            let mut q = url.query_pairs_mut();
-            for (k, v) in query {
-                q.append_pair(k, v);
-            }
-            q.append_pair("limit", &self.cfg.page_size.to_string());
-        }
+        let protocol = |detail: String| IronicError::Protocol { op: op.to_string(), detail };
         let mut out = Vec::new();
-        let mut next = Some(url.to_string());
-        let mut pages = 0;
-        while let Some(u) = next.take() {
-            let page: Value = self.send_json(op, reqwest::Method::GET, &u, None, true).await?;
-            let items = page[key].as_array().cloned().unwrap_or_default();
+        let mut marker: Option<String> = None;
+        for _ in 0..100_000 {
+            let mut url = reqwest::Url::parse(&format!("{}{path}", self.base()))
+                .map_err(|e| IronicError::Config(e.to_string()))?;
+            {
+                let mut q = url.query_pairs_mut();
+                for (k, v) in query {
+                    q.append_pair(k, v);
+                }
+                q.append_pair("limit", &self.cfg.page_size.to_string());
+                if let Some(m) = &marker {
+                    q.append_pair("marker", m);
+                }
+            }
+            let mut page: Value = self.send_json(op, reqwest::Method::GET, url.as_str(), None, true).await?;
+            let Some(Value::Array(items)) = page.get_mut(key).map(Value::take) else {
+                return Err(protocol(format!("the reply has no {key:?} list")));
+            };
+            let more = page.get("next").and_then(Value::as_str).is_some_and(|n| !n.is_empty()) && !items.is_empty();
+            let last = items.last().map(|it| it.get("uuid").and_then(Value::as_str).map(str::to_string));
             for it in items {
-                out.push(
-                    serde_json::from_value(it)
-                        .map_err(|e| IronicError::Protocol { op: op.to_string(), detail: e.to_string() })?,
-                );
+                out.push(serde_json::from_value(it).map_err(|e| protocol(e.to_string()))?);
             }
-            next = page["next"].as_str().map(str::to_string);
-            pages += 1;
-            if pages > 100_000 {
-                return Err(IronicError::Protocol { op: op.to_string(), detail: "more than 100000 pages".into() });
+            if !more {
+                return Ok(out);
             }
+            let last = last.flatten().ok_or_else(|| protocol(format!("an item of {key:?} has no uuid")))?;
+            if marker.as_deref() == Some(last.as_str()) {
+                return Err(protocol(format!("the page after marker {last} starts over")));
+            }
+            marker = Some(last);
         }
-        Ok(out)
+        Err(protocol("more than 100000 pages".into()))
     }
 
     /// A node with only the fields ironguard reads.
@@ -437,33 +459,47 @@ impl Ironic {
         self.send_json(&format!("GET node {id}"), reqwest::Method::GET, &url, None, true).await
     }
 
-    /// Nodes in any of these provision states (all nodes if empty).
+    /// Nodes in any of these provision states (all nodes if empty), with `fields` (plus `uuid` and
+    /// `provision_state`). The server's filter is not trusted alone: every node returned is in one of the states.
     pub async fn list_nodes(&self, provision_states: &[&str], fields: &str) -> Result<Vec<Node>, IronicError> {
+        let fields = with_fields(fields, &["uuid", "provision_state"]);
         if provision_states.is_empty() {
-            return self.list("list nodes", "/v1/nodes", "nodes", &[("fields", fields.to_string())]).await;
+            return self.list("list nodes", "/v1/nodes", "nodes", &[("fields", fields)]).await;
         }
         let mut all = Vec::new();
         for ps in provision_states {
-            let mut page: Vec<Node> = self
-                .list(
-                    "list nodes",
-                    "/v1/nodes",
-                    "nodes",
-                    &[("provision_state", ps.to_string()), ("fields", fields.to_string())],
-                )
+            let nodes: Vec<Node> = self
+                .list("list nodes", "/v1/nodes", "nodes", &[("provision_state", ps.to_string()), ("fields", fields.clone())])
                 .await?;
-            all.append(&mut page);
+            let listed = nodes.len();
+            let kept: Vec<Node> = nodes.into_iter().filter(|n| n.provision_state.as_deref() == Some(*ps)).collect();
+            if kept.len() < listed {
+                warn!(
+                    provision_state = ps,
+                    ignored = listed - kept.len(),
+                    "Ironic listed nodes in other provision states; ignored them"
+                );
+            }
+            all.extend(kept);
         }
         Ok(all)
     }
 
-    /// Ports (address and node only), optionally of one node.
+    /// Ports (address and node only), optionally of one node (re-checked here: only that node's ports).
     pub async fn list_ports(&self, node: Option<&str>) -> Result<Vec<Port>, IronicError> {
         let mut q = vec![("fields", "uuid,address,node_uuid".to_string())];
         if let Some(n) = node {
             q.push(("node_uuid", n.to_string()));
         }
-        self.list("list ports", "/v1/ports", "ports", &q).await
+        let mut ports: Vec<Port> = self.list("list ports", "/v1/ports", "ports", &q).await?;
+        if let Some(n) = node {
+            let listed = ports.len();
+            ports.retain(|p| p.node_uuid == n);
+            if ports.len() < listed {
+                warn!(node = n, ignored = listed - ports.len(), "Ironic listed ports of other nodes; ignored them");
+            }
+        }
+        Ok(ports)
     }
 
     /// `GET /v1/nodes/{uuid}/validate`, one interface.

@@ -168,6 +168,49 @@ async fn microversion_is_negotiated_down_and_lists_follow_next() {
     assert!(e.to_string().contains("1.6") && e.to_string().contains("1.8"), "{e}");
 }
 
+/// Ironic's `next` link drops `provision_state` and `node_uuid` (the fake builds it as Ironic 39 does): lists
+/// carry their filters to every page and re-check them, so nodes in other states and ports of other nodes never
+/// come back.
+#[tokio::test]
+async fn filters_hold_on_every_page() {
+    let f = fake(FakeIronicConfig::default()).await;
+    let uuids = f.populate(40, 3, "manageable");
+    for u in uuids.iter().step_by(3) {
+        f.set_provision_state(u, "inspect wait").unwrap();
+    }
+    let c = Ironic::new(IronicConfig { url: f.url(), page_size: 4, ..Default::default() }).unwrap();
+    let nodes = c.list_nodes(&["inspect wait"], "uuid").await.unwrap();
+    let want: Vec<&String> = uuids.iter().step_by(3).collect();
+    assert_eq!(nodes.iter().map(|n| &n.uuid).collect::<Vec<_>>(), want);
+    assert!(nodes.iter().all(|n| n.provision_state.as_deref() == Some("inspect wait")));
+    let ports = c.list_ports(Some(&uuids[7])).await.unwrap();
+    assert_eq!(ports.len(), 3);
+    assert!(ports.iter().all(|p| p.node_uuid == uuids[7]));
+    let pages = f.calls().iter().filter(|c| c.path.starts_with("/v1/nodes?")).count();
+    assert!(pages >= 4, "several pages were asked for ({pages})");
+    assert!(
+        f.calls()
+            .iter()
+            .filter(|c| c.path.starts_with("/v1/nodes?") || c.path.starts_with("/v1/ports?"))
+            .all(|c| c.path.contains("provision_state=inspect") || c.path.contains("node_uuid=")),
+        "every page repeats the filter"
+    );
+}
+
+/// A list reply without its collection is an error, not an empty list (which would drop every `ironic` deny).
+#[tokio::test]
+async fn a_list_reply_without_its_collection_is_an_error() {
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { r#"{"default_version": {"version": "1.80"}}"# }))
+        .route("/v1/ports", axum::routing::get(|| async { r#"{"error": "maintenance window"}"# }));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let c = Ironic::new(IronicConfig { url, ..Default::default() }).unwrap();
+    let e = c.list_ports(None).await.unwrap_err();
+    assert!(matches!(e, IronicError::Protocol { .. }) && e.to_string().contains("\"ports\""), "{e}");
+}
+
 #[tokio::test]
 async fn node_patch_ports_boot_device_and_power() {
     let f = fake(FakeIronicConfig::default()).await;

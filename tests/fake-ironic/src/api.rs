@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
@@ -111,18 +111,16 @@ async fn list_nodes(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     pairs: Pairs,
-    RawQuery(raw): RawQuery,
 ) -> Result<Response> {
-    nodes_page(&shared, &headers, Query::new(pairs.0, raw), false)
+    nodes_page(&shared, &headers, Query::new(pairs.0), false)
 }
 
 async fn list_nodes_detail(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     pairs: Pairs,
-    RawQuery(raw): RawQuery,
 ) -> Result<Response> {
-    nodes_page(&shared, &headers, Query::new(pairs.0, raw), true)
+    nodes_page(&shared, &headers, Query::new(pairs.0), true)
 }
 
 fn nodes_page(shared: &Shared, headers: &HeaderMap, query: Query, detail_route: bool) -> Result<Response> {
@@ -158,10 +156,9 @@ async fn show_node(
     headers: HeaderMap,
     Path(ident): Path<String>,
     pairs: Pairs,
-    RawQuery(raw): RawQuery,
 ) -> Result<Response> {
     let base = shared.base_url(&headers);
-    let shape = Query::new(pairs.0, raw).shape(NODE_FIELDS, false)?.or_detail();
+    let shape = Query::new(pairs.0).shape(NODE_FIELDS, false)?.or_detail();
     let store = shared.store();
     let node = store.node(&ident).ok_or_else(|| ApiError::node_not_found(&ident))?;
     Ok(json_response(StatusCode::OK, shape.apply(views::node_view(node, &base), NODE_LIST_FIELDS)))
@@ -304,18 +301,16 @@ async fn list_ports(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     pairs: Pairs,
-    RawQuery(raw): RawQuery,
 ) -> Result<Response> {
-    ports_page(&shared, &headers, Query::new(pairs.0, raw), false)
+    ports_page(&shared, &headers, Query::new(pairs.0), false)
 }
 
 async fn list_ports_detail(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     pairs: Pairs,
-    RawQuery(raw): RawQuery,
 ) -> Result<Response> {
-    ports_page(&shared, &headers, Query::new(pairs.0, raw), true)
+    ports_page(&shared, &headers, Query::new(pairs.0), true)
 }
 
 fn ports_page(shared: &Shared, headers: &HeaderMap, query: Query, detail_route: bool) -> Result<Response> {
@@ -353,10 +348,9 @@ async fn show_port(
     headers: HeaderMap,
     Path(uuid): Path<String>,
     pairs: Pairs,
-    RawQuery(raw): RawQuery,
 ) -> Result<Response> {
     let base = shared.base_url(&headers);
-    let shape = Query::new(pairs.0, raw).shape(PORT_FIELDS, false)?.or_detail();
+    let shape = Query::new(pairs.0).shape(PORT_FIELDS, false)?.or_detail();
     let store = shared.store();
     let port = store.port(&uuid).ok_or_else(|| ApiError::port_not_found(&uuid))?;
     Ok(json_response(StatusCode::OK, shape.apply(views::port_view(port, &base), PORT_LIST_FIELDS)))

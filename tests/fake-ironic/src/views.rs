@@ -141,16 +141,15 @@ impl Shape {
     }
 }
 
-/// The query string of a request, decoded, with the raw form kept for building `next` links.
+/// The query string of a request, decoded.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Query {
     pairs: Vec<(String, String)>,
-    raw: Option<String>,
 }
 
 impl Query {
-    pub(crate) fn new(pairs: Vec<(String, String)>, raw: Option<String>) -> Query {
-        Query { pairs, raw }
+    pub(crate) fn new(pairs: Vec<(String, String)>) -> Query {
+        Query { pairs }
     }
 
     /// The first value of `key`.
@@ -197,15 +196,30 @@ impl Query {
         Ok(Shape::Fields(fields))
     }
 
-    /// Ironic's `next` link: the original query parameters but `limit` and `marker`, then those two.
+    /// Ironic's `next` link, as Ironic 39 builds it (`api/controllers/v1/collection.py`): `sort_key`, `sort_dir`,
+    /// the flags the resource keeps (nodes: `associated`, `maintenance`, `retired` when true and `detail` when
+    /// given; ports: `detail`), `fields`, then `limit` and `marker`. Every other filter (`provision_state`,
+    /// `node_uuid`, `driver`, ...) is dropped, so a client that follows `next` verbatim lists everything after
+    /// the first page.
     pub(crate) fn next_url(&self, base: &str, resource: &str, limit: usize, marker: &str) -> String {
-        let mut url = format!("{base}/v1/{resource}?");
-        for segment in self.raw.as_deref().unwrap_or("").split('&') {
-            let key = segment.split('=').next().unwrap_or("");
-            if !segment.is_empty() && key != "limit" && key != "marker" {
-                url.push_str(segment);
-                url.push('&');
+        let python_bool = |v: &str| if parse_bool(v) == Some(true) { "True" } else { "False" };
+        let mut url = format!(
+            "{base}/v1/{resource}?sort_key={}&sort_dir={}&",
+            self.get("sort_key").unwrap_or("id"),
+            self.get("sort_dir").unwrap_or("asc")
+        );
+        if resource == "nodes" {
+            for flag in ["associated", "maintenance", "retired"] {
+                if self.get(flag).and_then(parse_bool) == Some(true) {
+                    url.push_str(&format!("{flag}=True&"));
+                }
             }
+        }
+        if let Some(d) = self.get("detail") {
+            url.push_str(&format!("detail={}&", python_bool(d)));
+        }
+        if let Some(f) = self.get("fields") {
+            url.push_str(&format!("fields={f}&"));
         }
         url.push_str(&format!("limit={limit}&marker={marker}"));
         url
@@ -287,7 +301,7 @@ mod tests {
                 (k.to_owned(), v.to_owned())
             })
             .collect();
-        Query::new(pairs, Some(raw.to_owned()))
+        Query::new(pairs)
     }
 
     #[test]
@@ -301,11 +315,20 @@ mod tests {
     }
 
     #[test]
-    fn next_keeps_other_parameters() {
-        let q = query("provision_state=inspect%20wait&limit=2&marker=a&fields=uuid");
+    fn next_is_built_as_ironic_builds_it() {
+        let q = query("provision_state=inspect%20wait&limit=2&marker=a&fields=uuid&maintenance=false");
         assert_eq!(
             q.next_url("http://h", "nodes", 2, "b"),
-            "http://h/v1/nodes?provision_state=inspect%20wait&fields=uuid&limit=2&marker=b"
+            "http://h/v1/nodes?sort_key=id&sort_dir=asc&fields=uuid&limit=2&marker=b"
+        );
+        let q = query("node_uuid=x&sort_dir=desc&detail=true&maintenance=1");
+        assert_eq!(
+            q.next_url("http://h", "nodes", 5, "c"),
+            "http://h/v1/nodes?sort_key=id&sort_dir=desc&maintenance=True&detail=True&limit=5&marker=c"
+        );
+        assert_eq!(
+            query("node_uuid=x&fields=address").next_url("http://h", "ports", 1, "p"),
+            "http://h/v1/ports?sort_key=id&sort_dir=asc&fields=address&limit=1&marker=p"
         );
     }
 

@@ -26,7 +26,9 @@ use ironguard_nft::MacAddr;
 
 pub mod etcd;
 pub mod ha;
+pub mod ironic;
 pub use etcd::{EtcdProcess, TlsFiles};
+pub use ironic::{RealIronic, ipa_inventory};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

@@ -1,0 +1,120 @@
+//! `ironic-inspection`: Ironic's own in-band inspection (Ironic 39 inspects nodes itself and relies on a PXE
+//! filter when it does not manage the boot). The ports of nodes in `inspect wait` or `inspecting` whose inspect
+//! interface is one of `[sync] ironic_inspect_interfaces` (and, unless configured otherwise, not in maintenance)
+//! are allowed with reason `ironic-inspection`, and lose it once the node leaves those states.
+//!
+//! Ironic's list filter is not trusted alone: every node is re-checked here (the client re-checks the provision
+//! state; this task the inspect interface and maintenance). With `while-inspecting`, this task also publishes the
+//! effective unknown-MAC policy; when Ironic cannot be asked, only ironguard's own inspections count (closed).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use tracing::{debug, info, warn};
+
+use super::mirror::ReasonMirror;
+use super::{IRONIC_INSPECTION, PolicySetting, SyncConfig, Task};
+use crate::filter::Side;
+use crate::inspection::engine::Engine;
+use crate::inspection::machine::State;
+use crate::ironic::{Ironic, Node};
+
+/// The provision states of a node Ironic is inspecting in band.
+const INSPECTING: [&str; 2] = ["inspect wait", "inspecting"];
+
+#[derive(Debug)]
+pub(super) struct IronicInspections {
+    engine: Arc<Engine>,
+    ironic: Arc<Ironic>,
+    sync: SyncConfig,
+    policy: PolicySetting,
+    allow: ReasonMirror,
+}
+
+impl IronicInspections {
+    pub(super) fn new(engine: Arc<Engine>, ironic: Arc<Ironic>, sync: SyncConfig, policy: PolicySetting) -> Self {
+        Self { engine, ironic, sync, policy, allow: ReasonMirror::new(Side::Allow, IRONIC_INSPECTION) }
+    }
+
+    /// Whether a listed node is one whose ports this task allows.
+    fn counts(&self, n: &Node) -> bool {
+        let state_ok = n.provision_state.as_deref().is_some_and(|s| INSPECTING.contains(&s));
+        let interface_ok =
+            n.inspect_interface.as_deref().is_some_and(|i| self.sync.ironic_inspect_interfaces.iter().any(|x| x == i));
+        let maintenance_ok = self.sync.ironic_inspection_maintenance || n.maintenance != Some(true);
+        if state_ok && interface_ok && !maintenance_ok {
+            debug!(node = %n.uuid, "Ironic inspects a node in maintenance: no DHCP for it");
+        }
+        state_ok && interface_ok && maintenance_ok
+    }
+
+    /// The nodes Ironic is inspecting now, re-checked.
+    async fn inspected_nodes(&self) -> anyhow::Result<Vec<Node>> {
+        let nodes = self.ironic.list_nodes(&INSPECTING, "uuid,provision_state,inspect_interface,maintenance").await?;
+        Ok(nodes.into_iter().filter(|n| self.counts(n)).collect())
+    }
+
+    async fn allow_ports(&self, nodes: &[Node]) -> anyhow::Result<()> {
+        let mut macs = BTreeSet::new();
+        for n in nodes {
+            for p in self.ironic.list_ports(Some(&n.uuid)).await? {
+                match p.address.parse::<MacAddr>() {
+                    Ok(m) => {
+                        macs.insert(m);
+                    }
+                    Err(e) => warn!(node = %n.uuid, address = %p.address, "port address ironguard cannot use: {e}"),
+                }
+            }
+        }
+        let synced = self.allow.sync(&self.engine, macs).await?;
+        if synced.changed > 0 {
+            info!(
+                nodes = nodes.len(),
+                changed = synced.changed,
+                revision = synced.revision,
+                "Ironic's own inspections: allow set updated"
+            );
+        }
+        Ok(())
+    }
+
+    /// `while-inspecting`: unknown MACs are allowed while any inspection runs (or with auto-discovery).
+    async fn publish_policy(&self, ironic_inspects: bool) -> anyhow::Result<()> {
+        let ours = self
+            .engine
+            .store
+            .list()
+            .await?
+            .iter()
+            .any(|r| matches!(r.state, State::Starting | State::Waiting | State::Processing));
+        let effective = if ours || ironic_inspects || self.sync.auto_discovery {
+            UnknownMacPolicy::Allow
+        } else {
+            UnknownMacPolicy::Deny
+        };
+        self.engine.filters.apply(vec![], Some(effective)).await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Task for IronicInspections {
+    async fn run(&self) -> anyhow::Result<()> {
+        let listed = self.inspected_nodes().await;
+        let mut result = Ok(());
+        if self.sync.ironic_inspection {
+            if let Ok(nodes) = &listed {
+                result = self.allow_ports(nodes).await;
+            }
+        }
+        if self.policy == PolicySetting::WhileInspecting {
+            // Ironic unreachable: only what ironguard knows counts, so unknown MACs are not left open on a guess.
+            let ironic_inspects = listed.as_ref().is_ok_and(|n| !n.is_empty());
+            self.publish_policy(ironic_inspects).await?;
+        }
+        listed?;
+        result
+    }
+}

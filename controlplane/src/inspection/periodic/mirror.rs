@@ -1,0 +1,89 @@
+//! Keeps the set of MACs carrying one reason on one side of the filter in step with a source of truth.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use ironguard_nft::MacAddr;
+
+use crate::filter::{ReasonChange, Side};
+use crate::store::FilterStore;
+use crate::inspection::engine::Engine;
+
+/// "These MACs should carry `reason` on `side` now" becomes the reason changes against the previous run (the
+/// filter state itself on the first run, so a new leader starts from what is published).
+#[derive(Debug)]
+pub(super) struct ReasonMirror {
+    side: Side,
+    reason: &'static str,
+    previous: Mutex<Option<BTreeSet<MacAddr>>>,
+}
+
+/// What one [`ReasonMirror::sync`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Synced {
+    pub changed: usize,
+    pub revision: Option<u64>,
+}
+
+impl ReasonMirror {
+    pub(super) fn new(side: Side, reason: &'static str) -> Self {
+        Self { side, reason, previous: Mutex::new(None) }
+    }
+
+    /// Publishes the difference between `now` and the last published set, as one filter change.
+    pub(super) async fn sync(&self, engine: &Engine, now: BTreeSet<MacAddr>) -> anyhow::Result<Synced> {
+        let before = self.previous()?.unwrap_or_else(|| carrying(engine.filters.as_ref(), self.side, self.reason));
+        let changes = diff(self.side, self.reason, &before, &now);
+        let mut revision = None;
+        if !changes.is_empty() {
+            revision = Some(engine.filters.apply(changes.clone(), None).await?.revision);
+        }
+        // Remembered only once published: a failed apply is retried in full next time.
+        *self.previous.lock().map_err(|_| anyhow::anyhow!("poisoned lock"))? = Some(now);
+        Ok(Synced { changed: changes.len(), revision })
+    }
+
+    fn previous(&self) -> anyhow::Result<Option<BTreeSet<MacAddr>>> {
+        Ok(self.previous.lock().map_err(|_| anyhow::anyhow!("poisoned lock"))?.clone())
+    }
+}
+
+/// Reason changes that take `before` to `after`.
+fn diff(side: Side, reason: &str, before: &BTreeSet<MacAddr>, after: &BTreeSet<MacAddr>) -> Vec<ReasonChange> {
+    let added = after.difference(before).map(|m| (m, true));
+    let removed = before.difference(after).map(|m| (m, false));
+    added
+        .chain(removed)
+        .map(|(mac, present)| ReasonChange { mac: *mac, side, reason: reason.to_string(), present })
+        .collect()
+}
+
+/// MACs that currently carry `reason` on `side` in the filter state.
+fn carrying(filters: &dyn FilterStore, side: Side, reason: &str) -> BTreeSet<MacAddr> {
+    let (_, entries) = filters.entries(&[]);
+    entries
+        .into_iter()
+        .filter(|(_, e)| match side {
+            Side::Allow => e.allow.contains(reason),
+            Side::Deny => e.deny.contains(reason),
+        })
+        .map(|(m, _)| m)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_adds_and_removes_only_the_difference() {
+        let m = |s: &str| s.parse::<MacAddr>().unwrap();
+        let before: BTreeSet<_> = [m("52:54:00:00:00:01"), m("52:54:00:00:00:02")].into();
+        let after: BTreeSet<_> = [m("52:54:00:00:00:02"), m("52:54:00:00:00:03")].into();
+        let d = diff(Side::Deny, "ironic", &before, &after);
+        assert_eq!(d.len(), 2);
+        assert!(d.iter().any(|c| c.mac == m("52:54:00:00:00:03") && c.present));
+        assert!(d.iter().any(|c| c.mac == m("52:54:00:00:00:01") && !c.present));
+        assert!(diff(Side::Deny, "ironic", &after, &after).is_empty());
+    }
+}

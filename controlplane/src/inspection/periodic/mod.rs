@@ -1,0 +1,131 @@
+//! The singleton periodic tasks of inspection, run by the elected control-plane leader only. One task, one type,
+//! one file:
+//!
+//! - [`timeout::InspectionTimeout`]: inspections running longer than `timeout_secs` end in error.
+//! - [`clean_up::CleanUp`]: finished inspections older than `clean_up_after_secs` are forgotten.
+//! - [`ironic_sync::IronicSync`]: the deny set becomes every port MAC Ironic knows (reason `ironic`); nodes
+//!   deleted from Ironic are removed.
+//! - [`ironic_inspection::IronicInspections`]: the ports of nodes Ironic itself is inspecting are allowed (reason
+//!   `ironic-inspection`) and denied again once they leave; it also publishes the effective unknown-MAC policy for
+//!   `while-inspecting`.
+//!
+//! The two Ironic tasks keep a set of MACs under one reason in step with Ironic through [`mirror::ReasonMirror`],
+//! which turns "these MACs should carry the reason now" into the difference from the last run.
+
+mod clean_up;
+mod ironic_inspection;
+mod ironic_sync;
+mod mirror;
+mod timeout;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::engine::Engine;
+use crate::singleton::PeriodicTask;
+
+/// The deny reason of MACs known to Ironic.
+pub const IRONIC: &str = "ironic";
+/// The allow reason of MACs of nodes Ironic itself inspects.
+pub const IRONIC_INSPECTION: &str = "ironic-inspection";
+
+/// What the leader does with MACs in neither set (`[filter] unknown_mac_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicySetting {
+    #[default]
+    Allow,
+    Deny,
+    /// Allowed only while some node is being inspected (by ironguard or by Ironic), or with auto-discovery.
+    WhileInspecting,
+}
+
+/// `[sync]` in the control-plane configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SyncConfig {
+    /// Period of the full Ironic port synchronisation, seconds (0 disables it).
+    pub ironic_sync_secs: u64,
+    /// Allow the ports of nodes Ironic itself is inspecting.
+    pub ironic_inspection: bool,
+    /// Inspect interfaces whose nodes count (Ironic 39: "agent").
+    pub ironic_inspect_interfaces: Vec<String>,
+    /// Also allow nodes Ironic inspects while they are in maintenance (by default they get no DHCP: an operator
+    /// who puts a node in maintenance wants it left alone).
+    pub ironic_inspection_maintenance: bool,
+    /// Period of that (cheap) poll, milliseconds.
+    pub ironic_inspection_period_ms: u64,
+    /// For `while-inspecting`: allow unknown MACs even when nothing is inspected (node auto-discovery).
+    pub auto_discovery: bool,
+    /// Period of the inspection timeout check, seconds.
+    pub timeout_check_secs: u64,
+    /// Period of the clean-up, seconds.
+    pub clean_up_secs: u64,
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        Self {
+            ironic_sync_secs: 15,
+            ironic_inspection: true,
+            ironic_inspect_interfaces: vec!["agent".into()],
+            ironic_inspection_maintenance: false,
+            ironic_inspection_period_ms: 2000,
+            auto_discovery: false,
+            timeout_check_secs: 60,
+            clean_up_secs: 600,
+        }
+    }
+}
+
+/// One periodic task: a run is idempotent (a new leader may repeat it at once).
+#[async_trait]
+trait Task: Send + Sync + 'static {
+    async fn run(&self) -> anyhow::Result<()>;
+}
+
+fn schedule(name: &'static str, period: Duration, task: impl Task) -> PeriodicTask {
+    let task = Arc::new(task);
+    PeriodicTask {
+        name,
+        period,
+        run: Arc::new(move |_stop| {
+            let task = task.clone();
+            Box::pin(async move { task.run().await })
+        }),
+    }
+}
+
+/// Every periodic task of inspection, for the singleton runner.
+pub fn tasks(engine: Arc<Engine>, sync: SyncConfig, policy: PolicySetting) -> Vec<PeriodicTask> {
+    let mut out = vec![
+        schedule(
+            "inspection-timeout",
+            Duration::from_secs(sync.timeout_check_secs.max(1)),
+            timeout::InspectionTimeout::new(engine.clone()),
+        ),
+        schedule("clean-up", Duration::from_secs(sync.clean_up_secs.max(1)), clean_up::CleanUp::new(engine.clone())),
+    ];
+    let Some(ironic) = engine.ironic.clone() else {
+        return out;
+    };
+    if sync.ironic_sync_secs > 0 {
+        out.push(schedule(
+            "ironic-sync",
+            Duration::from_secs(sync.ironic_sync_secs),
+            ironic_sync::IronicSync::new(engine.clone(), ironic.clone()),
+        ));
+    }
+    if sync.ironic_inspection || policy == PolicySetting::WhileInspecting {
+        let period = Duration::from_millis(sync.ironic_inspection_period_ms.max(100));
+        out.push(schedule(
+            "ironic-inspection",
+            period,
+            ironic_inspection::IronicInspections::new(engine, ironic, sync, policy),
+        ));
+    }
+    out
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The README's two commands on a brand-new Debian 12: builds a minimal Debian 12 root with mmdebstrap
+# (--variant=minbase, nothing but apt and the essentials), copies this checkout into it, and runs there, as root:
+#   1. ./scripts/test.sh --build-only   the test command's install step and build
+#   2. ./scripts/demo.sh                the demo: install step, release build, the whole demo with its checks
+# A package that install-deps.sh forgets makes one of them fail here even when this machine already has it.
+#
+# Only the Rust toolchain (~/.rustup, ~/.cargo/bin, read-only) and cargo's download cache (~/.cargo/registry)
+# are bound in from this machine, as the machine image ships them; everything else the root gets from
+# install-deps.sh. Everything runs in a private mount namespace, so no bind mount outlives the run, and the root
+# is deleted at the end (kept with IRONGUARD_KEEP_ROOT=1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=$PWD
+
+for tool in mmdebstrap unshare chroot; do
+  command -v "$tool" >/dev/null || { echo "fresh-root: $tool is missing (scripts/test.sh installs mmdebstrap)" >&2; exit 1; }
+done
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+rustup_home=${RUSTUP_HOME:-$HOME/.rustup}
+[ -x "$cargo_home/bin/cargo" ] && [ -d "$rustup_home/toolchains" ] ||
+  { echo "fresh-root: no rustup toolchain in $cargo_home / $rustup_home to bind into the root" >&2; exit 1; }
+mkdir -p "$cargo_home/registry"
+
+base=$(mktemp -d "${TMPDIR:-/tmp}/ironguard-fresh-root.XXXXXX")
+root=$base/root
+cleanup() {
+  local rc=$?
+  # The mounts lived in the private mount namespace of the run below and died with it; --one-file-system is a
+  # second guard against deleting through a bind mount.
+  if [ "${IRONGUARD_KEEP_ROOT:-0}" = 1 ]; then echo "fresh-root: kept $root"; else rm -rf --one-file-system "$base"; fi
+  exit $rc
+}
+trap cleanup EXIT
+
+echo "== fresh Debian 12 root: mmdebstrap --variant=minbase bookworm"
+t0=$(date +%s)
+mmdebstrap --quiet --variant=minbase --mode=root bookworm "$root" \
+  "deb http://deb.debian.org/debian bookworm main" \
+  "deb http://deb.debian.org/debian bookworm-updates main" \
+  "deb http://deb.debian.org/debian-security bookworm-security main"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+
+# This checkout as a clean clone would hold it (tracked and new, not ignored, files; the working tree's contents).
+mkdir -p "$root/root/ironguard"
+git ls-files -z --cached --others --exclude-standard | xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
+  tar --null -T - -cf - | tar -xf - -C "$root/root/ironguard"
+
+inner='set -euo pipefail
+export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+cd /root/ironguard
+echo "== [fresh root] the test command: install step and build"
+./scripts/test.sh --build-only
+echo "== [fresh root] the demo"
+./scripts/demo.sh'
+
+echo "== running the README's commands in the fresh root ($(($(date +%s) - t0)) s so far)"
+unshare --mount --propagation private -- bash -euo pipefail -c '
+  root=$1 cargo_home=$2 rustup_home=$3 inner=$4
+  mount -t proc proc "$root/proc"
+  mount --rbind /sys "$root/sys"
+  mount --rbind /dev "$root/dev"
+  mount -t tmpfs tmpfs "$root/run"
+  mount -t tmpfs tmpfs "$root/tmp"
+  mkdir -p "$root/root/.rustup" "$root/root/.cargo/bin" "$root/root/.cargo/registry"
+  mount --bind "$rustup_home" "$root/root/.rustup" && mount -o remount,bind,ro "$root/root/.rustup"
+  mount --bind "$cargo_home/bin" "$root/root/.cargo/bin" && mount -o remount,bind,ro "$root/root/.cargo/bin"
+  mount --bind "$cargo_home/registry" "$root/root/.cargo/registry"
+  exec chroot "$root" /usr/bin/env -i TERM=dumb CI="${CI:-}" /bin/bash -c "$inner"
+' fresh-root "$root" "$cargo_home" "$rustup_home" "$inner"
+echo "== fresh root: the README's commands passed ($(($(date +%s) - t0)) s)"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Makes (once) the Python virtual environment with a real OpenStack Ironic 39 and the clients that talk to it and
+# to ironguard's inspector API, and prints its path. The end-to-end tests and the demo use it:
+#   ironic, ironic-dbsync                     the real Ironic (standalone, noauth, fake-hardware, sqlite)
+#   baremetal (python-ironicclient)           Ironic's own CLI
+#   openstack baremetal introspection ...     python-ironic-inspector-client + python-openstackclient
+#   ironic_python_agent.inspector             ironic-python-agent's own callback code
+# Every package version is pinned in tests/ironic/constraints.txt (the set this project was tested with). The
+# environment is cached in $IRONGUARD_IRONIC_VENV (default /var/cache/ironguard/ironic-39.0.0) and rebuilt only
+# when the constraints change. Needs Debian's python3 and python3-venv (scripts/install-deps.sh) and PyPI.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+constraints=$here/tests/ironic/constraints.txt
+venv=${IRONGUARD_IRONIC_VENV:-/var/cache/ironguard/ironic-39.0.0}
+packages=(ironic python-ironicclient python-ironic-inspector-client python-openstackclient ironic-python-agent)
+stamp=$venv/.ironguard-constraints
+
+ready() { [ -x "$venv/bin/ironic" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$constraints"; }
+if ready; then echo "$venv"; exit 0; fi
+
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+if ready; then echo "$venv"; exit 0; fi   # another run made it while this one waited
+
+python=/usr/bin/python3
+[ -x "$python" ] || { echo "ironic-venv: $python is missing (scripts/install-deps.sh installs python3-venv)" >&2; exit 1; }
+echo "ironic-venv: creating $venv (Ironic 39 and the OpenStack clients from PyPI; about a minute)" >&2
+t0=$(date +%s)
+rm -rf "$venv"
+"$python" -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-input -c "$constraints" "${packages[@]}" >&2
+cp "$constraints" "$stamp"
+echo "ironic-venv: ready in $(($(date +%s) - t0)) s" >&2
+echo "$venv"
