@@ -57,6 +57,8 @@ echo "== [fresh root] the demo"
 echo "== running the README's commands in the fresh root ($(($(date +%s) - t0)) s so far)"
 unshare --mount --propagation private -- bash -euo pipefail -c '
   root=$1 cargo_home=$2 rustup_home=$3 inner=$4
+  # The root as a mount point of its own: `ip netns exec` remounts / as a slave, which needs one.
+  mount --bind "$root" "$root"
   mount -t proc proc "$root/proc"
   mount --rbind /sys "$root/sys"
   mount --rbind /dev "$root/dev"

@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (as root): installs what it needs, builds, lints, runs unit, integration and
-# privileged end-to-end tests (network namespaces, real nftables, dnsmasq, udhcpc, etcd), and a benchmark smoke run.
+# privileged end-to-end tests (network namespaces, real nftables, dnsmasq, udhcpc, etcd, a real Ironic 39), a
+# benchmark smoke run, and finally the README's two commands in a brand-new Debian 12 root (scripts/fresh-root.sh),
+# which proves the install step is complete.
+#   --build-only   install and build only (what the fresh root runs for this command)
+#   IRONGUARD_SKIP_FRESH_ROOT=1 skips the fresh-root stage (for a quick local run; CI never sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+T0=$(date +%s)
+stage() { echo "== $* (at $(($(date +%s) - T0)) s)"; }
 source scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
-echo "== build"
+stage "build"
 cargo build --workspace --all-targets --locked
-if [ "${1:-}" = --build-only ]; then echo "== build only: done"; exit 0; fi
-echo "== clippy"
+if [ "${1:-}" = --build-only ]; then stage "build only: done"; exit 0; fi
+stage "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== unit, integration and end-to-end tests (network namespaces: real kernel, dnsmasq, udhcpc, etcd)"
+stage "the real Ironic 39 for the end-to-end tests (cached Python environment)"
+scripts/ironic-venv.sh >/dev/null
+stage "unit, integration and end-to-end tests (network namespaces: real kernel, dnsmasq, udhcpc, etcd, Ironic 39)"
 # One invocation for the whole workspace (no second build with other features). The end-to-end tests mostly wait
 # on DHCP timeouts and leases, so more threads than cores.
 cargo test --workspace --locked -- --test-threads 8
-echo "== benchmark smoke run (small sizes; full figures: see docs/benchmarks.md)"
+stage "benchmark smoke run (small sizes; full figures: see docs/benchmarks.md)"
 target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
   --json target/bench-smoke/dataplane.json
-echo "== all tests passed"
+if [ "${IRONGUARD_SKIP_FRESH_ROOT:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+  stage "fresh Debian 12 root skipped (IRONGUARD_SKIP_FRESH_ROOT=1)"
+else
+  stage "the README's two commands in a fresh Debian 12 root"
+  scripts/fresh-root.sh
+fi
+stage "all tests passed"

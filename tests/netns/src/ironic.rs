@@ -54,16 +54,26 @@ pub fn venv_bin(name: &str) -> PathBuf {
     venv().join("bin").join(name)
 }
 
-/// An empty Ironic database with the current schema, made once per test process and copied for each Ironic.
+/// An empty Ironic database with the current schema, made once (kept in the virtual environment, whose Ironic
+/// version it belongs to) and copied for each Ironic.
 fn template_db() -> &'static Path {
     static DB: OnceLock<PathBuf> = OnceLock::new();
     DB.get_or_init(|| {
-        let dir = std::env::temp_dir().join(unique("ironic-template"));
-        std::fs::create_dir_all(&dir).expect("template dir");
-        let db = dir.join("ironic.sqlite");
-        let conf = dir.join("dbsync.conf");
-        std::fs::write(&conf, format!("[database]\nconnection = sqlite:///{}\n", db.display())).expect("write conf");
+        let db = venv().join("ironguard-template.sqlite");
+        if db.is_file() {
+            return db;
+        }
+        let tmp = std::env::temp_dir().join(unique("ironic-template"));
+        std::fs::create_dir_all(&tmp).expect("template dir");
+        let conf = tmp.join("dbsync.conf");
+        let fresh = tmp.join("ironic.sqlite");
+        std::fs::write(&conf, format!("[database]\nconnection = sqlite:///{}\n", fresh.display())).expect("write conf");
         run_ok(Command::new(venv_bin("ironic-dbsync")).arg("--config-file").arg(&conf).arg("create_schema"));
+        // Copied next to its final name, then renamed: a parallel test process never sees half a file.
+        let part = venv().join(format!("ironguard-template.sqlite.{}", std::process::id()));
+        std::fs::copy(&fresh, &part).expect("copy the template");
+        std::fs::rename(&part, &db).expect("place the template");
+        let _ = std::fs::remove_dir_all(&tmp);
         db
     })
 }
@@ -105,32 +115,17 @@ impl RealIronic {
 
     /// One API call with the newest microversion; (HTTP status, JSON body or Null).
     pub fn api(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        self.api_versioned(method, path, body, Some("latest"))
-    }
-
-    /// Like [`RealIronic::api`] with a chosen `X-OpenStack-Ironic-API-Version` (None: no header).
-    pub fn api_versioned(&self, method: &str, path: &str, body: Option<&Value>, version: Option<&str>) -> (u16, Value) {
-        let (status, _, text) = self.raw(method, path, body, version);
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+        self.rest().api(method, path, body, Some("latest"))
     }
 
     /// One API call: (status, response headers, body text).
     pub fn raw(&self, method: &str, path: &str, body: Option<&Value>, version: Option<&str>) -> (u16, String, String) {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns, "curl", "-s", "-D", "-", "--max-time", "30", "-X", method])
-            .arg(format!("{}{path}", self.url))
-            .args(["-w", "\n%{http_code}"]);
-        if let Some(v) = version {
-            c.args(["-H", &format!("X-OpenStack-Ironic-API-Version: {v}")]);
-        }
-        if let Some(b) = body {
-            c.args(["-H", "Content-Type: application/json", "-d", &b.to_string()]);
-        }
-        let out = c.output().expect("run curl");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (rest, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        let (headers, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
-        (code.trim().parse().unwrap_or(0), headers.to_string(), body.to_string())
+        self.rest().raw(method, path, body, version)
+    }
+
+    /// Raw HTTP to this Ironic from inside its namespace.
+    pub fn rest(&self) -> RestClient {
+        RestClient { ns: self.ns.clone(), url: self.url.clone() }
     }
 
     /// Like [`RealIronic::api`]; panics unless Ironic answers 2xx.
@@ -199,12 +194,16 @@ impl RealIronic {
     /// Drives a node to `want` from `enroll` or `manageable`: manageable, inspect wait, available or active.
     pub fn drive_to(&self, ident: &str, want: &str) {
         let t = Duration::from_secs(30);
+        if want == "enroll" {
+            assert_eq!(self.provision_state(ident), "enroll", "a node cannot go back to enroll");
+            return;
+        }
         if self.provision_state(ident) == "enroll" {
             self.provision(ident, "manage");
             self.wait_provision_state(ident, "manageable", t);
         }
         match want {
-            "enroll" | "manageable" => {}
+            "manageable" => {}
             "inspect wait" => {
                 self.provision(ident, "inspect");
                 self.wait_provision_state(ident, "inspect wait", t);
@@ -245,6 +244,40 @@ impl RealIronic {
                     .collect()
             })
             .unwrap_or_default()
+    }
+}
+
+/// Raw HTTP (curl) to an Ironic-like API inside a namespace, as an operator's client would send it.
+#[derive(Debug, Clone)]
+pub struct RestClient {
+    pub ns: String,
+    pub url: String,
+}
+
+impl RestClient {
+    /// One call with an optional `X-OpenStack-Ironic-API-Version`: (HTTP status, JSON body or Null).
+    pub fn api(&self, method: &str, path: &str, body: Option<&Value>, version: Option<&str>) -> (u16, Value) {
+        let (status, _, text) = self.raw(method, path, body, version);
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// One call: (status, response headers in lower case, body text).
+    pub fn raw(&self, method: &str, path: &str, body: Option<&Value>, version: Option<&str>) -> (u16, String, String) {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns, "curl", "-s", "-D", "-", "--max-time", "30", "-X", method])
+            .arg(format!("{}{path}", self.url))
+            .args(["-w", "\n%{http_code}"]);
+        if let Some(v) = version {
+            c.args(["-H", &format!("X-OpenStack-Ironic-API-Version: {v}")]);
+        }
+        if let Some(b) = body {
+            c.args(["-H", "Content-Type: application/json", "-d", &b.to_string()]);
+        }
+        let out = c.output().expect("run curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (rest, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        let (headers, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
+        (code.trim().parse().unwrap_or(0), headers.to_lowercase(), body.to_string())
     }
 }
 

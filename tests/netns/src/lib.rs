@@ -735,6 +735,20 @@ impl FakeIronicProc {
         }
     }
 
+    /// Raw HTTP to the fake's Ironic API, as [`RealIronic::rest`] to the real one.
+    pub fn rest(&self) -> ironic::RestClient {
+        ironic::RestClient { ns: self.ns.clone(), url: self.url.clone() }
+    }
+
+    /// Arms a fault: the next `count` requests (0: all) whose method and path start match get `status`.
+    pub fn add_fault(&self, method: &str, path_prefix: &str, status: u16, count: u32) {
+        self.curl(
+            "POST",
+            "/_fake/faults",
+            Some(&serde_json::json!({"method": method, "path_prefix": path_prefix, "status": status, "count": count, "latency_ms": 0})),
+        );
+    }
+
     pub fn set_provision_state(&self, uuid: &str, state: &str) {
         self.curl(
             "PUT",
@@ -765,5 +779,55 @@ impl FakeIronicProc {
         let v: serde_json::Value =
             serde_json::from_str(&self.curl("GET", &format!("/_fake/nodes/{uuid}"), None)).ok()?;
         v["power_state"].as_str().map(String::from)
+    }
+}
+
+/// Samples one of the agent's kernel sets in a namespace every millisecond or so, until stopped: every MAC ever
+/// seen in it, how many reads succeeded, and how many failed (a failed read is reported, never counted as empty).
+#[derive(Debug)]
+pub struct SetWatcher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: thread::JoinHandle<SetWatch>,
+}
+
+/// What a [`SetWatcher`] saw.
+#[derive(Debug, Default, Clone)]
+pub struct SetWatch {
+    pub seen: std::collections::BTreeSet<MacAddr>,
+    pub samples: u64,
+    pub read_errors: u64,
+    pub last_error: Option<String>,
+}
+
+impl SetWatcher {
+    pub fn start(ns: &Netns, set: &'static str) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let path = format!("/run/netns/{}", ns.name());
+        let handle = thread::spawn(move || {
+            let f = File::open(&path).expect("open netns");
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let mut w = SetWatch::default();
+            while !flag.load(Ordering::Relaxed) {
+                match ironguard_nft::set_members(set) {
+                    Ok(m) => {
+                        w.samples += 1;
+                        w.seen.extend(m);
+                    }
+                    Err(e) => {
+                        w.read_errors += 1;
+                        w.last_error = Some(e.to_string());
+                    }
+                }
+                thread::sleep(Duration::from_millis(1));
+            }
+            w
+        });
+        Self { stop, handle }
+    }
+
+    pub fn stop(self) -> SetWatch {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().expect("set watcher thread")
     }
 }

@@ -48,9 +48,10 @@ fn ok(o: Output) -> String {
 
 /// A PXE LAN with a control plane (policy deny) and a leader agent.
 struct Site {
-    lan: PxeLan,
-    cp: ControlPlane,
+    // Dropped in this order: the processes (printing their logs if the test failed), then the LAN and its logs.
     agent: Proc,
+    cp: ControlPlane,
+    lan: PxeLan,
 }
 
 impl Site {

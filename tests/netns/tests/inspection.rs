@@ -36,11 +36,13 @@ fn grpc<T: Send + 'static>(ns: &Netns, f: impl FnOnce(InspectionClient<Channel>)
 }
 
 struct Site {
-    lan: PxeLan,
-    ironic: FakeIronicProc,
-    cp: ControlPlane,
+    // Dropped in this order: the processes (printing their logs if the test failed), then the namespaces and the
+    // directory holding those logs.
     _agent: Proc,
+    cp: ControlPlane,
+    ironic: FakeIronicProc,
     _etcd: Option<EtcdProcess>,
+    lan: PxeLan,
 }
 
 fn cp_config_with(dir: &TempDir, etcd: Option<&str>, inspection_extra: &str) -> std::path::PathBuf {

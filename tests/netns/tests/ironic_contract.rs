@@ -1,0 +1,180 @@
+//! The contract between ironguard and Ironic: the same calls, through ironguard's own Ironic client and as raw
+//! HTTP, against the real Ironic 39 and against the fake Ironic the fast tests use. Where the two answer
+//! differently, the fake is wrong: pagination (`next` drops filters), error bodies, 404s, 409 on a locked node
+//! and on a duplicate port, microversion headers and the refusal of an unsupported version.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use ironguard_controlplane::ironic::{Ironic, IronicConfig, IronicError};
+use ironguard_netns_tests::*;
+use serde_json::{Value, json};
+
+const REAL_PORT: u16 = 6385;
+const FAKE_PORT: u16 = 6386;
+
+/// Both Ironics in one namespace, with the same content: 4 manageable nodes interleaved with 3 enrolled ones,
+/// one port each. Returns (uuids on the real one, uuids on the fake one), in creation (= list) order.
+struct Both {
+    real: RealIronic,
+    fake: FakeIronicProc,
+    ns: Netns,
+    _dir: TempDir,
+    real_nodes: Vec<String>,
+    fake_nodes: Vec<String>,
+}
+
+const STATES: [&str; 7] = ["manageable", "enroll", "manageable", "enroll", "manageable", "enroll", "manageable"];
+
+impl Both {
+    fn new() -> Self {
+        let dir = TempDir::new("contract");
+        let ns = Netns::new("contract");
+        // The real one holds a node's lock for about 2 s during a power action, as a slow BMC would.
+        let real = RealIronic::start_with(&ns, &dir, "127.0.0.1", REAL_PORT, "[fake]\npower_delay = 2\n");
+        let fake = FakeIronicProc::start(&ns, &dir, FAKE_PORT);
+        let mut real_nodes = vec![];
+        let mut fake_nodes = vec![];
+        for (i, state) in STATES.iter().enumerate() {
+            let m = mac(&format!("52:54:00:c0:00:{i:02x}"));
+            let uuid = real.enroll(&format!("n{i}"), &[m], &format!("10.2.0.{i}"), "agent");
+            real.drive_to(&uuid, state);
+            real_nodes.push(uuid);
+            let fu = format!("00000000-0000-4000-8000-{i:012}");
+            fake.add_node(&fu, state, &[m]);
+            fake_nodes.push(fu);
+        }
+        Self { real, fake, ns, _dir: dir, real_nodes, fake_nodes }
+    }
+
+    /// Runs `f` with a client of each Ironic, inside the namespace; returns (real result, fake result).
+    fn both<T: Send + 'static>(
+        &self,
+        cfg: IronicConfig,
+        f: impl Fn(Ironic, Vec<String>) -> BoxFut<T> + Send + Sync + 'static,
+    ) -> (T, T) {
+        let (real_nodes, fake_nodes) = (self.real_nodes.clone(), self.fake_nodes.clone());
+        let f = std::sync::Arc::new(f);
+        in_netns(&self.ns, move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let client = |port: u16| {
+                    Ironic::new(IronicConfig { url: format!("http://127.0.0.1:{port}"), ..cfg.clone() }).unwrap()
+                };
+                let r = f(client(REAL_PORT), real_nodes).await;
+                let k = f(client(FAKE_PORT), fake_nodes).await;
+                (r, k)
+            })
+        })
+    }
+
+    /// The same raw request to both: [(status, headers, body) of the real one, of the fake one].
+    fn raw_both(&self, method: &str, path: &str, body: Option<&Value>, version: Option<&str>) -> [(u16, String, String); 2] {
+        [self.real.raw(method, path, body, version), self.fake.rest().raw(method, path, body, version)]
+    }
+}
+
+type BoxFut<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+fn header<'a>(headers: &'a str, name: &str) -> Option<&'a str> {
+    headers.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// `next` with the base URL and the marker replaced, so the two servers' links compare.
+fn next_shape(body: &str, base: &str, marker: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap();
+    v["next"].as_str().unwrap_or("-").replace(base, "BASE").replace(marker, "MARKER")
+}
+
+#[test]
+fn the_fake_answers_as_the_real_ironic_does() {
+    let b = Both::new();
+
+    // Microversion headers on every answer; an unsupported version is refused with 406.
+    for (status, headers, _) in b.raw_both("GET", "/v1/nodes?limit=1", None, Some("1.8")) {
+        assert_eq!(status, 200);
+        assert_eq!(header(&headers, "x-openstack-ironic-api-version"), Some("1.8"), "{headers}");
+        assert!(header(&headers, "x-openstack-ironic-api-minimum-version").is_some(), "{headers}");
+        assert!(header(&headers, "x-openstack-ironic-api-maximum-version").is_some(), "{headers}");
+    }
+    let [real, fake] = b.raw_both("GET", "/v1/nodes", None, Some("1.999"));
+    assert_eq!((real.0, fake.0), (406, 406), "an unsupported microversion: real {real:?} fake {fake:?}");
+
+    // Pagination: `next` keeps sort, fields, limit and marker only; provision_state is dropped by both.
+    let q = "/v1/nodes?provision_state=manageable&fields=uuid&limit=2";
+    let [real, fake] = b.raw_both("GET", q, None, Some("1.81"));
+    let real_next = next_shape(&real.2, &b.real.url, &b.real_nodes[2]);
+    let fake_next = next_shape(&fake.2, "http://127.0.0.1:6386", &b.fake_nodes[2]);
+    assert_eq!(real_next, "BASE/v1/nodes?sort_key=id&sort_dir=asc&fields=uuid&limit=2&marker=MARKER");
+    assert_eq!(fake_next, real_next, "the fake builds next as Ironic 39 does");
+
+    // Error bodies: Ironic's JSON-in-a-string, with the same faultstring.
+    let [real, fake] = b.raw_both("GET", "/v1/nodes/no-such-node", None, Some("1.81"));
+    assert_eq!((real.0, fake.0), (404, 404));
+    let fault = |body: &str| -> Value {
+        let outer: Value = serde_json::from_str(body).unwrap();
+        serde_json::from_str(outer["error_message"].as_str().expect("error_message is a string")).unwrap()
+    };
+    assert_eq!(fault(&real.2)["faultstring"], fault(&fake.2)["faultstring"]);
+    assert_eq!(fault(&real.2)["faultcode"], "Client");
+
+    // ironguard's client reads both the same way.
+    let cfg = IronicConfig { page_size: 2, retries: 0, ..Default::default() };
+    let (real, fake) = b.both(cfg.clone(), |c, nodes| {
+        Box::pin(async move {
+            let listed: Vec<String> =
+                c.list_nodes(&["manageable"], "uuid").await.unwrap().into_iter().map(|n| n.uuid).collect();
+            let want: Vec<String> = nodes.iter().step_by(2).cloned().collect();
+            let missing = c.get_node("no-such-node").await.unwrap_err();
+            let ports = c.list_ports(Some(&nodes[3])).await.unwrap();
+            let dup = c.create_port(&nodes[0], "52:54:00:c0:00:00").await.unwrap_err();
+            let validate = c.validate(&nodes[0], "power").await.unwrap();
+            (listed == want, missing.to_string(), ports.len(), ports[0].node_uuid == nodes[3], dup.to_string(), validate.result)
+        })
+    });
+    assert!(real.0 && fake.0, "only the manageable nodes, across pages");
+    assert_eq!(real.1, fake.1, "the same 404 message");
+    assert!(real.1.contains("no-such-node could not be found"), "{}", real.1);
+    assert_eq!((real.2, real.3), (fake.2, fake.3), "one port of that node");
+    assert!(real.4.contains("409") && fake.4.contains("409"), "a duplicate port is 409: {} / {}", real.4, fake.4);
+    assert!(real.4.contains("already exists") && fake.4.contains("already exists"), "{} / {}", real.4, fake.4);
+    assert_eq!((real.5, fake.5), (Some(true), Some(true)));
+
+    // A node locked by a running power action (real: [fake] power_delay; fake: its 409 fault) is 409 "locked",
+    // which the client retries; without retries it reports the lock.
+    b.fake.add_fault("PATCH", "/v1/nodes/", 409, 1);
+    let (real, fake) = b.both(cfg.clone(), |c, nodes| {
+        Box::pin(async move {
+            c.set_power(&nodes[0], "power on").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let op = serde_json::json!([{"op": "add", "path": "/extra/contract", "value": "1"}]);
+            match c.patch_node(&nodes[0], &op).await {
+                Err(IronicError::Exhausted { last, .. }) => last,
+                other => format!("not a retryable lock: {other:?}"),
+            }
+        })
+    });
+    assert!(real.starts_with("409") && real.contains("locked"), "real: {real}");
+    assert!(fake.starts_with("409") && fake.contains("locked"), "fake: {fake}");
+    b.fake.add_fault("PATCH", "/v1/nodes/", 409, 1);
+    let retrying = IronicConfig { retries: 8, retry_backoff_ms: 300, ..cfg };
+    let (real, fake) = b.both(retrying, |c, nodes| {
+        Box::pin(async move {
+            c.set_power(&nodes[2], "power on").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let op = serde_json::json!([{"op": "add", "path": "/extra/contract", "value": "2"}]);
+            c.patch_node(&nodes[2], &op).await.map_err(|e| e.to_string())
+        })
+    });
+    assert_eq!((real.clone(), fake.clone()), (Ok(()), Ok(())), "retried until the lock is gone");
+    assert_eq!(b.real.node(&b.real_nodes[2])["extra"]["contract"], "2");
+
+    // JSON Patch on a path that does not exist: 400 from both.
+    let op = json!([{"op": "remove", "path": "/extra/not-there"}]);
+    let real = b.real.raw("PATCH", &format!("/v1/nodes/{}", b.real_nodes[0]), Some(&op), Some("1.81"));
+    let fake = b.fake.rest().raw("PATCH", &format!("/v1/nodes/{}", b.fake_nodes[0]), Some(&op), Some("1.81"));
+    assert_eq!((real.0, fake.0), (400, 400), "real {real:?}\nfake {fake:?}");
+}
