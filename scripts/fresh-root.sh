@@ -40,6 +40,18 @@ mmdebstrap --quiet --variant=minbase --mode=root bookworm "$root" \
   "deb http://deb.debian.org/debian bookworm-updates main" \
   "deb http://deb.debian.org/debian-security bookworm-security main"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# This machine's network: the certificate authorities it trusts locally (e.g. an egress proxy's) and the variables
+# that point TLS clients at the trust store. Not an install step of ironguard's; ca-certificates (installed by
+# install-deps.sh in the root) adds these to the root's bundle.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+fi
+tls_env=()
+for v in SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE PIP_CERT CURL_CA_BUNDLE PIP_INDEX_URL PIP_EXTRA_INDEX_URL \
+  http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+  [ -n "${!v:-}" ] && tls_env+=("$v=${!v}")
+done
 
 # This checkout as a clean clone would hold it (tracked and new, not ignored, files; the working tree's contents).
 mkdir -p "$root/root/ironguard"
@@ -68,6 +80,7 @@ unshare --mount --propagation private -- bash -euo pipefail -c '
   mount --bind "$rustup_home" "$root/root/.rustup" && mount -o remount,bind,ro "$root/root/.rustup"
   mount --bind "$cargo_home/bin" "$root/root/.cargo/bin" && mount -o remount,bind,ro "$root/root/.cargo/bin"
   mount --bind "$cargo_home/registry" "$root/root/.cargo/registry"
-  exec chroot "$root" /usr/bin/env -i TERM=dumb CI="${CI:-}" /bin/bash -c "$inner"
-' fresh-root "$root" "$cargo_home" "$rustup_home" "$inner"
+  shift 4
+  exec chroot "$root" /usr/bin/env -i TERM=dumb CI="${CI:-}" "$@" /bin/bash -c "$inner"
+' fresh-root "$root" "$cargo_home" "$rustup_home" "$inner" "${tls_env[@]}"
 echo "== fresh root: the README's commands passed ($(($(date +%s) - t0)) s)"

@@ -31,6 +31,24 @@ pub struct AgentConfig {
     pub election: ElectionSection,
     /// Where and how DHCP/PXE traffic is filtered. Shared by the guard and the agent's own table.
     pub dataplane: RulesetConfig,
+    /// How the agent keeps the guard.
+    pub guard: GuardSection,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GuardSection {
+    /// Hold the guard (`flags owner, persist`) where the kernel has `NFT_TABLE_F_PERSIST` (Linux 6.9+): no other
+    /// process can change or delete it while the agent runs, `nft flush ruleset` skips it, and it outlives the
+    /// agent. With `false` (or on older kernels) the guard is a plain table that the agent repairs the moment a
+    /// change notification shows it was touched.
+    pub claim: bool,
+}
+
+impl Default for GuardSection {
+    fn default() -> Self {
+        Self { claim: true }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

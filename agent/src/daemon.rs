@@ -4,12 +4,20 @@
 //! → apply the snapshot → `Leader` while the local DHCP service is healthy, `Follower` otherwise. Every failure
 //! leads to `Blocked`: no state yet, control plane unreachable beyond `lost_after_secs`, a kernel batch rejected,
 //! SIGTERM. If even the switch to `Blocked` fails, the process exits and the kernel deletes its table.
+//!
+//! The lease fence is enforced by the kernel: a leader's marking rules match only while the lease element in its
+//! table lives, and the agent moves that element's expiry to the fence deadline (TTL − margin after the send time
+//! of the last successful keep-alive) after each keep-alive, never otherwise. A frozen or starved agent therefore
+//! stops serving at its deadline without running any code. The timer branch of the main loop is a second line.
+//! On the local backend (no etcd) the lease is a watchdog: refreshed on every tick for [`LOCAL_LEASE`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use ironguard_coord::Expiry;
+use ironguard_nft::monitor::{GuardEvent, Monitor};
 use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, NftError, UnknownMacPolicy};
 use ironguard_proto::v1::{self as pb, AgentStatus, DhcpHealth, filter_event::Event};
 use rand::Rng as _;
@@ -24,6 +32,23 @@ use crate::coordination::{self, Candidacy, CoordState};
 use crate::dhcp_health::{self, Health};
 use crate::metrics::{AdminState, CauseLabel, KindLabel, Metrics, SetLabel};
 use crate::stream::{self, Identity, StreamMsg};
+
+/// On the local backend (no etcd, nothing to fence against), the kernel lease is a watchdog: refreshed on every
+/// tick of the main loop for this long, so a hung or frozen agent stops serving within it.
+pub const LOCAL_LEASE: Duration = Duration::from_secs(2);
+/// A lease shorter than this is not worth opening for: the keep-alive came too late, wait for the next one.
+const MIN_LEASE: Duration = Duration::from_millis(20);
+
+/// Until when the kernel may mark packets, given the session: the fence deadline of an etcd session, a short
+/// watchdog on the local backend, nothing without a session. Pure.
+pub fn lease_until(expiry: Expiry, margin: Duration, now: Instant) -> Option<Instant> {
+    let until = match expiry {
+        Expiry::Never => now + LOCAL_LEASE,
+        Expiry::At(_) => expiry.deadline(margin)?,
+        Expiry::Expired => return None,
+    };
+    (until >= now + MIN_LEASE).then_some(until)
+}
 
 /// Why the agent is in its mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +203,8 @@ struct Daemon {
     who: Identity,
     coord: CoordState,
     want_lead: watch::Sender<bool>,
+    /// The session expiry estimate the kernel lease was last refreshed for.
+    lease_for: Expiry,
 }
 
 impl Daemon {
@@ -228,6 +255,10 @@ impl Daemon {
         if mode != self.mode {
             let span = info_span!("mode_switch", from = %self.mode, to = %mode, reason = %reason);
             let _g = span.enter();
+            if mode == Mode::Leader {
+                // The lease first: the marking rules are useless (and harmless) without it.
+                self.refresh_lease()?;
+            }
             let policy = self.policy;
             let r = tokio::task::block_in_place(|| self.lock().set_mode(mode, policy));
             self.record("mode", &r);
@@ -255,6 +286,80 @@ impl Daemon {
             changed
         });
         Ok(())
+    }
+
+    /// Moves the kernel lease to the current fence deadline (see [`lease_until`]). Called when a keep-alive
+    /// succeeded (a new expiry estimate), when becoming Leader, and on the local backend's tick; only while
+    /// leading or becoming the leader. A deadline already too close drops the lease instead: the kernel then
+    /// marks nothing until the next keep-alive. A failure here is fatal, as for any kernel batch of the mode.
+    fn refresh_lease(&mut self) -> anyhow::Result<()> {
+        let until = lease_until(self.coord.expiry, self.cfg.election.margin(), Instant::now());
+        if until.is_none() {
+            self.metrics.lease_late.inc();
+            warn!(expiry = ?self.coord.expiry, "no time left on the lease: the kernel lease is dropped");
+        }
+        let r = tokio::task::block_in_place(|| self.lock().refresh_lease(until));
+        self.record("lease", &r);
+        r.context("refreshing the kernel lease")?;
+        self.metrics.lease_refreshes.inc();
+        self.lease_for = self.coord.expiry;
+        Ok(())
+    }
+
+    /// After coordination news: a leader whose session got a new expiry estimate (a keep-alive succeeded) moves
+    /// its kernel lease.
+    fn on_keepalive(&mut self) -> anyhow::Result<()> {
+        if self.mode == Mode::Leader && self.coord.expiry != self.lease_for {
+            self.refresh_lease()?;
+        }
+        Ok(())
+    }
+
+    /// Another process touched the guard: check it and repair it at once.
+    fn on_guard_event(&mut self, ev: &GuardEvent) -> anyhow::Result<()> {
+        let problems = tokio::task::block_in_place(|| self.guard_problems());
+        if problems.is_empty() {
+            info!(event = %ev, "the guard was touched but is intact");
+            return Ok(());
+        }
+        warn!(event = %ev, problems = ?problems, "the guard was tampered with; repairing it now");
+        self.repair_guard("change notification");
+        Ok(())
+    }
+
+    /// What is wrong with the guard now: missing, not dropping as configured, or (where the kernel has
+    /// `persist`) not held by this agent.
+    fn guard_problems(&self) -> Vec<String> {
+        match ironguard_nft::guard::status(&self.cfg.dataplane) {
+            Ok(s) => {
+                let mut p = s.problems;
+                let want_held = self.cfg.guard.claim && ironguard_nft::guard::persist_supported().unwrap_or(false);
+                if s.installed && want_held && s.held_by != Some(self.lock().owner_portid()) {
+                    p.push("the guard is not held by this agent".into());
+                }
+                p
+            }
+            Err(e) => vec![format!("cannot read the guard back: {e}")],
+        }
+    }
+
+    /// Rebuilds the guard through the agent's own socket (claiming it where the kernel allows). Logged, counted;
+    /// a failure is retried by the next read-back and changes nothing else (the agent's own table stays right).
+    fn repair_guard(&mut self, trigger: &'static str) {
+        let start = Instant::now();
+        let cfg = self.cfg.dataplane.clone();
+        let hold = self.cfg.guard.claim;
+        let r = tokio::task::block_in_place(|| self.lock().claim_guard(&cfg, hold));
+        match r {
+            Ok(()) => {
+                self.metrics.guard_repairs.inc();
+                info!(trigger, elapsed_us = start.elapsed().as_micros() as u64, "guard repaired");
+            }
+            Err(e) => {
+                self.metrics.netlink_errors.inc();
+                error!(trigger, error = %e, "repairing the guard failed; DHCP stays closed only while this agent's table is Blocked or Follower");
+            }
+        }
     }
 
     /// Publishes the status for reports, readiness and metrics.
@@ -341,6 +446,9 @@ impl Daemon {
                     "applied snapshot (full reload)"
                 );
                 self.publish();
+                if mode == Mode::Leader && self.lock().lease_until().is_none() {
+                    self.refresh_lease()?;
+                }
                 Ok(())
             }
             Err(e) => self.apply_failed("applying the snapshot", &e.into()),
@@ -484,10 +592,8 @@ impl Daemon {
             Ok(d) => {
                 warn!(drift = ?d, "kernel state differs from the committed state; repairing");
                 self.metrics.drift_repairs.inc();
-                if d.iter().any(|x| x.contains(ironguard_nft::GUARD_TABLE)) {
-                    if let Err(e) = ironguard_nft::guard::install(&self.cfg.dataplane) {
-                        error!(error = %e, "reinstalling the guard failed");
-                    }
+                if d.iter().any(|x| x.contains(ironguard_nft::GUARD_TABLE) || x.contains("guard")) {
+                    self.repair_guard("read-back");
                 }
                 let committed = self.lock().committed().cloned();
                 if let Some(c) = committed {
@@ -539,6 +645,44 @@ async fn coordinate(
     coordination::run(coord, who, want_lead, state, stop).await;
 }
 
+/// Watches nf_tables change notifications on a thread of its own and reports changes of the guard made by any
+/// other process. Without the notification socket the periodic read-back still repairs the guard.
+fn spawn_guard_monitor(own_portid: u32, tx: mpsc::Sender<GuardEvent>) {
+    let spawned = std::thread::Builder::new().name("guard-monitor".into()).spawn(move || {
+        let monitor = match Monitor::open() {
+            Ok(m) => m,
+            Err(e) => {
+                error!(error = %e, "cannot subscribe to nf_tables notifications; the guard is checked on the read-back period only");
+                return;
+            }
+        };
+        loop {
+            match monitor.next_guard_event(own_portid, Duration::from_secs(1)) {
+                Ok(Some(ev)) => {
+                    if tx.blocking_send(ev).is_err() {
+                        return; // the daemon is gone
+                    }
+                }
+                Ok(None) => {
+                    if tx.is_closed() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "reading nf_tables notifications failed; checking the guard");
+                    if tx.blocking_send(GuardEvent::Overflow).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        error!(error = %e, "cannot start the guard monitor thread");
+    }
+}
+
 fn jittered(mean: Duration) -> Duration {
     mean.mul_f64(rand::rng().random_range(0.8..1.2))
 }
@@ -562,14 +706,30 @@ pub async fn run(
         }
     });
 
-    // 1. guard, 2. the agent's table, Blocked.
-    ironguard_nft::guard::install(&cfg.dataplane).context("installing the guard table")?;
-    let mut dp = KernelDataplane::open().context("creating the agent's table")?;
+    // 1. the guard, claimed by this process where the kernel allows, 2. the agent's table, Blocked.
+    let mut dp = KernelDataplane::open().context("opening the agent's netlink socket")?;
+    dp.claim_guard(&cfg.dataplane, cfg.guard.claim).context("installing and claiming the guard table")?;
+    let persistent = cfg.guard.claim && ironguard_nft::guard::persist_supported().unwrap_or(false);
     dp.apply(&DesiredState::blocked(cfg.dataplane.clone())).context("creating the agent's table (Blocked)")?;
-    info!(owner_portid = dp.owner_portid(), agent = %cfg.agent.id, network = %cfg.agent.network, "agent's table created, Blocked");
+    info!(
+        owner_portid = dp.owner_portid(),
+        guard = if persistent {
+            "held (owner, persist)"
+        } else if cfg.guard.claim {
+            "plain table (this kernel has no NFT_TABLE_F_PERSIST)"
+        } else {
+            "plain table ([guard] claim = false)"
+        },
+        agent = %cfg.agent.id,
+        network = %cfg.agent.network,
+        "agent's table created, Blocked"
+    );
+    let own_portid = dp.owner_portid();
     let dp = Arc::new(Mutex::new(dp));
     let _ = TABLE.set(dp.clone());
     install_panic_hook();
+    let (guard_tx, mut guard_rx) = mpsc::channel::<GuardEvent>(16);
+    spawn_guard_monitor(own_portid, guard_tx);
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -641,6 +801,7 @@ pub async fn run(
         who: who.clone(),
         coord: CoordState::default(),
         want_lead: want_lead_tx,
+        lease_for: Expiry::Expired,
     };
     d.metrics.mode.set(mode_pb(Mode::Blocked) as i64);
     d.publish();
@@ -652,10 +813,13 @@ pub async fn run(
     let mut next_reconcile = Instant::now() + jittered(reconcile_every);
     tokio::pin!(shutdown);
     let result: anyhow::Result<()> = loop {
-        let fence = d.fence_deadline();
+        // Only a deadline still ahead arms the timer; once passed, every event re-evaluates the mode (and the
+        // tick does so four times a second), so no arm ever waits for coordination news.
+        let fence = d.fence_deadline().filter(|t| *t > Instant::now());
         let step = tokio::select! {
             biased;
-            // The lease fence comes first: close before the lease can expire, whatever else is pending.
+            // The lease fence comes first: close before the lease can expire, whatever else is pending. (The
+            // kernel lease closes by itself at the same deadline; this is the second line.)
             _ = async {
                 match fence {
                     Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -667,15 +831,7 @@ pub async fn run(
                 if r.is_ok() && d.cfg.election.exit_on_partition {
                     break Err(anyhow::anyhow!("exit_on_partition: the lease fence tripped (DHCP closed)"));
                 }
-                // Wait for a new estimate before re-arming (the coordination task reports one).
-                match coord_rx.changed().await {
-                    Ok(()) => {
-                        d.coord = coord_rx.borrow_and_update().clone();
-                        d.publish();
-                        r.and(d.converge_mode(false))
-                    }
-                    Err(_) => r,
-                }
+                r
             }
             _ = coord_rx.changed() => {
                 let c = coord_rx.borrow_and_update().clone();
@@ -684,7 +840,7 @@ pub async fn run(
                 }
                 d.coord = c;
                 d.publish();
-                d.converge_mode(false)
+                d.converge_mode(false).and_then(|()| d.on_keepalive())
             }
             _ = term.recv() => break Ok(()),
             _ = int.recv() => break Ok(()),
@@ -693,6 +849,11 @@ pub async fn run(
                 Some(m) => d.on_stream(m, &mut stream_rx),
                 None => break Err(anyhow::anyhow!("the watch task stopped")),
             },
+            Some(ev) = guard_rx.recv() => {
+                // Coalesce a burst (one `nft flush ruleset` touches every rule).
+                while guard_rx.try_recv().is_ok() {}
+                d.on_guard_event(&ev)
+            }
             _ = health_rx.changed() => {
                 let h = health_rx.borrow_and_update().clone();
                 if h.healthy != d.dhcp.healthy {
@@ -704,12 +865,19 @@ pub async fn run(
             }
             _ = tick.tick() => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
-                if Instant::now() >= next_reconcile {
-                    next_reconcile = Instant::now() + jittered(reconcile_every);
-                    if d.have_state { d.reconcile() } else { Ok(()) }
+                let watchdog = if d.mode == Mode::Leader && d.coord.expiry == Expiry::Never {
+                    d.refresh_lease()
                 } else {
-                    d.converge_mode(false)
-                }
+                    Ok(())
+                };
+                watchdog.and_then(|()| {
+                    if Instant::now() >= next_reconcile {
+                        next_reconcile = Instant::now() + jittered(reconcile_every);
+                        if d.have_state { d.reconcile() } else { Ok(()) }
+                    } else {
+                        d.converge_mode(false)
+                    }
+                })
             }
         };
         if let Err(e) = step {
@@ -758,6 +926,20 @@ mod tests {
             elected: true,
             shutting_down: false,
         }
+    }
+
+    #[test]
+    fn the_kernel_lease_ends_at_the_fence_deadline() {
+        let now = Instant::now();
+        let margin = Duration::from_secs(1);
+        // An etcd session alive until now + 3 s: the lease runs until the fence deadline, now + 2 s.
+        assert_eq!(lease_until(Expiry::At(now + Duration::from_secs(3)), margin, now), Some(now + Duration::from_secs(2)));
+        // A keep-alive answered so late that the deadline is (almost) past: no lease.
+        assert_eq!(lease_until(Expiry::At(now + Duration::from_millis(1010)), margin, now), None);
+        assert_eq!(lease_until(Expiry::At(now + Duration::from_millis(500)), margin, now), None);
+        assert_eq!(lease_until(Expiry::Expired, margin, now), None);
+        // The local backend: a watchdog.
+        assert_eq!(lease_until(Expiry::Never, margin, now), Some(now + LOCAL_LEASE));
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
     let mut dp = KernelDataplane::open().context("opening the agent's table")?;
     let desired = opts.state.desired(&opts.config);
     let report = dp.apply(&desired).context("applying the initial state")?;
+    refresh_watchdog(&mut dp)?;
     info!(
         mode = %desired.mode,
         allow = desired.allow.len(),
@@ -82,10 +83,14 @@ pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    // The kernel lease as a watchdog: refreshed on every tick for LOCAL_LEASE, so a frozen or hung `hold` stops
+    // serving within that time even though its table lives on.
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
+            _ = tick.tick() => refresh_watchdog(&mut dp)?,
             _ = hup.recv() => {
                 if let Err(e) = reload(&mut dp, &opts) {
                     error!(error = format!("{e:#}"), "reload failed; failing closed");
@@ -99,6 +104,15 @@ pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
     if let Err(e) = dp.set_mode(Mode::Blocked, UnknownMacPolicy::Deny) {
         // Exiting closes the owner socket; the kernel deletes the table and the guard blocks DHCP.
         warn!(error = %e, "could not switch to Blocked; exiting so the kernel removes the table");
+    }
+    Ok(())
+}
+
+/// A leader's kernel lease, as a watchdog: valid for [`crate::daemon::LOCAL_LEASE`] from now.
+fn refresh_watchdog(dp: &mut KernelDataplane) -> anyhow::Result<()> {
+    if dp.committed().is_some_and(|c| c.mode == Mode::Leader) {
+        let until = std::time::Instant::now() + crate::daemon::LOCAL_LEASE;
+        dp.refresh_lease(Some(until)).context("refreshing the kernel lease")?;
     }
     Ok(())
 }
@@ -117,6 +131,10 @@ fn reload(dp: &mut KernelDataplane, opts: &HoldOptions) -> anyhow::Result<()> {
         deny_remove: current.deny.difference(&next.deny).copied().collect(),
     };
     let r1 = dp.apply_delta(&delta)?;
+    if next.mode == Mode::Leader {
+        let until = std::time::Instant::now() + crate::daemon::LOCAL_LEASE;
+        dp.refresh_lease(Some(until))?;
+    }
     let r2 = dp.set_mode(next.mode, next.unknown_mac_policy)?;
     info!(
         mode = %next.mode,

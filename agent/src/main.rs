@@ -274,7 +274,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Guard { action: GuardAction::Remove } => {
-            ironguard_nft::guard::remove().context("removing the guard table")?;
+            ironguard_nft::guard::remove().context("removing the guard table (stop ironguard-agent first: it holds the guard)")?;
             println!("guard removed: table inet {} is gone", ironguard_nft::GUARD_TABLE);
             Ok(ExitCode::SUCCESS)
         }
@@ -283,12 +283,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let st = ironguard_nft::guard::status(&c).context("reading the guard table")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&st)?);
-            } else if st.installed && st.problems.is_empty() {
-                println!("guard: installed as configured (table inet {})", ironguard_nft::GUARD_TABLE);
             } else {
-                println!("guard: {}", if st.installed { "installed, but differs" } else { "NOT INSTALLED" });
-                for p in &st.problems {
-                    println!("  - {p}");
+                let held = match (st.persistent, st.held_by) {
+                    (true, Some(port)) => format!("owner, persist: held by netlink port {port} (the running agent)"),
+                    (true, None) => "owner, persist: orphaned (no agent holds it; it keeps dropping)".to_string(),
+                    (false, _) => "plain table".to_string(),
+                };
+                if st.installed && st.problems.is_empty() {
+                    println!("guard: installed as configured (table inet {}; {held})", ironguard_nft::GUARD_TABLE);
+                } else {
+                    println!("guard: {}", if st.installed { "installed, but differs" } else { "NOT INSTALLED" });
+                    for p in &st.problems {
+                        println!("  - {p}");
+                    }
+                }
+                for n in &st.notes {
+                    println!("  note: {n}");
                 }
             }
             Ok(if st.installed && st.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })

@@ -47,6 +47,12 @@ pub struct Metrics {
     pub snapshots_applied: Counter,
     pub resumes: Counter,
     pub drift_repairs: Counter,
+    /// Kernel lease refreshes (after keep-alives, or on the local backend's tick), and refreshes skipped because
+    /// the keep-alive's deadline had already passed.
+    pub lease_refreshes: Counter,
+    pub lease_late: Counter,
+    /// Guard rebuilds after a change notification or a read-back showed it deleted, flushed or altered.
+    pub guard_repairs: Counter,
     pub dhcp_healthy: Gauge,
     pub stream_connected: Gauge,
 }
@@ -82,6 +88,12 @@ impl Metrics {
         );
         let drift_repairs = Counter::default();
         r.register("drift_repairs", "Full applies triggered by a read-back that differed", drift_repairs.clone());
+        let lease_refreshes = Counter::default();
+        r.register("lease_refreshes", "Kernel lease refreshes (the leader's fence, enforced by the kernel)", lease_refreshes.clone());
+        let lease_late = Counter::default();
+        r.register("lease_late", "Keep-alives that came too late to refresh the kernel lease", lease_late.clone());
+        let guard_repairs = Counter::default();
+        r.register("guard_repairs", "Guard rebuilds after it was deleted, flushed or altered", guard_repairs.clone());
         let dhcp_healthy = Gauge::default();
         r.register("dhcp_healthy", "1 if the local DHCP service is healthy", dhcp_healthy.clone());
         let stream_connected = Gauge::default();
@@ -99,6 +111,9 @@ impl Metrics {
             snapshots_applied,
             resumes,
             drift_repairs,
+            lease_refreshes,
+            lease_late,
+            guard_repairs,
             dhcp_healthy,
             stream_connected,
         }

@@ -14,7 +14,16 @@ pub struct ChainsReport {
     pub verdict: Verdict,
     pub verdict_text: String,
     pub guard_present: bool,
+    /// `owner, persist`: the guard outlives its holder and refuses every other process while held.
+    pub guard_persistent: bool,
+    /// The netlink port holding the guard (the running agent), and which process that is.
+    pub guard_held_by: Option<u32>,
+    pub guard_holder: Option<OwnerProcess>,
+    /// Whether the guard drops unmarked DHCP (it exists and every base chain holds its drop rules).
+    pub guard_drops: bool,
     pub owned_present: bool,
+    /// Milliseconds until the leader's kernel lease expires (absent: no live lease).
+    pub lease_expires_in_ms: Option<u64>,
     pub mode: Option<Mode>,
     pub pass_rule: bool,
     pub owner_portid: Option<u32>,
@@ -32,7 +41,12 @@ impl ChainsReport {
             verdict,
             verdict_text: verdict.to_string(),
             guard_present: observed.guard.is_some(),
+            guard_persistent: observed.guard.as_ref().is_some_and(|g| g.flags & 0x4 != 0),
+            guard_held_by: observed.guard.as_ref().and_then(|g| g.owner_portid),
+            guard_holder: observed.guard.as_ref().and_then(|g| g.owner_portid).and_then(owner::resolve),
+            guard_drops: observed.guard.as_ref().is_some_and(|g| g.guard_drops()),
             owned_present: observed.owned.is_some(),
+            lease_expires_in_ms: observed.owned.as_ref().and_then(|t| t.lease_expires_in_ms()),
             mode: observed.owned.as_ref().map(|t| t.mode()),
             pass_rule: observed.owned.as_ref().is_some_and(|t| t.has_pass_rule()),
             owner_portid,
@@ -50,7 +64,16 @@ impl ChainsReport {
         }
         match &self.guard {
             Some(t) => {
-                let _ = writeln!(out, "guard: present (table inet {})", t.name);
+                let held = match (self.guard_persistent, self.guard_held_by, &self.guard_holder) {
+                    (true, Some(port), Some(p)) => {
+                        format!("held by netlink port {port}, pid {} ({}); owner, persist", p.pid, p.command)
+                    }
+                    (true, Some(port), None) => format!("held by netlink port {port}; owner, persist"),
+                    (true, None, _) => "orphaned: no agent holds it (owner, persist: it stays and drops)".into(),
+                    (false, _, _) => "plain table".into(),
+                };
+                let drops = if self.guard_drops { "" } else { " — DOES NOT DROP (flushed or altered)!" };
+                let _ = writeln!(out, "guard: present (table inet {}), {held}{drops}", t.name);
                 render_chains(&mut out, t);
             }
             None => {
@@ -71,6 +94,11 @@ impl ChainsReport {
                     t.mode(),
                     if t.has_pass_rule() { "present (unknown MACs allowed)" } else { "absent" }
                 );
+                let lease = match self.lease_expires_in_ms {
+                    Some(ms) => format!("live, expires in {ms} ms unless renewed"),
+                    None => "none (nothing is marked)".into(),
+                };
+                let _ = writeln!(out, "kernel lease: {lease}");
                 let _ = writeln!(out, "sets:");
                 for s in &t.sets {
                     let size = s.size.map(|n| format!(" (size {n})")).unwrap_or_default();

@@ -2,7 +2,7 @@
 //! batch; read back what the kernel holds. Implemented by [`crate::KernelDataplane`] (netlink) and
 //! [`crate::FakeDataplane`] (memory, for unit tests elsewhere).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -41,6 +41,14 @@ pub trait Dataplane: Send {
 
     /// Switches the mode (and unknown-MAC policy). Costs the same whatever the size of the sets.
     fn set_mode(&mut self, mode: Mode, policy: UnknownMacPolicy) -> Result<ApplyReport, NftError>;
+
+    /// Moves the kernel-enforced lease: the leader's marking rules match until `until` and not after it, whatever
+    /// this process does by then (`None`: they match nothing from now on). One transaction. The kernel counts
+    /// from when it applies the batch, so `until` must leave room for that (milliseconds at most).
+    fn refresh_lease(&mut self, until: Option<Instant>) -> Result<ApplyReport, NftError>;
+
+    /// The end of the lease as last set (`None`: no lease, or it was dropped).
+    fn lease_until(&self) -> Option<Instant>;
 
     /// The state last committed, if any.
     fn committed(&self) -> Option<&DesiredState>;

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
@@ -20,6 +20,8 @@ pub struct FakeState {
     pub committed: Option<DesiredState>,
     pub guard_installed: bool,
     pub transactions: u32,
+    /// The end of the lease as last refreshed.
+    pub lease_until: Option<Instant>,
     /// Errors to return from the next mutating calls, in order (each failure changes nothing).
     pub fail_next: VecDeque<Errno>,
 }
@@ -85,6 +87,21 @@ impl Dataplane for FakeDataplane {
         self.commit(DesiredState { mode, unknown_mac_policy: policy, ..cur }, 0, "mode switch")
     }
 
+    fn refresh_lease(&mut self, until: Option<Instant>) -> Result<ApplyReport, NftError> {
+        self.committed.as_ref().ok_or(NftError::NotInitialised)?;
+        let mut st = self.lock();
+        if let Some(errno) = st.fail_next.pop_front() {
+            return Err(NftError::Rejected { object: "lease (fake)".into(), errno, reason: None });
+        }
+        st.transactions += 1;
+        st.lease_until = until.filter(|u| *u > Instant::now());
+        Ok(ApplyReport { transactions: 1, messages: 2, bytes: 0, elements: 1, elapsed: Duration::ZERO })
+    }
+
+    fn lease_until(&self) -> Option<Instant> {
+        self.lock().lease_until
+    }
+
     fn committed(&self) -> Option<&DesiredState> {
         self.committed.as_ref()
     }
@@ -92,14 +109,11 @@ impl Dataplane for FakeDataplane {
     fn observe(&self, with_members: bool) -> Result<Observed, NftError> {
         let st = self.lock();
         Ok(Observed {
-            guard: st.guard_installed.then(|| ObservedTable {
-                name: GUARD_TABLE.into(),
-                flags: 0,
-                owner_portid: None,
-                chains: vec![],
-                sets: vec![],
+            guard: st.guard_installed.then(|| {
+                let config = st.committed.as_ref().map(|d| d.config.clone()).unwrap_or_default();
+                synthesize_guard(&config)
             }),
-            owned: st.committed.as_ref().map(|d| synthesize(d, with_members)),
+            owned: st.committed.as_ref().map(|d| synthesize(d, with_members, st.lease_until)),
         })
     }
 }
@@ -108,8 +122,24 @@ fn rule(comment: &str) -> ObservedRule {
     ObservedRule { handle: 0, comment: Some(comment.into()), expressions: vec![], packets: Some(0), bytes: Some(0) }
 }
 
+/// The guard table as installed for `config`.
+fn synthesize_guard(config: &crate::RulesetConfig) -> ObservedTable {
+    let n = config.ports.len() * config.interfaces.len().max(1);
+    let chains = config
+        .hooks
+        .iter()
+        .map(|h| ObservedChain {
+            name: h.chain_name().into(),
+            hook: Some(h.chain_name().into()),
+            priority: Some(crate::ruleset::GUARD_PRIORITY),
+            rules: (0..n).map(|_| rule(comments::GUARD_DROP)).collect(),
+        })
+        .collect();
+    ObservedTable { name: GUARD_TABLE.into(), flags: 0, owner_portid: None, chains, sets: vec![] }
+}
+
 /// What the kernel backend would read back for `d`.
-fn synthesize(d: &DesiredState, with_members: bool) -> ObservedTable {
+fn synthesize(d: &DesiredState, with_members: bool, lease_until: Option<Instant>) -> ObservedTable {
     let mut pxe = vec![];
     if d.mode == Mode::Blocked {
         pxe.push(rule(comments::BLOCKED));
@@ -156,8 +186,22 @@ fn synthesize(d: &DesiredState, with_members: bool) -> ObservedTable {
                 elements: m.len(),
                 members: with_members.then(|| m.clone()),
                 invalid_members: 0,
+                expires_in_ms: None,
             }
         })
+        .chain(std::iter::once({
+            let left = lease_until.and_then(|u| u.checked_duration_since(Instant::now()));
+            ObservedSet {
+                name: crate::ruleset::LEASE_SET.into(),
+                key_type: 13,
+                key_len: 2,
+                size: None,
+                elements: if left.is_some() { d.config.ports.len() } else { 0 },
+                members: None,
+                invalid_members: 0,
+                expires_in_ms: left.map(|l| l.as_millis() as u64),
+            }
+        }))
         .collect();
     ObservedTable { name: OWNED_TABLE.into(), flags: 2, owner_portid: Some(std::process::id()), chains, sets }
 }
@@ -179,6 +223,8 @@ mod tests {
         f.apply(&DesiredState::default()).unwrap();
         assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Blocked);
         f.set_mode(Mode::Leader, UnknownMacPolicy::Allow).unwrap();
+        assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Fenced, "leader rules without a lease");
+        f.refresh_lease(Some(Instant::now() + Duration::from_secs(2))).unwrap();
         assert_eq!(f.observe(false).unwrap().verdict(), Verdict::Leader);
         f.apply_delta(&Delta { allow_add: vec![mac(1)], ..Default::default() }).unwrap();
         assert!(f.drift(true).unwrap().is_empty());
@@ -188,7 +234,7 @@ mod tests {
         let before = f.committed().cloned();
         assert!(f.apply_delta(&Delta { deny_add: vec![mac(2)], ..Default::default() }).is_err());
         assert_eq!(f.committed().cloned(), before);
-        assert_eq!(f.state.lock().unwrap().transactions, 3);
+        assert_eq!(f.state.lock().unwrap().transactions, 4, "apply, mode, lease, delta");
     }
 
     #[test]

@@ -20,14 +20,21 @@ pub struct KernelDataplane {
     committed: Option<DesiredState>,
     /// Sizes the allow and deny sets were created with (see [`ruleset::set_capacity`]).
     capacity: (usize, usize),
+    /// The end of the kernel lease as last set (re-applied, with what remains of it, by a full rebuild).
+    lease_until: Option<Instant>,
     inject_invalid: bool,
+}
+
+/// Milliseconds left until `until`, rounded down (so the kernel never expires an element later than asked).
+fn remaining_ms(until: Option<Instant>, now: Instant) -> u64 {
+    until.map_or(0, |u| u.saturating_duration_since(now).as_millis().min(u64::MAX as u128) as u64)
 }
 
 impl KernelDataplane {
     /// Opens the owner socket. Fails with [`NftError::OwnedByOther`] if another process owns the table.
     pub fn open() -> Result<Self, NftError> {
         let sock = NetlinkSocket::open()?;
-        let dp = Self { sock, committed: None, capacity: (0, 0), inject_invalid: false };
+        let dp = Self { sock, committed: None, capacity: (0, 0), lease_until: None, inject_invalid: false };
         if let Some(tables) = observe::read_tables(&DumpSocket::open()?)? {
             if let Some(t) = tables.iter().find(|t| t.name == OWNED_TABLE) {
                 return Err(NftError::OwnedByOther {
@@ -42,6 +49,15 @@ impl KernelDataplane {
     /// The netlink port id that owns the table (what `nft list` and `ironguardctl chains` show).
     pub fn owner_portid(&self) -> u32 {
         self.sock.portid()
+    }
+
+    /// Installs or rebuilds the guard through this table's socket: where the kernel has `persist`, the guard is
+    /// then held by this process (no other process can change or delete it, `nft flush ruleset` skips it) and
+    /// stays in place, orphaned, when this process dies. Refused if another live process holds it.
+    /// With `hold = false` the guard is rebuilt as a plain table (what older kernels get anyway).
+    pub fn claim_guard(&mut self, config: &crate::RulesetConfig, hold: bool) -> Result<(), NftError> {
+        let flags = if hold { crate::guard::guard_flags()? } else { 0 };
+        crate::guard::install_with(&mut self.sock, config, flags)
     }
 
     /// Makes the next batch carry an object the kernel must reject. For tests of the all-or-nothing guarantee.
@@ -77,7 +93,7 @@ impl KernelDataplane {
 
 impl Dataplane for KernelDataplane {
     fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError> {
-        let tx = ruleset::full_owned(desired)?;
+        let tx = ruleset::full_owned(desired, remaining_ms(self.lease_until, Instant::now()))?;
         let report = self.commit(tx, "full")?;
         self.committed = Some(desired.clone());
         self.capacity =
@@ -117,6 +133,23 @@ impl Dataplane for KernelDataplane {
             c.unknown_mac_policy = policy;
         }
         Ok(report)
+    }
+
+    fn refresh_lease(&mut self, until: Option<Instant>) -> Result<ApplyReport, NftError> {
+        let config = &self.committed.as_ref().ok_or(NftError::NotInitialised)?.config;
+        let ms = remaining_ms(until, Instant::now());
+        let tx = ruleset::lease_refresh(config, ms);
+        match self.commit(tx, "lease") {
+            Ok(r) => {
+                self.lease_until = until.filter(|_| ms > 0);
+                Ok(r)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn lease_until(&self) -> Option<Instant> {
+        self.lease_until
     }
 
     fn committed(&self) -> Option<&DesiredState> {

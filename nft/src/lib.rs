@@ -4,7 +4,8 @@
 //! - [`model`]: the desired state ([`RulesetConfig`], [`Mode`], [`DesiredState`], [`Delta`]).
 //! - [`dataplane`]: the [`Dataplane`] trait — apply a state, a delta or a mode as one atomic batch; read back.
 //! - `kernel`: [`KernelDataplane`], the agent's table (`flags owner`) over one long-lived netlink socket.
-//! - [`guard`]: install / remove / status of the persistent guard table.
+//! - [`guard`]: install / remove / status of the guard table (`owner, persist` where the kernel has it).
+//! - [`monitor`]: nf_tables change notifications, so a tampered guard is repaired at once.
 //! - [`observe`]: read-back of both tables, the verdict line and drift detection.
 //! - `fake`: [`FakeDataplane`], the in-memory implementation for unit tests elsewhere.
 //! - [`script`]: the same ruleset as `nft -f` text (for benchmarks and for people).
@@ -21,6 +22,7 @@ pub mod guard;
 mod kernel;
 pub mod mac;
 pub mod model;
+pub mod monitor;
 mod netlink;
 pub mod observe;
 pub mod ruleset;
@@ -36,4 +38,4 @@ pub use observe::{
     Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, leader_rules_present, observe,
     set_members,
 };
-pub use ruleset::{GUARD_TABLE, OWNED_TABLE};
+pub use ruleset::{GUARD_TABLE, LEASE_SET, OWNED_TABLE};

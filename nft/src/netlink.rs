@@ -191,6 +191,8 @@ fn set_int_opt(fd: &OwnedFd, opt: libc::c_int, value: libc::c_int) -> bool {
 pub(crate) struct Message<'a> {
     pub ty: u16,
     pub flags: u16,
+    /// `nlmsg_pid`: in a notification, the netlink port of the socket whose request caused it.
+    pub portid: u32,
     pub payload: &'a [u8],
 }
 
@@ -237,6 +239,7 @@ impl<'a> Iterator for Messages<'a> {
         let msg = Message {
             ty: u16::from_ne_bytes([self.buf[4], self.buf[5]]),
             flags: u16::from_ne_bytes([self.buf[6], self.buf[7]]),
+            portid: u32::from_ne_bytes([self.buf[12], self.buf[13], self.buf[14], self.buf[15]]),
             payload: &self.buf[NLMSG_HDRLEN..len],
         };
         let advance = align4(len).min(self.buf.len());

@@ -11,7 +11,7 @@ use crate::netlink::{
     self, Attrs, DumpSocket, Dumped, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
     NFT_MSG_GETTABLE, be_u32, be_u64,
 };
-use crate::ruleset::{GUARD_TABLE, OWNED_TABLE, SetKind, comments, parse_comment};
+use crate::ruleset::{GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, comments, parse_comment};
 use crate::{MacAddr, NftError};
 
 const NFPROTO_INET: u8 = 1;
@@ -63,6 +63,10 @@ pub struct ObservedSet {
     /// Elements whose key is not a valid node MAC (should never happen; counted, not hidden).
     #[serde(skip_serializing_if = "is_zero")]
     pub invalid_members: usize,
+    /// For a set with element timeouts (the lease): the soonest expiry among its live elements, milliseconds from
+    /// the read. The kernel lists only elements that have not expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -81,6 +85,8 @@ pub struct Observed {
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Verdict {
     Leader,
+    /// The leader's rules are in place but its kernel lease has expired: the kernel marks nothing.
+    Fenced,
     Follower,
     Blocked,
     Closed,
@@ -91,10 +97,11 @@ impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Verdict::Leader => "LEADER",
+            Verdict::Fenced => "FENCED (leader rules, kernel lease expired: nobody is served)",
             Verdict::Follower => "FOLLOWER",
             Verdict::Blocked => "BLOCKED",
             Verdict::Closed => "CLOSED (agent absent, guard present)",
-            Verdict::Unguarded => "UNGUARDED (no guard table!)",
+            Verdict::Unguarded => "UNGUARDED (the guard table is missing or does not drop!)",
         })
     }
 }
@@ -128,6 +135,42 @@ impl ObservedTable {
     pub fn has_pass_rule(&self) -> bool {
         self.has_rule("blacklist", comments::PASS)
     }
+
+    /// Milliseconds until the kernel lease expires, if it is live (an element of the lease set exists).
+    pub fn lease_expires_in_ms(&self) -> Option<u64> {
+        self.set(LEASE_SET).filter(|s| s.elements > 0).map(|s| s.expires_in_ms.unwrap_or(u64::MAX))
+    }
+
+    /// For the guard table: whether it drops unmarked DHCP, i.e. has at least one base chain and every base
+    /// chain holds its drop rules. A flushed or emptied guard does not.
+    pub fn guard_drops(&self) -> bool {
+        let bases: Vec<&ObservedChain> = self.chains.iter().filter(|c| c.hook.is_some()).collect();
+        !bases.is_empty()
+            && bases.iter().all(|c| c.rules.iter().any(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)))
+    }
+
+    /// What is wrong with this guard table for `config` (empty: it is installed as configured).
+    pub fn guard_problems(&self, config: &crate::RulesetConfig) -> Vec<String> {
+        let mut problems = Vec::new();
+        let want_rules = config.ports.len() * config.interfaces.len().max(1);
+        for h in &config.hooks {
+            match self.chain(h.chain_name()) {
+                None => problems.push(format!("guard base chain {} is missing", h.chain_name())),
+                Some(c) => {
+                    let drops =
+                        c.rules.iter().filter(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)).count();
+                    if drops != want_rules || c.rules.len() != want_rules {
+                        problems.push(format!(
+                            "guard base chain {} has {} rules ({drops} drop rules), {want_rules} configured",
+                            c.name,
+                            c.rules.len()
+                        ));
+                    }
+                }
+            }
+        }
+        problems
+    }
 }
 
 impl Observed {
@@ -135,8 +178,10 @@ impl Observed {
     pub fn verdict(&self) -> Verdict {
         match (&self.guard, &self.owned) {
             (None, _) => Verdict::Unguarded,
+            (Some(g), _) if !g.guard_drops() => Verdict::Unguarded,
             (Some(_), None) => Verdict::Closed,
             (Some(_), Some(t)) => match t.mode() {
+                Mode::Leader if t.lease_expires_in_ms().is_none() => Verdict::Fenced,
                 Mode::Leader => Verdict::Leader,
                 Mode::Follower => Verdict::Follower,
                 Mode::Blocked => Verdict::Blocked,
@@ -148,8 +193,9 @@ impl Observed {
     /// only if they were read (`observe(true)`); otherwise sizes are compared.
     pub fn drift(&self, desired: &DesiredState) -> Vec<String> {
         let mut out = Vec::new();
-        if self.guard.is_none() {
-            out.push(format!("guard table inet {GUARD_TABLE} is missing"));
+        match &self.guard {
+            None => out.push(format!("guard table inet {GUARD_TABLE} is missing")),
+            Some(g) => out.extend(g.guard_problems(&desired.config)),
         }
         let Some(t) = &self.owned else {
             out.push(format!("table inet {OWNED_TABLE} is missing"));
@@ -172,6 +218,9 @@ impl Observed {
             if t.chain(chain).is_none() {
                 out.push(format!("chain {chain} is missing"));
             }
+        }
+        if t.set(LEASE_SET).is_none() {
+            out.push(format!("set {LEASE_SET} is missing"));
         }
         for &h in &desired.config.hooks {
             let want = desired.config.ports.len() * desired.config.interfaces.len().max(1);
@@ -241,7 +290,8 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
 }
 
 /// Whether this host's table currently lets DHCP through for someone: the whitelist's marking rules or the pass
-/// rule are present (Leader). One rule dump of the agent's table: cheap enough to sample every few milliseconds.
+/// rule are present (Leader) *and* the kernel lease is live (an unexpired element in the lease set). Two small
+/// dumps of the agent's table: cheap enough to sample every few milliseconds. No table: nothing can be open.
 pub fn leader_rules_present() -> Result<bool, NftError> {
     let sock = DumpSocket::open()?;
     let mut open = false;
@@ -259,9 +309,28 @@ pub fn leader_rules_present() -> Result<bool, NftError> {
         Ok(())
     });
     match d {
-        Ok(Dumped::Complete) => Ok(open),
+        Ok(Dumped::Complete) => {}
+        Ok(Dumped::Interrupted) => return Err(NftError::Unstable(1)),
+        Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    if !open {
+        return Ok(false);
+    }
+    let mut live = 0usize;
+    let d = sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, OWNED_TABLE), (2, LEASE_SET)], &mut |m| {
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            if ty == 3 {
+                live += Attrs::new(v).count();
+            }
+        }
+        Ok(())
+    });
+    match d {
+        Ok(Dumped::Complete) => Ok(live > 0),
         Ok(Dumped::Interrupted) => Err(NftError::Unstable(1)),
-        // No table: nothing can be open.
+        // The table went away between the two dumps: closed.
         Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => Ok(false),
         Err(e) => Err(e),
     }
@@ -426,6 +495,7 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
             elements: 0,
             members: None,
             invalid_members: 0,
+            expires_in_ms: None,
         };
         let mut tname = String::new();
         for a in m.nft_attrs()? {
@@ -456,6 +526,7 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
         let mut members = BTreeSet::new();
         let mut count = 0usize;
         let mut invalid = 0usize;
+        let mut expires: Option<u64> = None;
         let d =
             sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, table.as_str()), (2, s.name.as_str())], &mut |m| {
                 for a in m.nft_attrs()? {
@@ -466,7 +537,10 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
                     for elem in Attrs::new(v) {
                         let (_, ev) = elem?;
                         count += 1;
-                        if !with_members {
+                        if let Some(ms) = Attrs::new(ev).flatten().find(|(t, _)| *t == 5).and_then(|(_, x)| be_u64(x)) {
+                            expires = Some(expires.map_or(ms, |e: u64| e.min(ms)));
+                        }
+                        if !with_members || s.name == LEASE_SET {
                             continue;
                         }
                         let key = Attrs::new(ev)
@@ -488,6 +562,7 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
         interrupted |= matches!(d, Dumped::Interrupted);
         s.elements = count;
         s.invalid_members = invalid;
+        s.expires_in_ms = expires;
         if with_members {
             s.members = Some(members);
         }

@@ -7,13 +7,21 @@
 //! }
 //! table inet ironguard {                           # flags owner: dies with the agent's netlink socket
 //!   set allow_mac, deny_mac { type ether_addr }  set allow_chaddr, deny_chaddr { typeof @th,288,48 }
+//!   set lease { type inet_service; flags timeout; timeout 1s }   # the kernel-enforced leader lease
 //!   chain input { type filter hook input priority -10; policy accept;
 //!     [iifname IF] udp dport PORT counter jump pxe }
 //!   chain pxe { [blocked: counter drop] ; jump whitelist ; jump blacklist ; counter drop }
-//!   chain whitelist { [leader: <match> @allow_* counter meta mark set MARK accept] }
-//!   chain blacklist { <match> @deny_* counter drop ; [leader, policy allow: counter meta mark set MARK accept] }
+//!   chain whitelist { [leader: udp dport @lease <match> @allow_* counter meta mark set MARK accept] }
+//!   chain blacklist { <match> @deny_* counter drop ;
+//!                     [leader, policy allow: udp dport @lease counter meta mark set MARK accept] }
 //! }
 //! ```
+//!
+//! The lease: every rule that marks a packet also looks the packet's DHCP port up in `lease`, whose elements (one
+//! per configured port) carry a kernel timeout set to the leader's fence deadline. The agent moves that timeout
+//! forward after each successful keep-alive ([`lease_refresh`]: flush and re-add in one batch, so there is no
+//! hole); a frozen, starved or hung agent stops serving at its deadline without running any code, because the
+//! kernel stops matching expired elements.
 //!
 //! Known rustables traps handled here: a `Set` does not inherit the table's family (it is set explicitly), and an
 //! element list longer than fits a 16-bit netlink attribute length is silently truncated, so elements go in
@@ -41,8 +49,18 @@ pub const GUARD_PRIORITY: i32 = 10;
 /// past ~3000 MACs that length wraps and the kernel silently receives a truncated list.
 pub const ELEMENTS_PER_MESSAGE: usize = 1000;
 
-const NFT_TABLE_F_OWNER: u32 = 0x2;
+pub(crate) const NFT_TABLE_F_OWNER: u32 = 0x2;
+/// The table outlives its owner's socket (and can be claimed again); Linux 6.9+.
+pub(crate) const NFT_TABLE_F_PERSIST: u32 = 0x4;
 const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+/// The set of the kernel-enforced lease (see the module documentation).
+pub const LEASE_SET: &str = "lease";
+/// Default timeout of the lease set's elements. Every element is added with its own timeout; the default only
+/// keeps a mistake (an element added without one) from opening the fence for ever.
+pub const LEASE_DEFAULT_TIMEOUT_MS: u64 = 1000;
+const NFT_SET_TIMEOUT: u32 = 0x10;
+const NFT_TYPE_INET_SERVICE: u32 = 13;
+const LEASE_SET_ID: u32 = 16;
 const ARPHRD_ETHER: u16 = 1;
 const IPPROTO_UDP: u8 = 17;
 /// BOOTP `chaddr` is 28 bytes into the BOOTP header, after the 8-byte UDP header: `@th,288,48`.
@@ -232,6 +250,15 @@ impl Tx {
     tx_add!(chain, Chain);
     tx_add!(rule, Rule);
     tx_add!(elements, rustables::set::SetElementList);
+    tx_add!(set, Set);
+
+    /// Appends one message written by hand (sequence number assigned here).
+    pub(crate) fn raw(&mut self, msg: Vec<u8>, description: impl Into<String>) {
+        self.flush();
+        self.descriptions.push(description.into());
+        let seq = self.descriptions.len() as u32;
+        self.append_renumbered(&msg, seq);
+    }
 
     /// Moves the pending rustables messages into `buf`, numbering them after the ones already there.
     fn flush(&mut self) {
@@ -345,6 +372,22 @@ fn set_object(kind: SetKind, with_id: bool) -> Set {
     }
 }
 
+fn lease_set_object(with_id: bool) -> Set {
+    let s = Set { family: ProtocolFamily::Inet, ..Set::default() };
+    let mut s = s
+        .with_table(OWNED_TABLE)
+        .with_name(LEASE_SET)
+        .with_flags(NFT_SET_TIMEOUT)
+        .with_timeout(LEASE_DEFAULT_TIMEOUT_MS)
+        .with_key_type(NFT_TYPE_INET_SERVICE)
+        .with_key_len(2u32)
+        .with_userdata(UDATA_KEY_BIG_ENDIAN.to_vec());
+    if with_id {
+        s.set_id(LEASE_SET_ID);
+    }
+    s
+}
+
 /// Adds (or removes) `macs` to (from) a set, in as many messages as needed, all in this transaction.
 fn set_elements(tx: &mut Tx, kind: SetKind, macs: &[MacAddr], op: MsgType) -> Result<(), NftError> {
     let t = table(OWNED_TABLE);
@@ -386,6 +429,15 @@ fn match_dhcp(mut rule: Rule, iface: Option<&str>, port: u16) -> Rule {
         .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
         .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(UDPHeaderField::Dport)).build())
         .with_expr(Cmp::new(CmpOp::Eq, port.to_be_bytes().to_vec()))
+}
+
+/// `udp dport @lease`: the rule matches only while the lease element of the packet's port has not expired.
+fn require_lease(rule: Rule) -> Result<Rule, NftError> {
+    Ok(rule
+        .with_expr(Meta::new(MetaType::L4Proto))
+        .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
+        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(UDPHeaderField::Dport)).build())
+        .with_expr(Lookup::new(&lease_set_object(false))?))
 }
 
 /// Loads the address a set of this kind is keyed by into register 1.
@@ -476,7 +528,7 @@ fn mode_rules(tx: &mut Tx, config: &RulesetConfig, mode: Mode, policy: UnknownMa
 
     if mode == Mode::Leader {
         for &k in sets.iter().filter(|k| k.is_allow()) {
-            let r = load_key(Rule::new(&white)?, k).with_expr(lookup(k)?);
+            let r = load_key(require_lease(Rule::new(&white)?)?, k).with_expr(lookup(k)?);
             let r = verdict(set_mark(counter(r), config)?, VerdictKind::Accept);
             let c = if k.is_chaddr() { comments::ALLOW_CHADDR } else { comments::ALLOW_MAC };
             add(tx, r, "whitelist", c);
@@ -488,7 +540,7 @@ fn mode_rules(tx: &mut Tx, config: &RulesetConfig, mode: Mode, policy: UnknownMa
         add(tx, verdict(counter(r), VerdictKind::Drop), "blacklist", c);
     }
     if mode == Mode::Leader && policy == UnknownMacPolicy::Allow {
-        let r = verdict(set_mark(counter(Rule::new(&black)?), config)?, VerdictKind::Accept);
+        let r = verdict(set_mark(counter(require_lease(Rule::new(&black)?)?), config)?, VerdictKind::Accept);
         add(tx, r, "blacklist", comments::PASS);
     }
     Ok(())
@@ -496,7 +548,7 @@ fn mode_rules(tx: &mut Tx, config: &RulesetConfig, mode: Mode, policy: UnknownMa
 
 /// Rebuilds the whole agent's table in one transaction: create (no-op if present), delete, create, then
 /// sets, elements, chains and rules. Packets see either the old table or the new one, never a mix.
-pub(crate) fn full_owned(s: &DesiredState) -> Result<Tx, NftError> {
+pub(crate) fn full_owned(s: &DesiredState, lease_ms: u64) -> Result<Tx, NftError> {
     s.config.validate()?;
     let mut tx = Tx::new();
     let t = owned_table();
@@ -510,6 +562,10 @@ pub(crate) fn full_owned(s: &DesiredState) -> Result<Tx, NftError> {
         let size = set_capacity(macs.len());
         tx.set_with_size(&set_object(k, true), size, format!("set inet {OWNED_TABLE} {} (size {size})", k.name()));
         set_elements(&mut tx, k, &macs, MsgType::Add)?;
+    }
+    tx.set(&lease_set_object(true), MsgType::Add, format!("set inet {OWNED_TABLE} {LEASE_SET}"));
+    if lease_ms > 0 {
+        lease_add(&mut tx, &s.config.ports, lease_ms);
     }
     for name in ["whitelist", "blacklist", "pxe"] {
         tx.chain(&regular_chain(&t, name), MsgType::Add, format!("chain inet {OWNED_TABLE} {name}"));
@@ -557,14 +613,106 @@ pub(crate) fn delta(config: &RulesetConfig, effective: &Delta) -> Result<Tx, Nft
     Ok(tx)
 }
 
-/// Installs or replaces the guard table in one transaction.
-pub(crate) fn guard_install(config: &RulesetConfig) -> Result<Tx, NftError> {
+/// Moves the lease: flushes the lease set and, when `lease_ms` > 0, adds one element per port that the kernel
+/// expires `lease_ms` after it applies the batch. One transaction: a packet sees the old elements or the new ones.
+pub(crate) fn lease_refresh(config: &RulesetConfig, lease_ms: u64) -> Tx {
+    let mut tx = Tx::new();
+    let mut body = nfgen(NFPROTO_INET);
+    nla_str(&mut body, NFTA_SET_ELEM_LIST_TABLE, OWNED_TABLE);
+    nla_str(&mut body, NFTA_SET_ELEM_LIST_SET, LEASE_SET);
+    // DELSETELEM without an element list flushes the set.
+    tx.raw(nft_message(NFT_MSG_DELSETELEM, NLM_F_ACK, &body), format!("flush set inet {OWNED_TABLE} {LEASE_SET}"));
+    if lease_ms > 0 {
+        lease_add(&mut tx, &config.ports, lease_ms);
+    }
+    tx
+}
+
+/// `add element inet ironguard lease { PORT timeout LEASE_MSms, ... }`. rustables cannot give an element its own
+/// timeout, so the message is written here.
+fn lease_add(tx: &mut Tx, ports: &[u16], lease_ms: u64) {
+    let mut elements = Vec::new();
+    for port in ports {
+        let mut key = Vec::new();
+        nla(&mut key, NFTA_DATA_VALUE, &port.to_be_bytes());
+        let mut elem = Vec::new();
+        nla(&mut elem, NFTA_SET_ELEM_KEY | NLA_F_NESTED, &key);
+        nla(&mut elem, NFTA_SET_ELEM_TIMEOUT, &lease_ms.to_be_bytes());
+        nla(&mut elements, NFTA_LIST_ELEM | NLA_F_NESTED, &elem);
+    }
+    let mut body = nfgen(NFPROTO_INET);
+    nla_str(&mut body, NFTA_SET_ELEM_LIST_TABLE, OWNED_TABLE);
+    nla_str(&mut body, NFTA_SET_ELEM_LIST_SET, LEASE_SET);
+    nla(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, &elements);
+    tx.raw(
+        nft_message(NFT_MSG_NEWSETELEM, NLM_F_ACK | NLM_F_CREATE, &body),
+        format!("add lease elements {ports:?} timeout {lease_ms}ms to set inet {OWNED_TABLE} {LEASE_SET}"),
+    );
+    tx.elements += ports.len();
+}
+
+const NFPROTO_INET: u8 = 1;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_CREATE: u16 = 0x400;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
+const NFTA_DATA_VALUE: u16 = 1;
+
+/// The 4-byte nfgenmsg header: family, version 0, resource id 0.
+fn nfgen(family: u8) -> Vec<u8> {
+    vec![family, 0, 0, 0]
+}
+
+/// Appends one netlink attribute, padded to 4 bytes.
+fn nla(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+    buf.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
+    buf.extend_from_slice(&ty.to_ne_bytes());
+    buf.extend_from_slice(payload);
+    buf.resize(crate::netlink::align4(buf.len()), 0);
+}
+
+fn nla_str(buf: &mut Vec<u8>, ty: u16, s: &str) {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    nla(buf, ty, &v);
+}
+
+/// One nf_tables message (sequence number filled in by [`Tx`]).
+fn nft_message(op: u16, flags: u16, body: &[u8]) -> Vec<u8> {
+    let len = 16 + body.len();
+    let mut m = Vec::with_capacity(len);
+    m.extend_from_slice(&(len as u32).to_ne_bytes());
+    m.extend_from_slice(&(NFNL_SUBSYS_NFTABLES << 8 | op).to_ne_bytes());
+    m.extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+/// Installs or replaces the guard table in one transaction, with table `flags` (`owner|persist` where the kernel
+/// has `persist`; none otherwise). `existing`: the flags of the guard now in the kernel, if there is one. An
+/// existing guard is deleted and rebuilt in the same batch (a `create` first would have to repeat its flags,
+/// which the kernel refuses to change), so DHCP is never open in between.
+pub(crate) fn guard_install(config: &RulesetConfig, flags: u32, existing: Option<u32>) -> Result<Tx, NftError> {
     config.validate()?;
     let mut tx = Tx::new();
-    let t = table(GUARD_TABLE);
-    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE} (create)"));
-    tx.table(&t, MsgType::Del, format!("table inet {GUARD_TABLE} (delete for rebuild)"));
-    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE}"));
+    if let Some(old) = existing {
+        tx.table(
+            &table(GUARD_TABLE).with_flags(old),
+            MsgType::Del,
+            format!("table inet {GUARD_TABLE} (delete for rebuild)"),
+        );
+    }
+    let t = table(GUARD_TABLE).with_flags(flags);
+    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE} (flags {flags:#x})"));
     for &h in &config.hooks {
         let chain = base_chain(&t, h, GUARD_PRIORITY);
         tx.chain(&chain, MsgType::Add, format!("base chain inet {GUARD_TABLE} {}", h.chain_name()));
@@ -586,12 +734,22 @@ pub(crate) fn guard_install(config: &RulesetConfig) -> Result<Tx, NftError> {
     Ok(tx)
 }
 
-/// Removes the guard table (create first so that removing an absent guard is not an error).
-pub(crate) fn guard_remove() -> Tx {
+/// A table created with `owner|persist` and deleted in the same batch: accepted only by kernels that have
+/// `NFT_TABLE_F_PERSIST` (Linux 6.9 and later).
+pub(crate) fn persist_probe(name: &str) -> Tx {
     let mut tx = Tx::new();
-    let t = table(GUARD_TABLE);
-    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE} (create)"));
-    tx.table(&t, MsgType::Del, format!("table inet {GUARD_TABLE} (delete)"));
+    let t = table(name).with_flags(NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST);
+    tx.table(&t, MsgType::Add, format!("table inet {name} (persist probe)"));
+    tx.table(&t, MsgType::Del, format!("table inet {name} (persist probe, delete)"));
+    tx
+}
+
+/// Removes the guard table whose current flags are `existing` (nothing to do when there is none).
+pub(crate) fn guard_remove(existing: Option<u32>) -> Tx {
+    let mut tx = Tx::new();
+    if let Some(flags) = existing {
+        tx.table(&table(GUARD_TABLE).with_flags(flags), MsgType::Del, format!("table inet {GUARD_TABLE} (delete)"));
+    }
     tx
 }
 
@@ -610,7 +768,7 @@ pub(crate) fn add_invalid_object(tx: &mut Tx) -> Result<(), NftError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlink::{Attrs, Messages};
+    use crate::netlink::{Attrs, Message, Messages};
 
     fn macs(n: usize) -> Vec<MacAddr> {
         (0..n).map(|i| MacAddr::from_octets([0x02, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 1]).unwrap()).collect()
@@ -643,7 +801,7 @@ mod tests {
         let mut s = DesiredState::default();
         s.deny.extend(macs(100_000));
         s.allow.extend(macs(2_500));
-        let tx = full_owned(&s).unwrap().finish();
+        let tx = full_owned(&s, 0).unwrap().finish();
         let (encoded, families) = encoded_elements(&tx.bytes);
         // both match modes by default: every MAC twice
         assert_eq!(encoded, 2 * (100_000 + 2_500));
@@ -665,10 +823,44 @@ mod tests {
     fn rejected_message_is_described() {
         let mut s = DesiredState::default();
         s.deny.extend(macs(2_001));
-        let f = full_owned(&s).unwrap().finish();
+        let f = full_owned(&s, 0).unwrap().finish();
         let descs: Vec<String> = (1..=f.last_seq()).map(|i| f.describe(i)).collect();
         assert!(descs.iter().any(|d| d.contains("elements 2001..2001") && d.contains("deny_mac")), "{descs:#?}");
         assert_eq!(f.describe(0), "the batch (message 0)");
+    }
+
+    #[test]
+    fn the_lease_is_flushed_and_readded_in_one_batch() {
+        let c = RulesetConfig { ports: vec![67, 4011], ..Default::default() };
+        let f = lease_refresh(&c, 1900).finish();
+        let msgs: Vec<_> = Messages::new(&f.bytes).map(Result::unwrap).collect();
+        // begin, flush (DELSETELEM without elements), add (NEWSETELEM), end
+        let ops: Vec<Option<u16>> = msgs.iter().map(|m| m.nft_op()).collect();
+        assert_eq!(ops[1..3], [Some(NFT_MSG_DELSETELEM), Some(NFT_MSG_NEWSETELEM)]);
+        let attrs = |m: &Message<'_>| m.nft_attrs().unwrap().map(Result::unwrap).map(|(t, _)| t).collect::<Vec<_>>();
+        assert_eq!(attrs(&msgs[1]), [NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_ELEM_LIST_SET], "a flush names no element");
+        let (_, elements) = msgs[2].nft_attrs().unwrap().map(Result::unwrap).find(|(t, _)| *t == 3).unwrap();
+        let mut seen = vec![];
+        for e in Attrs::new(elements) {
+            let (_, ev) = e.unwrap();
+            let mut port = None;
+            let mut timeout = None;
+            for (t, v) in Attrs::new(ev).map(Result::unwrap) {
+                match t {
+                    NFTA_SET_ELEM_KEY => {
+                        let (_, d) = Attrs::new(v).next().unwrap().unwrap();
+                        port = Some(u16::from_be_bytes([d[0], d[1]]));
+                    }
+                    NFTA_SET_ELEM_TIMEOUT => timeout = crate::netlink::be_u64(v),
+                    _ => {}
+                }
+            }
+            seen.push((port.unwrap(), timeout.unwrap()));
+        }
+        assert_eq!(seen, [(67, 1900), (4011, 1900)], "one element per port, each with its own timeout");
+        assert_eq!(f.describe(1), "flush set inet ironguard lease");
+        // Dropping the lease is only the flush.
+        assert_eq!(lease_refresh(&c, 0).finish().last_seq(), 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use crate::MacAddr;
 use crate::model::{DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
-use crate::ruleset::{GUARD_PRIORITY, OWNED_PRIORITY, SetKind, comments};
+use crate::ruleset::{GUARD_PRIORITY, LEASE_DEFAULT_TIMEOUT_MS, LEASE_SET, OWNED_PRIORITY, SetKind, comments};
 
 fn dhcp_matches(config: &RulesetConfig) -> Vec<String> {
     let mut out = Vec::new();
@@ -74,11 +74,22 @@ pub fn owned_table_script(table: &str, s: &DesiredState, owner: bool) -> String 
         }
         out.push_str("\t}\n");
     }
+    let _ = writeln!(
+        out,
+        "\tset {LEASE_SET} {{\n\t\ttype inet_service\n\t\tflags timeout\n\t\ttimeout {}ms\n\t}}",
+        LEASE_DEFAULT_TIMEOUT_MS
+    );
     let _ = writeln!(out, "\tchain whitelist {{");
     if s.mode == Mode::Leader {
         for k in SetKind::for_config(c).filter(|k| k.is_allow()) {
             let cm = if k.is_chaddr() { comments::ALLOW_CHADDR } else { comments::ALLOW_MAC };
-            let _ = writeln!(out, "\t\t{} @{} counter {} accept comment \"{cm}\"", key(k), k.name(), mark_set(c));
+            let _ = writeln!(
+                out,
+                "\t\tudp dport @{LEASE_SET} {} @{} counter {} accept comment \"{cm}\"",
+                key(k),
+                k.name(),
+                mark_set(c)
+            );
         }
     }
     out.push_str("\t}\n\tchain blacklist {\n");
@@ -87,7 +98,7 @@ pub fn owned_table_script(table: &str, s: &DesiredState, owner: bool) -> String 
         let _ = writeln!(out, "\t\t{} @{} counter drop comment \"{cm}\"", key(k), k.name());
     }
     if s.mode == Mode::Leader && s.unknown_mac_policy == UnknownMacPolicy::Allow {
-        let _ = writeln!(out, "\t\tcounter {} accept comment \"{}\"", mark_set(c), comments::PASS);
+        let _ = writeln!(out, "\t\tudp dport @{LEASE_SET} counter {} accept comment \"{}\"", mark_set(c), comments::PASS);
     }
     out.push_str("\t}\n\tchain pxe {\n");
     if s.mode == Mode::Blocked {

@@ -831,3 +831,30 @@ impl SetWatcher {
         self.handle.join().expect("set watcher thread")
     }
 }
+
+/// One read of whether a host serves (leader rules and a live kernel lease): when the read began, when it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct ServingSample {
+    pub before: Instant,
+    pub after: Instant,
+    pub serving: bool,
+}
+
+/// Reads [`ironguard_nft::leader_rules_present`] in `ns` about every millisecond for `duration`. A read error
+/// fails the test (it is never taken for "closed").
+pub fn sample_serving(ns: &Netns, duration: Duration) -> thread::JoinHandle<Vec<ServingSample>> {
+    let path = format!("/run/netns/{}", ns.name());
+    thread::spawn(move || {
+        let f = File::open(&path).expect("open netns");
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        let start = Instant::now();
+        let mut out = Vec::new();
+        while start.elapsed() < duration {
+            let before = Instant::now();
+            let serving = ironguard_nft::leader_rules_present().expect("reading the kernel's state failed");
+            out.push(ServingSample { before, after: Instant::now(), serving });
+            thread::sleep(Duration::from_millis(1));
+        }
+        out
+    })
+}

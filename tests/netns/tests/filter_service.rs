@@ -56,14 +56,15 @@ struct Site {
 
 impl Site {
     fn new(nodes: usize, lost_after_secs: u64) -> Self {
+        Self::with_agent_extra(nodes, lost_after_secs, "")
+    }
+
+    /// With extra agent configuration appended (e.g. `[guard]\nclaim = false\n`).
+    fn with_agent_extra(nodes: usize, lost_after_secs: u64, extra: &str) -> Self {
         let lan = PxeLan::new(nodes);
         let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
-        let agent = start_agent(
-            &lan.pxe,
-            &lan.dir,
-            &agent_toml("agent-1", &cp.url(), "br0", AGENT_ADMIN, lost_after_secs),
-            None,
-        );
+        let toml = agent_toml("agent-1", &cp.url(), "br0", AGENT_ADMIN, lost_after_secs) + extra;
+        let agent = start_agent(&lan.pxe, &lan.dir, &toml, None);
         let s = Self { lan, cp, agent };
         s.wait_verdict("LEADER", Duration::from_secs(10));
         s
@@ -303,16 +304,64 @@ fn the_agent_runs_as_a_non_root_user_with_only_cap_net_admin() {
     assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_none());
 }
 
+/// The running agent holds the guard (`owner, persist` on this kernel): nobody else can delete or flush it, and
+/// `nft flush ruleset` (Debian's nftables.service) leaves it and the agent's table alone.
 #[test]
-fn a_deleted_guard_is_reinstalled_by_the_reconcile_loop() {
+fn the_held_guard_refuses_tampering_and_survives_flush_ruleset() {
     let site = Site::new(1, 30);
-    let out = site.lan.pxe.nft(&["delete", "table", "inet", "ironguard_guard"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(verdict(&site.lan.pxe), "UNGUARDED");
-    // The test configuration reconciles every ~5 s (±20 %).
-    let back = wait_for(Duration::from_secs(10), || (verdict(&site.lan.pxe) == "LEADER").then_some(()));
-    assert!(back.is_some(), "the guard was not repaired:\n{}", site.agent.log_text());
-    assert!(metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_drift_repairs").unwrap_or(0.0) >= 1.0);
+    ok(site.ctl(&["filters", "allow", M1]));
+    let j = chains_json(&site.lan.pxe);
+    assert!(j["guard_held_by"].is_number() && j["guard_persistent"] == true, "held by the agent: {j}");
+    assert_eq!(j["guard_holder"]["pid"], site.agent.pid(), "{j}");
+    for args in [
+        &["delete", "table", "inet", "ironguard_guard"][..],
+        &["flush", "chain", "inet", "ironguard_guard", "input"][..],
+        &["delete", "chain", "inet", "ironguard_guard", "input"][..],
+    ] {
+        let out = site.lan.pxe.nft(args);
+        assert!(!out.status.success(), "nft {args:?} must be refused");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"), "{out:?}");
+    }
+    let out = site.lan.pxe.nft(&["flush", "ruleset"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(verdict(&site.lan.pxe), "LEADER", "both tables survived nft flush ruleset");
+    assert!(wait_for(Duration::from_secs(5), || dhcp(&site.lan.nodes[0], "eth0", mac(M1))).is_some());
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(UNKNOWN)).is_none());
+}
+
+/// A plain guard (`[guard] claim = false`, what kernels without `persist` get) is repaired the moment a change
+/// notification shows it deleted, flushed or altered: long before the periodic read-back (~5 s here).
+#[test]
+fn a_plain_guard_is_repaired_the_moment_it_is_touched() {
+    let site = Site::with_agent_extra(1, 30, "\n[guard]\nclaim = false\n");
+    let repaired = |what: &str| {
+        let t = std::time::Instant::now();
+        let ok = wait_for(Duration::from_secs(3), || {
+            let j = chains_json(&site.lan.pxe);
+            let rules = &j["guard"]["chains"][0]["rules"];
+            let only_drop = rules.as_array().is_some_and(|r| r.len() == 1)
+                && rules[0]["comment"] == "ironguard-guard:drop-unmarked";
+            (j["verdict"] == "LEADER" && only_drop).then_some(())
+        });
+        assert!(ok.is_some(), "the guard was not repaired after {what}:\n{}", site.agent.log_text());
+        t.elapsed()
+    };
+    let mut took = vec![];
+    for args in [
+        &["delete", "table", "inet", "ironguard_guard"][..],
+        &["flush", "chain", "inet", "ironguard_guard", "input"][..],
+        &["add", "rule", "inet", "ironguard_guard", "input", "udp", "dport", "67", "accept"][..],
+        &["flush", "ruleset"][..],
+    ] {
+        let out = site.lan.pxe.nft(args);
+        assert!(out.status.success(), "nft {args:?}: {out:?}");
+        took.push((args.join(" "), repaired(&args.join(" "))));
+    }
+    for (what, t) in &took {
+        assert!(*t < Duration::from_secs(2), "{what}: repaired only after {t:?}");
+    }
+    let repairs = metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_guard_repairs").unwrap_or(0.0);
+    assert!(repairs >= 4.0, "every tampering was repaired by the agent ({repairs})\n{took:?}");
 }
 
 #[test]
