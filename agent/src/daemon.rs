@@ -933,7 +933,10 @@ mod tests {
         let now = Instant::now();
         let margin = Duration::from_secs(1);
         // An etcd session alive until now + 3 s: the lease runs until the fence deadline, now + 2 s.
-        assert_eq!(lease_until(Expiry::At(now + Duration::from_secs(3)), margin, now), Some(now + Duration::from_secs(2)));
+        assert_eq!(
+            lease_until(Expiry::At(now + Duration::from_secs(3)), margin, now),
+            Some(now + Duration::from_secs(2))
+        );
         // A keep-alive answered so late that the deadline is (almost) past: no lease.
         assert_eq!(lease_until(Expiry::At(now + Duration::from_millis(1010)), margin, now), None);
         assert_eq!(lease_until(Expiry::At(now + Duration::from_millis(500)), margin, now), None);

@@ -274,7 +274,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Guard { action: GuardAction::Remove } => {
-            ironguard_nft::guard::remove().context("removing the guard table (stop ironguard-agent first: it holds the guard)")?;
+            ironguard_nft::guard::remove()
+                .context("removing the guard table (stop ironguard-agent first: it holds the guard)")?;
             println!("guard removed: table inet {} is gone", ironguard_nft::GUARD_TABLE);
             Ok(ExitCode::SUCCESS)
         }

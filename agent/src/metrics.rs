@@ -89,7 +89,11 @@ impl Metrics {
         let drift_repairs = Counter::default();
         r.register("drift_repairs", "Full applies triggered by a read-back that differed", drift_repairs.clone());
         let lease_refreshes = Counter::default();
-        r.register("lease_refreshes", "Kernel lease refreshes (the leader's fence, enforced by the kernel)", lease_refreshes.clone());
+        r.register(
+            "lease_refreshes",
+            "Kernel lease refreshes (the leader's fence, enforced by the kernel)",
+            lease_refreshes.clone(),
+        );
         let lease_late = Counter::default();
         r.register("lease_late", "Keep-alives that came too late to refresh the kernel lease", lease_late.clone());
         let guard_repairs = Counter::default();

@@ -469,7 +469,12 @@ impl Ironic {
         let mut all = Vec::new();
         for ps in provision_states {
             let nodes: Vec<Node> = self
-                .list("list nodes", "/v1/nodes", "nodes", &[("provision_state", ps.to_string()), ("fields", fields.clone())])
+                .list(
+                    "list nodes",
+                    "/v1/nodes",
+                    "nodes",
+                    &[("provision_state", ps.to_string()), ("fields", fields.clone())],
+                )
                 .await?;
             let listed = nodes.len();
             let kept: Vec<Node> = nodes.into_iter().filter(|n| n.provision_state.as_deref() == Some(*ps)).collect();

@@ -157,8 +157,7 @@ impl ObservedTable {
             match self.chain(h.chain_name()) {
                 None => problems.push(format!("guard base chain {} is missing", h.chain_name())),
                 Some(c) => {
-                    let drops =
-                        c.rules.iter().filter(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)).count();
+                    let drops = c.rules.iter().filter(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)).count();
                     if drops != want_rules || c.rules.len() != want_rules {
                         problems.push(format!(
                             "guard base chain {} has {} rules ({drops} drop rules), {want_rules} configured",

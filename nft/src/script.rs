@@ -98,7 +98,8 @@ pub fn owned_table_script(table: &str, s: &DesiredState, owner: bool) -> String 
         let _ = writeln!(out, "\t\t{} @{} counter drop comment \"{cm}\"", key(k), k.name());
     }
     if s.mode == Mode::Leader && s.unknown_mac_policy == UnknownMacPolicy::Allow {
-        let _ = writeln!(out, "\t\tudp dport @{LEASE_SET} counter {} accept comment \"{}\"", mark_set(c), comments::PASS);
+        let _ =
+            writeln!(out, "\t\tudp dport @{LEASE_SET} counter {} accept comment \"{}\"", mark_set(c), comments::PASS);
     }
     out.push_str("\t}\n\tchain pxe {\n");
     if s.mode == Mode::Blocked {

@@ -107,19 +107,11 @@ async fn v1(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
 
 // --- nodes -----------------------------------------------------------------------------------------------------
 
-async fn list_nodes(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    pairs: Pairs,
-) -> Result<Response> {
+async fn list_nodes(State(shared): State<Arc<Shared>>, headers: HeaderMap, pairs: Pairs) -> Result<Response> {
     nodes_page(&shared, &headers, Query::new(pairs.0), false)
 }
 
-async fn list_nodes_detail(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    pairs: Pairs,
-) -> Result<Response> {
+async fn list_nodes_detail(State(shared): State<Arc<Shared>>, headers: HeaderMap, pairs: Pairs) -> Result<Response> {
     nodes_page(&shared, &headers, Query::new(pairs.0), true)
 }
 
@@ -297,19 +289,11 @@ async fn delete_node(State(shared): State<Arc<Shared>>, Path(ident): Path<String
 
 // --- ports -----------------------------------------------------------------------------------------------------
 
-async fn list_ports(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    pairs: Pairs,
-) -> Result<Response> {
+async fn list_ports(State(shared): State<Arc<Shared>>, headers: HeaderMap, pairs: Pairs) -> Result<Response> {
     ports_page(&shared, &headers, Query::new(pairs.0), false)
 }
 
-async fn list_ports_detail(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    pairs: Pairs,
-) -> Result<Response> {
+async fn list_ports_detail(State(shared): State<Arc<Shared>>, headers: HeaderMap, pairs: Pairs) -> Result<Response> {
     ports_page(&shared, &headers, Query::new(pairs.0), true)
 }
 

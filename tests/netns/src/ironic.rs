@@ -239,7 +239,10 @@ impl RealIronic {
             .map(|a| {
                 a.iter()
                     .map(|p| {
-                        (p["address"].as_str().unwrap_or_default().to_string(), p["pxe_enabled"].as_bool() == Some(true))
+                        (
+                            p["address"].as_str().unwrap_or_default().to_string(),
+                            p["pxe_enabled"].as_bool() == Some(true),
+                        )
                     })
                     .collect()
             })

@@ -69,7 +69,13 @@ impl Both {
     }
 
     /// The same raw request to both: [(status, headers, body) of the real one, of the fake one].
-    fn raw_both(&self, method: &str, path: &str, body: Option<&Value>, version: Option<&str>) -> [(u16, String, String); 2] {
+    fn raw_both(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        version: Option<&str>,
+    ) -> [(u16, String, String); 2] {
         [self.real.raw(method, path, body, version), self.fake.rest().raw(method, path, body, version)]
     }
 }
@@ -132,7 +138,14 @@ fn the_fake_answers_as_the_real_ironic_does() {
             let ports = c.list_ports(Some(&nodes[3])).await.unwrap();
             let dup = c.create_port(&nodes[0], "52:54:00:c0:00:00").await.unwrap_err();
             let validate = c.validate(&nodes[0], "power").await.unwrap();
-            (listed == want, missing.to_string(), ports.len(), ports[0].node_uuid == nodes[3], dup.to_string(), validate.result)
+            (
+                listed == want,
+                missing.to_string(),
+                ports.len(),
+                ports[0].node_uuid == nodes[3],
+                dup.to_string(),
+                validate.result,
+            )
         })
     });
     assert!(real.0 && fake.0, "only the manageable nodes, across pages");

@@ -90,7 +90,11 @@ impl Site {
             if s["state"] == want {
                 return s;
             }
-            assert!(t.elapsed() < timeout, "inspection of {uuid} never reached {want}: {s}\n{}", self.cp.proc.log_text());
+            assert!(
+                t.elapsed() < timeout,
+                "inspection of {uuid} never reached {want}: {s}\n{}",
+                self.cp.proc.log_text()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -241,7 +245,8 @@ fn ironguards_own_inspection_drives_ironics_power_and_boot_device() {
     assert!(dhcp_becomes(&site.lan.nodes[0], n, true, Duration::from_secs(10)), "the inspected node boots");
     assert!(dhcp(&site.lan.nodes[1], "eth0", other).is_none(), "the other node does not");
 
-    let (ok, reply, err) = ipa_callback(&site.lan.nodes[0], "10.77.0.50", &site.lan.dir, &ipa_inventory(&[n], "10.1.39.50"));
+    let (ok, reply, err) =
+        ipa_callback(&site.lan.nodes[0], "10.77.0.50", &site.lan.dir, &ipa_inventory(&[n], "10.1.39.50"));
     assert!(ok, "IPA's callback failed: {err}");
     let reply: Value = serde_json::from_str(&reply).unwrap();
     assert_eq!(reply["uuid"], uuid.as_str(), "IPA reads the node's UUID back");
@@ -254,7 +259,8 @@ fn ironguards_own_inspection_drives_ironics_power_and_boot_device() {
     let data: Value = serde_json::from_str(&site.ctl_ok(&["inspect", "data", &uuid])).unwrap();
     assert_eq!(data["inventory"]["cpu"]["count"], 4, "the ramdisk's data is stored");
     // A callback for a node nobody inspects is refused, as ironic-inspector refuses it.
-    let (ok, _, err) = ipa_callback(&site.lan.nodes[1], "10.77.0.51", &site.lan.dir, &ipa_inventory(&[other], "10.1.39.51"));
+    let (ok, _, err) =
+        ipa_callback(&site.lan.nodes[1], "10.77.0.51", &site.lan.dir, &ipa_inventory(&[other], "10.1.39.51"));
     assert!(!ok && err.contains("error 4"), "refused: {err}");
     drop(site.agent);
 }
@@ -298,7 +304,8 @@ fn openstack_baremetal_introspection_commands_work_unchanged() {
     let (ok, out) = osc(&["start", &uuid]);
     assert!(ok, "introspection start again: {out}");
     site.wait_inspection(&uuid, "waiting", Duration::from_secs(20));
-    let (ok, _, err) = ipa_callback(&site.lan.nodes[0], "10.77.0.60", &site.lan.dir, &ipa_inventory(&[n], "10.1.39.60"));
+    let (ok, _, err) =
+        ipa_callback(&site.lan.nodes[0], "10.77.0.60", &site.lan.dir, &ipa_inventory(&[n], "10.1.39.60"));
     assert!(ok, "{err}");
     site.wait_inspection(&uuid, "finished", Duration::from_secs(20));
     let (ok, out) = osc(&["status", &uuid, "-f", "json"]);

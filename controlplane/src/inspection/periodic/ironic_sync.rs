@@ -38,7 +38,9 @@ impl Task for IronicSync {
                 Ok(m) => {
                     known.insert(m);
                 }
-                Err(e) => warn!(port = %p.uuid, address = %p.address, "Ironic port with an address ironguard cannot use: {e}"),
+                Err(e) => {
+                    warn!(port = %p.uuid, address = %p.address, "Ironic port with an address ironguard cannot use: {e}")
+                }
             }
         }
         let count = known.len();
@@ -51,8 +53,7 @@ impl Task for IronicSync {
                 "deny set synchronised with Ironic's ports"
             );
         }
-        let nodes: BTreeSet<String> =
-            self.ironic.list_nodes(&[], "uuid").await?.into_iter().map(|n| n.uuid).collect();
+        let nodes: BTreeSet<String> = self.ironic.list_nodes(&[], "uuid").await?.into_iter().map(|n| n.uuid).collect();
         for rec in self.engine.store.list().await? {
             if !nodes.contains(&rec.uuid) {
                 info!(node = %rec.uuid, "node deleted from Ironic");

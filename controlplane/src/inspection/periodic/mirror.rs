@@ -6,8 +6,8 @@ use std::sync::Mutex;
 use ironguard_nft::MacAddr;
 
 use crate::filter::{ReasonChange, Side};
-use crate::store::FilterStore;
 use crate::inspection::engine::Engine;
+use crate::store::FilterStore;
 
 /// "These MACs should carry `reason` on `side` now" becomes the reason changes against the previous run (the
 /// filter state itself on the first run, so a new leader starts from what is published).
