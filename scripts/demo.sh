@@ -189,6 +189,7 @@ cat >"$WORK/agent.toml" <<T
 [agent]
 id = "demo-pxe-host"
 network = "demo"
+state_dir = "$WORK"
 [controlplane]
 endpoints = ["http://127.0.0.1:9100"]
 [admin]

@@ -58,6 +58,30 @@ pub struct AgentSection {
     pub id: String,
     /// The PXE network this agent serves (agents of one network elect one leader).
     pub network: String,
+    /// Where the agent keeps what must survive a restart (its lease id, what it saw of etcd): a file
+    /// `agent-<id>.json` here. Default: systemd's `$RUNTIME_DIRECTORY`, else `/run/ironguard`.
+    pub state_dir: String,
+}
+
+impl AgentSection {
+    /// The state file, creating its directory if needed (`None` if that fails: the agent runs without it).
+    pub fn state_file(&self) -> Option<PathBuf> {
+        let dir = if !self.state_dir.is_empty() {
+            PathBuf::from(&self.state_dir)
+        } else if let Some(d) = std::env::var_os("RUNTIME_DIRECTORY").filter(|d| !d.is_empty()) {
+            // systemd may list several directories separated by colons; the first is ours.
+            PathBuf::from(d.to_string_lossy().split(':').next().unwrap_or_default())
+        } else {
+            PathBuf::from("/run/ironguard")
+        };
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create the state directory; a restart will not revoke the previous lease");
+            return None;
+        }
+        let id: String =
+            self.id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+        Some(dir.join(format!("agent-{id}.json")))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,7 +158,7 @@ pub struct AdminSection {
 
 impl Default for AgentSection {
     fn default() -> Self {
-        Self { id: String::new(), network: "default".into() }
+        Self { id: String::new(), network: "default".into(), state_dir: String::new() }
     }
 }
 

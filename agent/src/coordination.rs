@@ -4,14 +4,25 @@
 //! The main loop owns the safety decision: it opens (Leader) only while this task reports `elected` *and* the
 //! session's expiry estimate is more than the margin away (the lease fence). This task only campaigns and
 //! resigns, and always after the main loop has closed.
+//!
+//! It also watches for store amnesia (a replaced or rolled-back etcd, see [`ironguard_coord::amnesia`]): on every
+//! new session, and after every keep-alive while leading (with a check that its own candidacy key is still
+//! there), it looks at the store and reports a forgetting store to the main loop, which closes and waits one TTL
+//! before it may open again. What it saw of the store and its current lease id are kept in a small state file,
+//! so that a restarted agent still notices amnesia, and revokes the lease of its previous run at once (the
+//! successor need not wait for that lease to expire).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ironguard_coord::{CoordError, Coordinator, Expiry, Leadership, Session};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ironguard_coord::{CoordError, Coordinator, Expiry, Leadership, Session, StoreMemory};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
 /// What the coordination task tells the main loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,11 +35,45 @@ pub struct CoordState {
     pub elected: bool,
     /// The last coordination error, in words.
     pub error: Option<String>,
+    /// When this agent last saw the store forget (and what), on its monotonic clock.
+    pub amnesia: Option<(Instant, String)>,
 }
 
 impl Default for CoordState {
     fn default() -> Self {
-        Self { expiry: Expiry::Expired, session: 0, elected: false, error: Some("not connected yet".into()) }
+        Self {
+            expiry: Expiry::Expired,
+            session: 0,
+            elected: false,
+            error: Some("not connected yet".into()),
+            amnesia: None,
+        }
+    }
+}
+
+/// What survives an agent restart: the lease of the running session and what was seen of the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersistedState {
+    /// The lease of the session in use (0: none).
+    pub lease: i64,
+    pub store: StoreMemory,
+}
+
+impl PersistedState {
+    pub fn load(path: &std::path::Path) -> Option<Self> {
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// Written to a temporary file and renamed, so a crash never leaves half a file.
+    pub fn save(&self, path: &std::path::Path) {
+        let tmp = path.with_extension("tmp");
+        let write = serde_json::to_vec(self)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = write {
+            warn!(path = %path.display(), error = %e, "cannot save the agent's state file");
+        }
     }
 }
 
@@ -39,6 +84,8 @@ pub struct Candidacy {
     pub host: String,
     pub network: String,
     pub ttl: Duration,
+    /// Where the state survives restarts (`None`: it does not).
+    pub state_file: Option<PathBuf>,
 }
 
 fn election(network: &str) -> String {
@@ -55,6 +102,20 @@ pub async fn run(
 ) {
     let mut generation = 0u64;
     let mut attempt = 0u32;
+    let mut persisted = who.state_file.as_deref().and_then(PersistedState::load).unwrap_or_default();
+    coord.restore_store_memory(persisted.store.clone());
+    if persisted.lease != 0 {
+        // The previous run of this agent died with a live lease (a crash, SIGKILL, OOM): end it now so that the
+        // next leader need not wait out its TTL. Its keys vanish with it.
+        match coord.revoke_lease(persisted.lease).await {
+            Ok(()) => info!(lease = format!("{:x}", persisted.lease), "revoked the lease of this agent's previous run"),
+            Err(e) => {
+                warn!(lease = format!("{:x}", persisted.lease), error = %e, "could not revoke the previous run's lease; it expires within its TTL")
+            }
+        }
+        persisted.lease = 0;
+        save(&who, &persisted, &*coord);
+    }
     while !shutdown.is_cancelled() {
         let session = tokio::select! {
             s = coord.session(who.ttl) => s,
@@ -75,6 +136,9 @@ pub async fn run(
         };
         attempt = 0;
         generation += 1;
+        persisted.lease = session.lease;
+        look_at_store(&*coord, &state).await;
+        save(&who, &persisted, &*coord);
         let member = format!("members/{}/{}", who.network, who.agent_id);
         let _ = coord.put(&member, format!("{{\"host\":{:?}}}", who.host).into_bytes(), Some(&session)).await;
         info!(lease = format!("{:x}", session.lease), backend = coord.backend(), "joined the party");
@@ -91,13 +155,41 @@ pub async fn run(
         });
         if shutdown.is_cancelled() {
             // Resigned already (serve_session); revoke so that a successor need not wait for the TTL.
-            if let Err(e) = coord.revoke(&session).await {
-                warn!(error = %e, "could not revoke the lease; it expires within its TTL");
+            match coord.revoke(&session).await {
+                Ok(()) => {
+                    persisted.lease = 0;
+                    save(&who, &persisted, &*coord);
+                }
+                Err(e) => warn!(error = %e, "could not revoke the lease; it expires within its TTL"),
             }
             break;
         }
         warn!(reason = %ended, "session ended; opening a new one");
         tokio::select! { _ = tokio::time::sleep(Duration::from_millis(200)) => {}, _ = shutdown.cancelled() => break }
+    }
+}
+
+fn save(who: &Candidacy, persisted: &PersistedState, coord: &dyn Coordinator) {
+    if let Some(path) = &who.state_file {
+        let p = PersistedState { lease: persisted.lease, store: coord.store_memory() };
+        p.save(path);
+    }
+}
+
+/// Looks at the store; a forgetting store is reported to the main loop (which closes and waits). Returns whether
+/// it forgot.
+async fn look_at_store(coord: &dyn Coordinator, state: &watch::Sender<CoordState>) -> bool {
+    match coord.check_store().await {
+        Ok(Some(a)) => {
+            error!(detail = %a.detail, "the coordination store forgot what it held (replaced or restored): closing, and waiting one TTL before this agent may open again");
+            state.send_modify(|s| s.amnesia = Some((Instant::now(), a.to_string())));
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            debug!(error = %e, "could not look at the store; will look again");
+            false
+        }
     }
 }
 
@@ -165,7 +257,8 @@ async fn serve_session(
                 s.error = None;
             }
         });
-        // Lead until the main loop says stop (it has closed first) or the session ends.
+        // Lead until the main loop says stop (it has closed first) or the session ends. After each keep-alive the
+        // leader also checks that the store still knows it (an amnesic store forgot its candidacy).
         let why = loop {
             tokio::select! {
                 _ = want_lead.changed() => if !*want_lead.borrow() { break "stepping down"; },
@@ -173,6 +266,14 @@ async fn serve_session(
                     let e = if r.is_err() { Expiry::Expired } else { *expiry.borrow() };
                     state.send_modify(|s| if s.session == generation { s.expiry = e });
                     if e == Expiry::Expired { break "lease expired"; }
+                    if look_at_store(coord, state).await {
+                        break "store amnesia";
+                    }
+                    if let Ok(false) = coord.still_leading(&leadership).await {
+                        state.send_modify(|s| s.amnesia = Some((Instant::now(), "store amnesia: this leader's candidacy key is gone from the store".into())));
+                        error!("this leader's candidacy is gone from the store (replaced or restored): closing");
+                        break "store amnesia";
+                    }
                 }
                 _ = shutdown.cancelled() => break "shutdown",
             }

@@ -58,6 +58,8 @@ pub enum Reason {
     DhcpUnhealthy(String),
     /// No valid session: etcd unreachable or the lease fence tripped.
     Partitioned(String),
+    /// The coordination store forgot (replaced or restored): closed until every earlier leader's fence passed.
+    StoreAmnesia(String),
     /// Healthy and current, but another agent holds the election (or the campaign is under way).
     NotElected,
     Leading,
@@ -72,6 +74,9 @@ impl std::fmt::Display for Reason {
             Reason::ControlPlaneLost(d) => write!(f, "control plane unreachable for {}s", d.as_secs()),
             Reason::DhcpUnhealthy(d) => write!(f, "local DHCP service unhealthy: {d}"),
             Reason::Partitioned(d) => write!(f, "no valid lease in etcd (fenced): {d}"),
+            Reason::StoreAmnesia(d) => {
+                write!(f, "{d}; closed until every earlier leader's fence deadline has passed (one TTL)")
+            }
             Reason::NotElected => {
                 write!(f, "follower: another agent leads this network (or the election is under way)")
             }
@@ -91,6 +96,7 @@ impl Reason {
             Reason::ApplyFailed => Some("apply-failed"),
             Reason::ShuttingDown => Some("shutdown"),
             Reason::Partitioned(_) => Some("partition"),
+            Reason::StoreAmnesia(_) => Some("store-amnesia"),
             Reason::DhcpUnhealthy(_) | Reason::Leading | Reason::NotElected => None,
         }
     }
@@ -107,6 +113,8 @@ pub struct Inputs<'a> {
     /// The session (lease) is alive for more than the margin: the lease fence holds.
     pub session_valid: bool,
     pub session_error: Option<&'a str>,
+    /// Store amnesia seen less than one TTL ago: the reason.
+    pub store_amnesia: Option<&'a str>,
     pub elected: bool,
     pub shutting_down: bool,
 }
@@ -124,6 +132,9 @@ pub fn decide(i: &Inputs<'_>) -> (Mode, Reason) {
     }
     if let Some(d) = i.lost_for.filter(|d| *d >= i.lost_after) {
         return (Mode::Blocked, Reason::ControlPlaneLost(d));
+    }
+    if let Some(why) = i.store_amnesia {
+        return (Mode::Blocked, Reason::StoreAmnesia(why.to_string()));
     }
     if !i.session_valid {
         return (Mode::Blocked, Reason::Partitioned(i.session_error.unwrap_or("lease fence").to_string()));
@@ -221,6 +232,12 @@ impl Daemon {
             dhcp: &self.dhcp,
             session_valid: self.coord.expiry.valid_with_margin(self.cfg.election.margin(), Instant::now()),
             session_error: self.coord.error.as_deref(),
+            store_amnesia: self
+                .coord
+                .amnesia
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < self.cfg.election.ttl())
+                .map(|(_, why)| why.as_str()),
             elected: self.coord.elected,
             shutting_down,
         }
@@ -755,6 +772,7 @@ pub async fn run(
         host: who.host.clone(),
         network: cfg.agent.network.clone(),
         ttl: cfg.election.ttl(),
+        state_file: cfg.agent.state_file(),
     };
     let coord_task = tokio::spawn(coordinate(cfg.etcd.clone(), candidacy, want_lead_rx, coord_tx, coord_stop.clone()));
     let (status_tx, status_rx) = watch::channel(AgentStatus::default());
@@ -923,6 +941,7 @@ mod tests {
             dhcp,
             session_valid: true,
             session_error: None,
+            store_amnesia: None,
             elected: true,
             shutting_down: false,
         }
@@ -978,6 +997,13 @@ mod tests {
         assert!(may_lead(&i), "a healthy follower campaigns");
         i.session_valid = false;
         assert!(!may_lead(&i), "a fenced agent does not campaign");
+        // Store amnesia closes even an elected leader with a valid session, and it does not campaign meanwhile.
+        let mut i = base(&h);
+        i.store_amnesia = Some("store amnesia: the store's revision went back from 50 to 2");
+        let (m, r) = decide(&i);
+        assert_eq!((m, r.cause()), (Mode::Blocked, Some("store-amnesia")));
+        assert!(r.to_string().contains("went back"), "{r}");
+        assert!(!may_lead(&i));
         // control plane loss outranks DHCP health: no state can be trusted
         let mut i = base(&sick);
         i.lost_for = Some(Duration::from_secs(40));

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::amnesia::{Amnesia, StoreLook, StoreMemory, judge};
 use crate::session::{Expiry, Session};
 use crate::{CoordError, Coordinator, EtcdConfig, KeyValue, KvEvent, Leadership, LockGuard};
 
@@ -23,6 +24,7 @@ pub struct EtcdCoordinator {
     prefix: String,
     request_timeout: Duration,
     retries: u32,
+    memory: std::sync::Arc<std::sync::Mutex<StoreMemory>>,
 }
 
 impl std::fmt::Debug for EtcdCoordinator {
@@ -96,6 +98,7 @@ impl EtcdCoordinator {
             prefix: cfg.prefix.clone(),
             request_timeout: Duration::from_millis(cfg.request_timeout_ms),
             retries: cfg.retries.max(1),
+            memory: Default::default(),
         })
     }
 
@@ -423,6 +426,74 @@ impl Coordinator for EtcdCoordinator {
             }
             _ = cancel.cancelled() => Err(CoordError::Cancelled),
         }
+    }
+
+    async fn revoke_lease(&self, lease: i64) -> Result<(), CoordError> {
+        match self.retry("lease revoke", |mut c| async move { c.lease_revoke(lease).await }).await {
+            Ok(_) => Ok(()),
+            Err(CoordError::Etcd { source: etcd_client::Error::GRpcStatus(s), .. })
+                if s.code() == tonic::Code::NotFound =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn check_store(&self) -> Result<Option<Amnesia>, CoordError> {
+        use rand::Rng as _;
+        let key = self.full("epoch");
+        let fresh = format!("{:032x}", rand::rng().random::<u128>());
+        let r = self
+            .retry("read the store epoch", |mut c| {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.clone(), fresh.clone(), None)])
+                    .or_else([TxnOp::get(key.clone(), None)]);
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        let header =
+            r.header().ok_or(CoordError::Protocol { op: "read the store epoch", detail: "no header".into() })?;
+        let (cluster_id, revision) = (header.cluster_id(), header.revision());
+        let created = r.succeeded();
+        let epoch = if created {
+            fresh
+        } else {
+            r.op_responses()
+                .into_iter()
+                .find_map(|op| match op {
+                    etcd_client::TxnOpResponse::Get(g) => {
+                        g.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                    }
+                    _ => None,
+                })
+                .unwrap_or_default()
+        };
+        let look = StoreLook { cluster_id, epoch, created_epoch: created, revision };
+        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let (next, amnesia) = judge(&memory, &look);
+        *memory = next;
+        Ok(amnesia)
+    }
+
+    async fn still_leading(&self, l: &Leadership) -> Result<bool, CoordError> {
+        let k = l.key.clone();
+        let r = self
+            .retry("check the candidacy", |mut c| {
+                let k = k.clone();
+                async move { c.get(k, None).await }
+            })
+            .await?;
+        Ok(r.kvs().first().is_some_and(|kv| kv.create_revision() == l.revision))
+    }
+
+    fn store_memory(&self) -> StoreMemory {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn restore_store_memory(&self, memory: StoreMemory) {
+        *self.memory.lock().unwrap_or_else(|e| e.into_inner()) = memory;
     }
 
     async fn unlock(&self, guard: &LockGuard) -> Result<(), CoordError> {

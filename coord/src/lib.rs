@@ -13,6 +13,7 @@
 //!   revisions and prefix watch.
 #![forbid(unsafe_code)]
 
+pub mod amnesia;
 pub mod config;
 pub mod etcd;
 pub mod local;
@@ -24,6 +25,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
+pub use amnesia::{Amnesia, StoreMemory};
 pub use config::EtcdConfig;
 pub use session::{Expiry, Session};
 
@@ -96,6 +98,9 @@ pub trait Coordinator: Send + Sync + 'static {
     /// Ends a session now: its keys (candidacy, membership, locks) disappear at once.
     async fn revoke(&self, session: &Session) -> Result<(), CoordError>;
 
+    /// Revokes a lease by id (one left by a previous run of this process). A lease already gone is not an error.
+    async fn revoke_lease(&self, lease: i64) -> Result<(), CoordError>;
+
     /// Campaigns in `election` with `value`; resolves when this candidate leads. If `cancel` fires first, the
     /// candidacy is withdrawn before returning [`CoordError::Cancelled`].
     async fn campaign(
@@ -134,6 +139,17 @@ pub trait Coordinator: Send + Sync + 'static {
 
     /// Releases a lock. Idempotent.
     async fn unlock(&self, guard: &LockGuard) -> Result<(), CoordError>;
+
+    /// Looks at the store (its cluster id, its epoch key — written into a store that has none — and its revision)
+    /// and compares with what this process remembers: `Some` when the store forgot (see [`amnesia`]).
+    async fn check_store(&self) -> Result<Option<Amnesia>, CoordError>;
+
+    /// Whether this candidacy's key is still in the store (it vanishes with an amnesic store).
+    async fn still_leading(&self, leadership: &Leadership) -> Result<bool, CoordError>;
+
+    /// What this process remembers of the store, and a way to restore it after a restart.
+    fn store_memory(&self) -> StoreMemory;
+    fn restore_store_memory(&self, memory: StoreMemory);
 }
 
 /// Jittered exponential back-off: 100 ms doubling up to `max`, ±25 %.

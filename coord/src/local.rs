@@ -186,6 +186,24 @@ impl Coordinator for LocalCoordinator {
         }
     }
 
+    async fn revoke_lease(&self, _lease: i64) -> Result<(), CoordError> {
+        Ok(())
+    }
+
+    async fn check_store(&self) -> Result<Option<crate::Amnesia>, CoordError> {
+        Ok(None) // the store lives and dies with this process
+    }
+
+    async fn still_leading(&self, _leadership: &Leadership) -> Result<bool, CoordError> {
+        Ok(true)
+    }
+
+    fn store_memory(&self) -> crate::StoreMemory {
+        crate::StoreMemory::default()
+    }
+
+    fn restore_store_memory(&self, _memory: crate::StoreMemory) {}
+
     async fn unlock(&self, guard: &LockGuard) -> Result<(), CoordError> {
         {
             let mut st = self.lock_state();

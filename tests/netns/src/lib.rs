@@ -653,7 +653,14 @@ pub fn start_agent(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[&str
 /// Like [`start_agent`], with extra environment variables (e.g. `NOTIFY_SOCKET`).
 pub fn start_agent_env(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[&str]>, env: &[(&str, &str)]) -> Proc {
     let cfg = dir.join(&unique("agent-config"));
-    std::fs::write(&cfg, toml).expect("write agent config");
+    // Every agent keeps its state (lease id, what it saw of etcd) in the test's directory, never in the host's
+    // /run/ironguard where agents of parallel tests would share it.
+    let toml = if toml.contains("state_dir") {
+        toml.to_string()
+    } else {
+        toml.replacen("[agent]\n", &format!("[agent]\nstate_dir = \"{}\"\n", dir.path().display()), 1)
+    };
+    std::fs::write(&cfg, &toml).expect("write agent config");
     let admin = toml
         .lines()
         .find_map(|l| l.trim().strip_prefix("listen = \"").and_then(|r| r.strip_suffix('"')))
