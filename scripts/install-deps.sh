@@ -7,7 +7,7 @@ packages=(
   nftables iptables iproute2 util-linux procps   # the kernel's firewall tools, ip netns, setpriv
   dnsmasq-base busybox                            # a real DHCP server and a real DHCP client (udhcpc)
   etcd-server etcd-client                         # the coordination service for HA tests
-  python3-scapy                                   # crafted (relayed) DHCP packets
+  python3-scapy tcpdump                           # crafted (relayed) DHCP packets; tcpdump compiles scapy's BPF filters
   python3 python3-venv                            # the real Ironic 39 and OpenStack clients (scripts/ironic-venv.sh)
   mmdebstrap                                      # the test command's fresh Debian 12 root (scripts/fresh-root.sh)
   libclang-dev clang protobuf-compiler libprotobuf-dev  # bindgen; protoc and its well-known .proto files (etcd-client)

@@ -137,8 +137,17 @@ pub async fn run(
         attempt = 0;
         generation += 1;
         persisted.lease = session.lease;
-        look_at_store(&*coord, &state).await;
+        // Look at the store before this session may campaign: a store that cannot be looked at is not assumed
+        // to be the one this agent knew (fail closed: the session is dropped and a new one tried).
+        let looked = tokio::select! {
+            ok = look_until_answered(&*coord, &state, &session) => ok,
+            _ = shutdown.cancelled() => break,
+        };
         save(&who, &persisted, &*coord);
+        if !looked {
+            warn!("could not look at the store while the session lived; opening a new one");
+            continue;
+        }
         let member = format!("members/{}/{}", who.network, who.agent_id);
         let _ = coord.put(&member, format!("{{\"host\":{:?}}}", who.host).into_bytes(), Some(&session)).await;
         info!(lease = format!("{:x}", session.lease), backend = coord.backend(), "joined the party");
@@ -176,13 +185,42 @@ fn save(who: &Candidacy, persisted: &PersistedState, coord: &dyn Coordinator) {
     }
 }
 
+/// Looks at the store until it answers (while the session lives); `false` if the session ended first.
+async fn look_until_answered(coord: &dyn Coordinator, state: &watch::Sender<CoordState>, session: &Session) -> bool {
+    let mut attempt = 0;
+    loop {
+        match coord.check_store().await {
+            Ok(Some(a)) => {
+                report_amnesia(state, &a.to_string());
+                return true;
+            }
+            Ok(None) => return true,
+            Err(e) => {
+                debug!(error = %e, attempt, "could not look at the store yet");
+                if session.expiry() == Expiry::Expired {
+                    return false;
+                }
+                attempt += 1;
+                tokio::time::sleep(ironguard_coord::backoff(attempt, Duration::from_millis(500))).await;
+            }
+        }
+    }
+}
+
+fn report_amnesia(state: &watch::Sender<CoordState>, what: &str) {
+    error!(
+        detail = what,
+        "the coordination store forgot what it held (replaced or restored): closing, and waiting one TTL before this agent may open again"
+    );
+    state.send_modify(|s| s.amnesia = Some((Instant::now(), what.to_string())));
+}
+
 /// Looks at the store; a forgetting store is reported to the main loop (which closes and waits). Returns whether
 /// it forgot.
 async fn look_at_store(coord: &dyn Coordinator, state: &watch::Sender<CoordState>) -> bool {
     match coord.check_store().await {
         Ok(Some(a)) => {
-            error!(detail = %a.detail, "the coordination store forgot what it held (replaced or restored): closing, and waiting one TTL before this agent may open again");
-            state.send_modify(|s| s.amnesia = Some((Instant::now(), a.to_string())));
+            report_amnesia(state, &a.to_string());
             true
         }
         Ok(None) => false,
@@ -270,8 +308,7 @@ async fn serve_session(
                         break "store amnesia";
                     }
                     if let Ok(false) = coord.still_leading(&leadership).await {
-                        state.send_modify(|s| s.amnesia = Some((Instant::now(), "store amnesia: this leader's candidacy key is gone from the store".into())));
-                        error!("this leader's candidacy is gone from the store (replaced or restored): closing");
+                        report_amnesia(state, "store amnesia: this leader's candidacy key is gone from the store");
                         break "store amnesia";
                     }
                 }

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::AgentConfig;
 use crate::coordination::{self, Candidacy, CoordState};
 use crate::dhcp_health::{self, Health};
+use crate::link;
 use crate::metrics::{AdminState, CauseLabel, KindLabel, Metrics, SetLabel};
 use crate::stream::{self, Identity, StreamMsg};
 
@@ -60,6 +61,12 @@ pub enum Reason {
     Partitioned(String),
     /// The coordination store forgot (replaced or restored): closed until every earlier leader's fence passed.
     StoreAmnesia(String),
+    /// The control plane's filter state went back (from the revision applied here to an older one): closed
+    /// rather than loosen anything, until it is at least where it was.
+    StateRegressed {
+        applied: u64,
+        offered: u64,
+    },
     /// Healthy and current, but another agent holds the election (or the campaign is under way).
     NotElected,
     Leading,
@@ -74,6 +81,12 @@ impl std::fmt::Display for Reason {
             Reason::ControlPlaneLost(d) => write!(f, "control plane unreachable for {}s", d.as_secs()),
             Reason::DhcpUnhealthy(d) => write!(f, "local DHCP service unhealthy: {d}"),
             Reason::Partitioned(d) => write!(f, "no valid lease in etcd (fenced): {d}"),
+            Reason::StateRegressed { applied, offered } => write!(
+                f,
+                "the control plane's filter state went back from revision {applied} to {offered} (store amnesia?): \
+                 closed until it is at revision {applied} again; if it never will, check the control plane and \
+                 restart this agent"
+            ),
             Reason::StoreAmnesia(d) => {
                 write!(f, "{d}; closed until every earlier leader's fence deadline has passed (one TTL)")
             }
@@ -97,6 +110,7 @@ impl Reason {
             Reason::ShuttingDown => Some("shutdown"),
             Reason::Partitioned(_) => Some("partition"),
             Reason::StoreAmnesia(_) => Some("store-amnesia"),
+            Reason::StateRegressed { .. } => Some("state-regressed"),
             Reason::DhcpUnhealthy(_) | Reason::Leading | Reason::NotElected => None,
         }
     }
@@ -107,6 +121,8 @@ impl Reason {
 pub struct Inputs<'a> {
     pub have_state: bool,
     pub apply_failed: bool,
+    /// The filter state offered went back: (applied, offered).
+    pub regressed: Option<(u64, u64)>,
     pub lost_for: Option<Duration>,
     pub lost_after: Duration,
     pub dhcp: &'a Health,
@@ -126,6 +142,9 @@ pub fn decide(i: &Inputs<'_>) -> (Mode, Reason) {
     }
     if i.apply_failed {
         return (Mode::Blocked, Reason::ApplyFailed);
+    }
+    if let Some((applied, offered)) = i.regressed {
+        return (Mode::Blocked, Reason::StateRegressed { applied, offered });
     }
     if !i.have_state {
         return (Mode::Blocked, Reason::NoState);
@@ -216,6 +235,9 @@ struct Daemon {
     want_lead: watch::Sender<bool>,
     /// The session expiry estimate the kernel lease was last refreshed for.
     lease_for: Expiry,
+    /// The highest filter revision ever applied, and a refused regression (applied, offered).
+    floor: u64,
+    regressed: Option<(u64, u64)>,
 }
 
 impl Daemon {
@@ -227,6 +249,7 @@ impl Daemon {
         Inputs {
             have_state: self.have_state,
             apply_failed: self.apply_failed,
+            regressed: self.regressed,
             lost_for: self.lost_since.map(|t| t.elapsed()),
             lost_after: self.cfg.controlplane.lost_after(),
             dhcp: &self.dhcp,
@@ -426,6 +449,20 @@ impl Daemon {
     fn on_snapshot(&mut self, s: pb::FilterSnapshot) -> anyhow::Result<()> {
         let span = info_span!("apply_snapshot", revision = s.revision);
         let _g = span.enter();
+        if s.revision < self.floor {
+            if self.regressed.is_none() {
+                error!(
+                    applied = self.floor,
+                    offered = s.revision,
+                    "the control plane offers an older filter state than this agent applied; refusing it and failing closed"
+                );
+            }
+            self.regressed = Some((self.floor, s.revision));
+            return self.converge_mode(false);
+        }
+        if let Some((applied, _)) = self.regressed.take() {
+            info!(applied, revision = s.revision, "the control plane's filter state is current again");
+        }
         let (allow, deny) = match (macs(&s.allow), macs(&s.deny)) {
             (Ok(a), Ok(d)) => (a, d),
             (Err(e), _) | (_, Err(e)) => {
@@ -449,6 +486,7 @@ impl Daemon {
         match r {
             Ok(rep) => {
                 self.applied.store(s.revision, Ordering::SeqCst);
+                self.floor = self.floor.max(s.revision);
                 self.snapshots += 1;
                 self.metrics.snapshots_applied.inc();
                 self.mode = mode;
@@ -474,6 +512,19 @@ impl Daemon {
 
     /// Applies consecutive deltas as one kernel transaction.
     fn on_deltas(&mut self, deltas: Vec<pb::FilterDelta>) -> anyhow::Result<()> {
+        if self.regressed.is_some() {
+            // Deltas of a regressed state continue another history: never apply them. Once it is past where this
+            // agent was, take a full snapshot of it.
+            if deltas.iter().any(|d| d.revision > self.floor) {
+                info!(
+                    floor = self.floor,
+                    "the control plane's state passed the revision applied here; resynchronising"
+                );
+                self.applied.store(0, Ordering::SeqCst);
+                self.resync_tx.send_modify(|g| *g += 1);
+            }
+            return Ok(());
+        }
         let mut combined = Delta::default();
         let mut last = self.applied.load(Ordering::SeqCst);
         let first = last;
@@ -526,6 +577,7 @@ impl Daemon {
             info!(policy = %policy, "unknown-MAC policy changed");
         }
         self.applied.store(last, Ordering::SeqCst);
+        self.floor = self.floor.max(last);
         self.last_error.clear();
         tracing::debug!(revisions = last - first, "applied");
         self.publish();
@@ -700,6 +752,18 @@ fn spawn_guard_monitor(own_portid: u32, tx: mpsc::Sender<GuardEvent>) {
     }
 }
 
+/// The DHCP service's health, which includes its provisioning links: every configured interface up with an
+/// IPv4 address (a dnsmasq on a downed link still listens, and serves nobody).
+fn health_with_links(cfg: &crate::config::DhcpHealthSection, interfaces: &[String]) -> Health {
+    let problems = link::check(interfaces);
+    let h = dhcp_health::check(cfg);
+    if problems.is_empty() {
+        h
+    } else {
+        Health { healthy: false, detail: format!("{}; {}", problems.join("; "), h.detail) }
+    }
+}
+
 fn jittered(mean: Duration) -> Duration {
     mean.mul_f64(rand::rng().random_range(0.8..1.2))
 }
@@ -779,13 +843,21 @@ pub async fn run(
     tokio::spawn(stream::report_loop(cfg.controlplane.clone(), status_rx, metrics.clone(), stop_rx.clone()));
     let (health_tx, mut health_rx) = watch::channel(Health { healthy: false, detail: "not checked yet".into() });
     let hcfg = cfg.dhcp_health.clone();
+    let links = cfg.dataplane.interfaces.clone();
     let mut hstop = stop_rx.clone();
+    // Link and address changes wake the check at once (a downed provisioning link makes the leader resign).
+    let (link_tx, mut link_rx) = mpsc::channel::<()>(1);
+    link::watch(link_tx);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(hcfg.interval_ms));
         loop {
-            tokio::select! { _ = tick.tick() => {}, _ = hstop.changed() => return }
-            let c = hcfg.clone();
-            if let Ok(h) = tokio::task::spawn_blocking(move || dhcp_health::check(&c)).await {
+            tokio::select! {
+                _ = tick.tick() => {},
+                Some(()) = link_rx.recv() => {},
+                _ = hstop.changed() => return,
+            }
+            let (c, l) = (hcfg.clone(), links.clone());
+            if let Ok(h) = tokio::task::spawn_blocking(move || health_with_links(&c, &l)).await {
                 health_tx.send_if_modified(|old| {
                     let changed = *old != h;
                     *old = h;
@@ -820,6 +892,8 @@ pub async fn run(
         coord: CoordState::default(),
         want_lead: want_lead_tx,
         lease_for: Expiry::Expired,
+        floor: 0,
+        regressed: None,
     };
     d.metrics.mode.set(mode_pb(Mode::Blocked) as i64);
     d.publish();
@@ -936,6 +1010,7 @@ mod tests {
         Inputs {
             have_state: true,
             apply_failed: false,
+            regressed: None,
             lost_for: None,
             lost_after: Duration::from_secs(30),
             dhcp,
@@ -997,6 +1072,10 @@ mod tests {
         assert!(may_lead(&i), "a healthy follower campaigns");
         i.session_valid = false;
         assert!(!may_lead(&i), "a fenced agent does not campaign");
+        // A regressed filter state closes, whatever else holds.
+        let (m, r) = d(&|i| i.regressed = Some((42, 3)));
+        assert_eq!((m, r.cause()), (Mode::Blocked, Some("state-regressed")));
+        assert!(r.to_string().contains("from revision 42 to 3"), "{r}");
         // Store amnesia closes even an elected leader with a valid session, and it does not campaign meanwhile.
         let mut i = base(&h);
         i.store_amnesia = Some("store amnesia: the store's revision went back from 50 to 2");

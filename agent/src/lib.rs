@@ -19,6 +19,7 @@ pub mod coordination;
 pub mod daemon;
 pub mod dhcp_health;
 pub mod hold;
+pub mod link;
 pub mod logging;
 pub mod metrics;
 pub mod stream;

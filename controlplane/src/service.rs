@@ -254,6 +254,7 @@ impl PxeFilter for PxeFilterService {
             agents,
             coordination: self.agents.coordination().to_string(),
             leaders,
+            store_amnesia: self.store.amnesia().unwrap_or_default(),
         }))
     }
 }

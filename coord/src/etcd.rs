@@ -253,31 +253,46 @@ impl Coordinator for EtcdCoordinator {
             }
         };
         loop {
-            // Wait for the newest candidate older than us to go away.
-            let d = dir.clone();
-            let older = self
+            // Wait for the newest candidate older than us to go away; our own key must still be there (a store
+            // replaced or restored since the campaign began has forgotten it: that is no victory).
+            let (d, k) = (dir.clone(), key.clone());
+            let looked = self
                 .retry("campaign wait", |mut c| {
-                    let opts = GetOptions::new()
+                    let older = GetOptions::new()
                         .with_prefix()
                         .with_max_create_revision(my_rev - 1)
                         .with_sort(SortTarget::Create, SortOrder::Descend)
                         .with_limit(1);
-                    let d = d.clone();
-                    async move { c.get(d, Some(opts)).await }
+                    let txn = Txn::new().and_then([TxnOp::get(d.clone(), Some(older)), TxnOp::get(k.clone(), None)]);
+                    async move { c.txn(txn).await }
                 })
                 .await;
-            let older = match older {
+            let looked = match looked {
                 Ok(o) => o,
                 Err(err) => {
                     withdraw(self, key.clone()).await;
                     return Err(err);
                 }
             };
-            let Some(prev) = older.kvs().first() else {
+            let revision = looked.header().map(|h| h.revision()).unwrap_or(0);
+            let mut gets = looked.op_responses().into_iter().filter_map(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            });
+            let (older, mine) = (gets.next(), gets.next());
+            let still_mine =
+                mine.as_ref().and_then(|g| g.kvs().first()).is_some_and(|kv| kv.create_revision() == my_rev);
+            if !still_mine {
+                return Err(CoordError::Protocol {
+                    op: "campaign",
+                    detail: "this candidacy's key vanished from the store (replaced or restored?)".into(),
+                });
+            }
+            let Some(prev) = older.as_ref().and_then(|g| g.kvs().first()) else {
                 return Ok(Leadership { election: election.to_string(), key, revision: my_rev });
             };
             let prev_key = prev.key().to_vec();
-            let from = older.header().map(|h| h.revision()).unwrap_or(0) + 1;
+            let from = revision + 1;
             let mut client = self.client.clone();
             let mut w = match client.watch(prev_key, Some(WatchOptions::new().with_start_revision(from))).await {
                 Ok(w) => w,

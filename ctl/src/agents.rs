@@ -58,6 +58,9 @@ pub struct AgentsReport {
     pub coordination: String,
     /// Each network and its elected agent (`None`: nobody leads).
     pub leaders: Vec<(String, Option<String>)>,
+    /// The last store amnesia (etcd replaced or restored) the control plane saw, and how it handled it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_amnesia: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -129,6 +132,7 @@ impl From<ListAgentsResponse> for AgentsReport {
                 .into_iter()
                 .map(|l| (l.network, Some(l.agent_id).filter(|a| !a.is_empty())))
                 .collect(),
+            store_amnesia: Some(answer.store_amnesia).filter(|a| !a.is_empty()),
         }
     }
 }
@@ -141,6 +145,9 @@ impl AgentsReport {
         let _ = writeln!(out, "current revision: {}", self.current_revision);
         if !self.coordination.is_empty() {
             let _ = writeln!(out, "coordination: {}", self.coordination);
+        }
+        if let Some(a) = &self.store_amnesia {
+            let _ = writeln!(out, "STORE AMNESIA: {a}");
         }
         for (network, leader) in &self.leaders {
             match leader {

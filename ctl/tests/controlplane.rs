@@ -94,6 +94,7 @@ impl PxeFilter for FakeControlPlane {
                 network: "provisioning".into(),
                 agent_id: "pxe-a".into(),
             }],
+            store_amnesia: String::new(),
         }))
     }
 }

@@ -11,6 +11,12 @@
 //! request naming more than [`MACS_PER_TXN`] MACs is applied in several revisions, in order; each is atomic.
 //! Every replica keeps a mirror of the state fed by a watch on the prefix, and serves agents from it — so an agent
 //! that moves to another replica resumes from its revision without a full reload.
+//!
+//! Store amnesia: etcd can be replaced by an empty cluster or restored from an old snapshot. A replica notices
+//! when it reloads (the watch breaks) and finds the meta key missing, an older revision or another epoch than its
+//! mirror holds. It then keeps serving its mirror (agents see nothing go back), refuses writes, and re-seeds etcd
+//! from the mirror with the next revision (entries first, the meta key last, compare-and-swapped so that one
+//! replica wins). Settings are never replaced by defaults: a write that finds no meta key takes the mirror's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
@@ -23,7 +29,7 @@ use ironguard_nft::{MacAddr, UnknownMacPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::mirror::Mirror;
 use super::{Applied, Counts, FilterStore, Snapshot, StoreError};
@@ -33,10 +39,37 @@ use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, apply_chang
 /// log record and log trim — well under etcd's default limit of 128 operations).
 pub const MACS_PER_TXN: usize = 100;
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Meta {
     revision: u64,
     policy: UnknownMacPolicy,
+    /// Random, written with the first meta key of a store: a store with another epoch is not the one the mirror
+    /// followed.
+    #[serde(default)]
+    epoch: String,
+}
+
+fn new_epoch() -> String {
+    use rand::Rng as _;
+    format!("{:032x}", rand::rng().random::<u128>())
+}
+
+/// What a replica knows of the store's meta key from its mirror: writes must not go below it.
+#[derive(Debug, Clone, Default)]
+struct Floor {
+    revision: u64,
+    policy: UnknownMacPolicy,
+    epoch: String,
+}
+
+/// The last store amnesia this replica saw and repaired, for operators (`ironguardctl agents`, logs, metrics).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AmnesiaReport {
+    /// Seconds since the Unix epoch when it was seen.
+    pub seen_at: u64,
+    pub detail: String,
+    /// The revision the state was re-seeded at (0: not yet).
+    pub reseeded_at_revision: u64,
 }
 
 fn etcd_err(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> StoreError {
@@ -77,6 +110,7 @@ pub struct EtcdStore {
     writes: mpsc::Sender<WriteRequest>,
     revision: watch::Receiver<u64>,
     stop: CancellationToken,
+    amnesia: Arc<RwLock<Option<AmnesiaReport>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -91,8 +125,13 @@ impl Drop for EtcdStore {
     }
 }
 
-/// Reads the whole filter state at one etcd revision.
-async fn load(c: &EtcdCoordinator, keys: &Keys, log_len: usize) -> Result<(Mirror, i64), StoreError> {
+/// Reads the whole filter state at one etcd revision: the mirror, that revision, and the meta key with its
+/// modification revision (if there is one).
+async fn load(
+    c: &EtcdCoordinator,
+    keys: &Keys,
+    log_len: usize,
+) -> Result<(Mirror, i64, Option<(Meta, i64)>), StoreError> {
     let root = keys.root.clone();
     let r = c
         .retry("load the filter state", |mut cl| {
@@ -104,12 +143,14 @@ async fn load(c: &EtcdCoordinator, keys: &Keys, log_len: usize) -> Result<(Mirro
     let at = r.header().map(|h| h.revision()).unwrap_or(0);
     let mut state = FilterState::default();
     let mut log = Vec::new();
+    let mut meta = None;
     for kv in r.kvs() {
         let key = String::from_utf8_lossy(kv.key());
         if key == keys.meta {
             let m: Meta = serde_json::from_slice(kv.value()).map_err(|e| StoreError::Corrupt(format!("meta: {e}")))?;
             state.revision = m.revision;
             state.policy = m.policy;
+            meta = Some((m, kv.mod_revision()));
         } else if let Some(mac) = key.strip_prefix(&keys.entries) {
             let mac: MacAddr = mac.parse().map_err(|e| StoreError::Corrupt(format!("entry key: {e}")))?;
             let e: Entry =
@@ -122,7 +163,24 @@ async fn load(c: &EtcdCoordinator, keys: &Keys, log_len: usize) -> Result<(Mirro
         }
     }
     log.sort_by_key(|d| d.revision);
-    Ok((Mirror::new(state, log, log_len), at))
+    Ok((Mirror::new(state, log, log_len), at, meta))
+}
+
+/// Why a freshly loaded store is not the one a mirror at `floor` followed, if it is not.
+fn forgot(floor: &Floor, meta: Option<&Meta>) -> Option<String> {
+    if floor.revision == 0 {
+        return None;
+    }
+    match meta {
+        None => Some(format!("the filter state is gone from etcd (this replica holds revision {})", floor.revision)),
+        Some(m) if !floor.epoch.is_empty() && !m.epoch.is_empty() && m.epoch != floor.epoch => {
+            Some(format!("etcd holds another filter state (epoch {} instead of {})", m.epoch, floor.epoch))
+        }
+        Some(m) if m.revision < floor.revision => {
+            Some(format!("the filter state in etcd went back from revision {} to {}", floor.revision, m.revision))
+        }
+        Some(_) => None,
+    }
 }
 
 impl EtcdStore {
@@ -130,20 +188,40 @@ impl EtcdStore {
     pub async fn open(coord: EtcdCoordinator, log_len: usize) -> Result<Self, StoreError> {
         let keys = Keys::new(&coord);
         let log_len = log_len.max(1);
-        let (mirror, at) = load(&coord, &keys, log_len).await?;
+        let (mirror, at, meta) = load(&coord, &keys, log_len).await?;
         info!(
             revision = mirror.state.revision,
             entries = mirror.state.entries.len(),
             etcd_revision = at,
             "filter state loaded from etcd"
         );
+        let floor = Arc::new(RwLock::new(Floor {
+            revision: mirror.state.revision,
+            policy: mirror.state.policy,
+            epoch: meta.map(|(m, _)| m.epoch).unwrap_or_default(),
+        }));
         let (rev_tx, rev_rx) = watch::channel(mirror.state.revision);
         let mirror = Arc::new(RwLock::new(mirror));
+        let amnesia = Arc::new(RwLock::new(None));
         let stop = CancellationToken::new();
-        tokio::spawn(follow(coord.clone(), Keys::new(&coord), mirror.clone(), at, rev_tx, log_len, stop.clone()));
+        let follower = Follower {
+            c: coord.clone(),
+            keys: Keys::new(&coord),
+            mirror: mirror.clone(),
+            floor: floor.clone(),
+            amnesia: amnesia.clone(),
+            rev_tx,
+            log_len,
+        };
+        tokio::spawn(follower.run(at, stop.clone()));
         let (tx, rx) = mpsc::channel(4096);
-        tokio::spawn(writer(coord, keys, rx, rev_rx.clone(), log_len, stop.clone()));
-        Ok(Self { mirror, writes: tx, revision: rev_rx, stop })
+        tokio::spawn(writer(coord, keys, rx, rev_rx.clone(), floor, log_len, stop.clone()));
+        Ok(Self { mirror, writes: tx, revision: rev_rx, stop, amnesia })
+    }
+
+    /// The last store amnesia this replica saw (and whether it re-seeded), if any.
+    pub fn amnesia(&self) -> Option<AmnesiaReport> {
+        self.amnesia.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Mirror> {
@@ -151,52 +229,93 @@ impl EtcdStore {
     }
 }
 
-/// Keeps the mirror in step with etcd; reloads everything if the watch is lost (e.g. compaction).
-async fn follow(
+/// Keeps the mirror in step with etcd; reloads everything if the watch is lost (e.g. compaction, a restarted or
+/// replaced etcd), and re-seeds a store that forgot.
+struct Follower {
     c: EtcdCoordinator,
     keys: Keys,
     mirror: Arc<RwLock<Mirror>>,
-    mut at: i64,
+    floor: Arc<RwLock<Floor>>,
+    amnesia: Arc<RwLock<Option<AmnesiaReport>>>,
     rev_tx: watch::Sender<u64>,
     log_len: usize,
-    stop: CancellationToken,
-) {
-    loop {
-        let mut client = c.client();
+}
+
+impl Follower {
+    async fn run(self, mut at: i64, stop: CancellationToken) {
+        loop {
+            self.watch(&mut at, &stop).await;
+            if stop.is_cancelled() {
+                return;
+            }
+            // Lost the watch: reload the whole state, then watch again from there.
+            match load(&self.c, &self.keys, self.log_len).await {
+                Ok((mut fresh, now, meta)) => {
+                    let floor = self.floor.read().unwrap_or_else(|e| e.into_inner()).clone();
+                    if let Some(why) = forgot(&floor, meta.as_ref().map(|(m, _)| m)) {
+                        self.reseed(&why, meta.as_ref().map(|(_, rev)| *rev), &stop).await;
+                        continue; // reload what was written
+                    }
+                    fresh.recount();
+                    let rev = fresh.state.revision;
+                    *self.floor.write().unwrap_or_else(|e| e.into_inner()) = Floor {
+                        revision: rev,
+                        policy: fresh.state.policy,
+                        epoch: meta.map(|(m, _)| m.epoch).unwrap_or(floor.epoch),
+                    };
+                    *self.mirror.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+                    at = now;
+                    self.rev_tx.send_replace(rev);
+                }
+                Err(e) => {
+                    warn!(error = %e, "reloading the filter state failed; retrying");
+                    tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop.cancelled() => return }
+                }
+            }
+        }
+    }
+
+    /// Follows the watch until it breaks.
+    async fn watch(&self, at: &mut i64, stop: &CancellationToken) {
+        let keys = &self.keys;
+        let mut client = self.c.client();
         let watch =
-            client.watch(keys.root.clone(), Some(WatchOptions::new().with_prefix().with_start_revision(at + 1))).await;
+            client.watch(keys.root.clone(), Some(WatchOptions::new().with_prefix().with_start_revision(*at + 1))).await;
         let mut w = match watch {
             Ok(w) => w,
             Err(e) => {
                 warn!(error = %e, "cannot watch the filter state; retrying");
-                tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => continue, _ = stop.cancelled() => return }
+                tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop.cancelled() => {} }
+                return;
             }
         };
         loop {
             let msg = tokio::select! { m = w.message() => m, _ = stop.cancelled() => return };
             let resp = match msg {
                 Ok(Some(r)) => r,
-                Ok(None) | Err(_) => break,
+                Ok(None) | Err(_) => return,
             };
             if resp.canceled() || resp.compact_revision() > 0 {
                 warn!(reason = resp.cancel_reason(), "filter watch cancelled; reloading");
-                break;
+                return;
             }
             if let Some(h) = resp.header() {
-                at = at.max(h.revision());
+                *at = (*at).max(h.revision());
             }
             let mut changed = false;
             {
-                let mut m = mirror.write().unwrap_or_else(|e| e.into_inner());
+                let mut m = self.mirror.write().unwrap_or_else(|e| e.into_inner());
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    at = at.max(kv.mod_revision());
+                    *at = (*at).max(kv.mod_revision());
                     let key = String::from_utf8_lossy(kv.key()).into_owned();
                     let put = ev.event_type() == EventType::Put;
                     if key == keys.meta && put {
                         if let Ok(meta) = serde_json::from_slice::<Meta>(kv.value()) {
                             m.state.revision = meta.revision;
                             m.state.policy = meta.policy;
+                            let mut f = self.floor.write().unwrap_or_else(|e| e.into_inner());
+                            *f = Floor { revision: meta.revision, policy: meta.policy, epoch: meta.epoch };
                             changed = true;
                         }
                     } else if let Some(mac) = key.strip_prefix(&keys.entries) {
@@ -210,25 +329,81 @@ async fn follow(
                         }
                     }
                 }
-                m.trim_to(log_len);
+                m.trim_to(self.log_len);
             }
             if changed {
-                let rev = mirror.read().unwrap_or_else(|e| e.into_inner()).state.revision;
-                rev_tx.send_replace(rev);
+                let rev = self.mirror.read().unwrap_or_else(|e| e.into_inner()).state.revision;
+                self.rev_tx.send_replace(rev);
             }
         }
-        // Lost the watch: reload the whole state, then watch again from there.
-        match load(&c, &keys, log_len).await {
-            Ok((mut fresh, now)) => {
-                fresh.recount();
-                let rev = fresh.state.revision;
-                *mirror.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-                at = now;
-                rev_tx.send_replace(rev);
+    }
+
+    /// Writes the mirror back into a store that forgot it, at the next revision: every entry first, then (compared
+    /// and swapped against the meta key as found) the meta key and an empty revision record, so that agents at the
+    /// mirror's revision simply move one revision on. Another replica doing the same at once makes the swap fail
+    /// here; the caller reloads and finds the re-seeded state.
+    async fn reseed(&self, why: &str, found_mod_revision: Option<i64>, stop: &CancellationToken) {
+        let (state, floor) = {
+            let m = self.mirror.read().unwrap_or_else(|e| e.into_inner());
+            (m.state.clone(), self.floor.read().unwrap_or_else(|e| e.into_inner()).clone())
+        };
+        error!(
+            detail = why,
+            revision = state.revision,
+            entries = state.entries.len(),
+            "store amnesia: etcd lost the filter state; serving this replica's copy, refusing writes, re-seeding etcd"
+        );
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        *self.amnesia.write().unwrap_or_else(|e| e.into_inner()) =
+            Some(AmnesiaReport { seen_at: now, detail: why.to_string(), reseeded_at_revision: 0 });
+        let keys = &self.keys;
+        let entries: Vec<(MacAddr, Entry)> = state.entries.iter().map(|(m, e)| (*m, e.clone())).collect();
+        for chunk in entries.chunks(MACS_PER_TXN) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .filter_map(|(mac, e)| Some(TxnOp::put(keys.entry(mac), serde_json::to_vec(e).ok()?, None)))
+                .collect();
+            let r = self
+                .c
+                .retry("re-seed entries", |mut cl| {
+                    let txn = Txn::new().and_then(ops.clone());
+                    async move { cl.txn(txn).await }
+                })
+                .await;
+            if let Err(e) = r {
+                warn!(error = %e, "re-seeding failed; retrying");
+                tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop.cancelled() => {} }
+                return;
             }
+        }
+        let revision = state.revision + 1;
+        let epoch = if floor.epoch.is_empty() { new_epoch() } else { floor.epoch.clone() };
+        let meta = Meta { revision, policy: state.policy, epoch };
+        let record = RevisionDelta { revision, delta: Default::default(), policy: None };
+        let (Ok(meta_v), Ok(rec_v)) = (serde_json::to_vec(&meta), serde_json::to_vec(&record)) else { return };
+        let guard = match found_mod_revision {
+            None => Compare::create_revision(keys.meta.clone(), CompareOp::Equal, 0),
+            Some(rev) => Compare::mod_revision(keys.meta.clone(), CompareOp::Equal, rev),
+        };
+        let w = vec![TxnOp::put(keys.meta.clone(), meta_v, None), TxnOp::put(keys.log_record(revision), rec_v, None)];
+        let r = self
+            .c
+            .retry("re-seed the meta key", |mut cl| {
+                let txn = Txn::new().when([guard.clone()]).and_then(w.clone());
+                async move { cl.txn(txn).await }
+            })
+            .await;
+        match r {
+            Ok(r) if r.succeeded() => {
+                info!(revision, "store amnesia repaired: etcd re-seeded from this replica's copy");
+                if let Some(a) = self.amnesia.write().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                    a.reseeded_at_revision = revision;
+                }
+            }
+            Ok(_) => info!("another replica re-seeded etcd first"),
             Err(e) => {
-                warn!(error = %e, "reloading the filter state failed; retrying");
-                tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop.cancelled() => return }
+                warn!(error = %e, "re-seeding the meta key failed; retrying");
+                tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop.cancelled() => {} }
             }
         }
     }
@@ -240,6 +415,7 @@ async fn writer(
     keys: Keys,
     mut rx: mpsc::Receiver<WriteRequest>,
     mut revision: watch::Receiver<u64>,
+    floor: Arc<RwLock<Floor>>,
     log_len: usize,
     stop: CancellationToken,
 ) {
@@ -280,7 +456,8 @@ async fn writer(
         let mut result = Ok(Applied { revision: *revision.borrow(), record: None });
         for (i, chunk) in chunks.iter().enumerate() {
             let pol = if i == 0 { policy } else { None };
-            result = commit(&c, &keys, chunk, pol, log_len).await;
+            let f = floor.read().unwrap_or_else(|e| e.into_inner()).clone();
+            result = commit(&c, &keys, chunk, pol, log_len, &f).await;
             if result.is_err() {
                 break;
             }
@@ -293,6 +470,7 @@ async fn writer(
         for (reply, _) in group {
             let _ = reply.send(match &result {
                 Ok(a) => Ok(a.clone()),
+                Err(StoreError::Amnesia(d)) => Err(StoreError::Amnesia(d.clone())),
                 Err(e) => Err(StoreError::Embedded { op: "commit to etcd", source: e.to_string().into() }),
             });
         }
@@ -306,6 +484,7 @@ async fn commit(
     changes: &[ReasonChange],
     policy: Option<UnknownMacPolicy>,
     log_len: usize,
+    floor: &Floor,
 ) -> Result<Applied, StoreError> {
     let macs: Vec<MacAddr> = changes.iter().map(|c| c.mac).collect::<BTreeSet<_>>().into_iter().collect();
     for attempt in 0..20u32 {
@@ -320,7 +499,8 @@ async fn commit(
             .await
             .map_err(etcd_err("read for a write"))?;
         let mut meta_mod = 0i64;
-        let mut meta = Meta { revision: 0, policy: UnknownMacPolicy::Allow };
+        // No meta key yet: the settings this replica holds, never the built-in defaults.
+        let mut meta = Meta { revision: 0, policy: floor.policy, epoch: String::new() };
         let mut current: BTreeMap<MacAddr, Entry> = BTreeMap::new();
         for (i, r) in read.op_responses().into_iter().enumerate() {
             let TxnOpResponse::Get(g) = r else { continue };
@@ -332,6 +512,10 @@ async fn commit(
                 current.insert(macs[i - 1], e);
             }
         }
+        let found = (meta_mod != 0).then(|| meta.clone());
+        if let Some(why) = forgot(floor, found.as_ref()) {
+            return Err(StoreError::Amnesia(why));
+        }
         let (updated, delta) = apply_changes(&|m| current.get(m).cloned(), changes);
         let new_policy = policy.filter(|p| meta.revision == 0 || *p != meta.policy);
         if delta.is_empty() && new_policy.is_none() {
@@ -339,7 +523,12 @@ async fn commit(
         }
         let revision = meta.revision + 1;
         let record = RevisionDelta { revision, delta, policy: new_policy };
-        let next = Meta { revision, policy: new_policy.unwrap_or(meta.policy) };
+        let epoch = if meta.epoch.is_empty() {
+            if floor.epoch.is_empty() { new_epoch() } else { floor.epoch.clone() }
+        } else {
+            meta.epoch.clone()
+        };
+        let next = Meta { revision, policy: new_policy.unwrap_or(meta.policy), epoch };
         let mut w: Vec<TxnOp> = Vec::with_capacity(updated.len() + 3);
         for (mac, e) in &updated {
             if e.is_empty() {
@@ -404,5 +593,17 @@ impl FilterStore for EtcdStore {
 
     fn revision(&self) -> watch::Receiver<u64> {
         self.revision.clone()
+    }
+
+    fn amnesia(&self) -> Option<String> {
+        let a = EtcdStore::amnesia(self)?;
+        let f = ironguard_proto::time::utc_fields(a.seen_at * 1000);
+        let at = format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", f.year, f.month, f.day, f.hour, f.minute, f.second);
+        Some(match a.reseeded_at_revision {
+            0 => {
+                format!("{} (seen {at}); re-seeding etcd from this replica's copy, writes refused meanwhile", a.detail)
+            }
+            r => format!("{} (seen {at}); etcd re-seeded from this replica's copy at revision {r}", a.detail),
+        })
     }
 }

@@ -33,6 +33,9 @@ pub enum StoreError {
     },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The store forgot its state (replaced or restored etcd); writes wait until it is re-seeded.
+    #[error("store amnesia: {0}; writes are refused until the state is re-seeded from a replica's copy")]
+    Amnesia(String),
     #[error("the store is shutting down")]
     Closed,
 }
@@ -86,4 +89,9 @@ pub trait FilterStore: Send + Sync + 'static {
 
     /// The current revision, updated on every new revision.
     fn revision(&self) -> watch::Receiver<u64>;
+
+    /// The last store amnesia seen (a replaced or restored etcd) and how it was handled, in words.
+    fn amnesia(&self) -> Option<String> {
+        None
+    }
 }

@@ -143,6 +143,13 @@ impl EtcdProcess {
         self.stop();
         self.spawn();
     }
+
+    /// Replaces it by an empty etcd on the same address (its data lost: a rebuilt cluster, same endpoints).
+    pub fn replace_with_empty(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        self.spawn();
+    }
 }
 
 impl Drop for EtcdProcess {

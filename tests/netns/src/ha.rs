@@ -47,8 +47,30 @@ pub struct HaSite {
 pub const TTL_SECS: u64 = 3;
 pub const MARGIN_MS: u64 = 1000;
 
+/// How an HA site is set up.
+#[derive(Debug, Clone)]
+pub struct HaOptions {
+    pub hosts: usize,
+    pub nodes: usize,
+    /// The control planes' unknown-MAC policy.
+    pub policy: &'static str,
+    /// The agents' `[controlplane] lost_after_secs`.
+    pub lost_after_secs: u64,
+}
+
+impl Default for HaOptions {
+    fn default() -> Self {
+        Self { hosts: 3, nodes: 1, policy: "allow", lost_after_secs: 30 }
+    }
+}
+
 impl HaSite {
     pub fn new(n_hosts: usize, n_nodes: usize) -> Self {
+        Self::with_options(HaOptions { hosts: n_hosts, nodes: n_nodes, ..Default::default() })
+    }
+
+    pub fn with_options(o: HaOptions) -> Self {
+        let (n_hosts, n_nodes) = (o.hosts, o.nodes);
         let dir = TempDir::new("ha");
         let mgmt = Netns::new("mgmt");
         let prov = Netns::new("prov");
@@ -63,7 +85,7 @@ impl HaSite {
         for (grpc, admin) in [(9100u16, 9101u16), (9110, 9111)] {
             let mut extra: Vec<&str> = etcd_flag.to_vec();
             let rid = format!("cp-{grpc}");
-            extra.extend(["--replica-id", rid.as_str(), "--unknown-mac-policy", "allow"]);
+            extra.extend(["--replica-id", rid.as_str(), "--unknown-mac-policy", o.policy]);
             cps.push(ControlPlane::start_on(&mgmt, &dir, "10.90.0.1", grpc, admin, &extra));
         }
         let mut hosts = Vec::new();
@@ -82,10 +104,11 @@ impl HaSite {
             let id = format!("pxe-{i}");
             let config = format!(
                 "[agent]\nid = \"{id}\"\nnetwork = \"prov\"\n\n[controlplane]\nendpoints = [\"http://10.90.0.1:9100\", \"http://10.90.0.1:9110\"]\n\
-                 lost_after_secs = 30\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n\
+                 lost_after_secs = {}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n\
                  [etcd]\nendpoints = [\"http://10.90.0.1:2379\"]\ndial_timeout_ms = 500\nrequest_timeout_ms = 500\n\n\
                  [election]\nttl_secs = {TTL_SECS}\nmargin_ms = {MARGIN_MS}\n\n[dhcp_health]\ninterval_ms = 200\n\n\
-                 [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\ninterfaces = [\"prov0\"]\n"
+                 [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\ninterfaces = [\"prov0\"]\n",
+                o.lost_after_secs
             );
             hosts.push(PxeHost { ns, dnsmasq, agent: None, ip, id, config });
         }
@@ -183,12 +206,22 @@ impl Watcher {
                 let f = std::fs::File::open(&path).expect("netns");
                 nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
                 let mut samples = Vec::new();
+                let mut errors = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let t0 = Instant::now();
-                    let open = ironguard_nft::leader_rules_present().unwrap_or(false);
-                    samples.push((t0, Instant::now(), open));
+                    match ironguard_nft::leader_rules_present() {
+                        Ok(open) => samples.push((t0, Instant::now(), open)),
+                        // The ruleset changed during the read: read again at once (no sample, not "closed").
+                        Err(ironguard_nft::NftError::Unstable(_)) => continue,
+                        // Any other failure is a failure of the watcher: never taken for "closed".
+                        Err(e) => {
+                            errors += 1;
+                            eprintln!("watcher: reading the kernel state failed: {e}");
+                        }
+                    }
                     std::thread::sleep(Duration::from_millis(2));
                 }
+                assert_eq!(errors, 0, "the kernel watcher could not read a host's state {errors} times");
                 samples
             }));
         }

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use ironguard_nft::MacAddr;
 
 pub mod etcd;
+pub mod faults;
 pub mod ha;
 pub mod ironic;
 pub use etcd::{EtcdProcess, TlsFiles};

@@ -1,0 +1,322 @@
+//! The faults a real PXE host meets, injected into the leader of an [`HaSite`], one round at a time; used by the
+//! fault-matrix tests and by `ironguard-bench ha`.
+//!
+//! Every round: find the leader, inject the fault, wait until the site serves again (some host is LEADER), end
+//! the fault (thaw, restore, restart the agent as systemd would), and wait for a single leader again. The judge
+//! of safety is not here but in the kernel watcher and the DHCP probes that run across all rounds: no two hosts
+//! open at one instant, no DISCOVER answered twice, no unknown MAC answered.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::ha::{HaSite, TTL_SECS, signal_agent};
+use crate::{Netns, verdict, wait_for};
+
+/// One kind of fault, applied to the current leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `systemctl stop`: SIGTERM, then started again.
+    Sigterm,
+    /// SIGKILL, and the agent stays down until a successor leads.
+    Sigkill,
+    /// SIGKILL and an immediate restart (systemd `Restart=`), which revokes the previous run's lease.
+    SigkillRestart,
+    /// SIGSTOP for 2 × TTL (a VM pause, a cgroup freeze), then SIGCONT.
+    Sigstop,
+    /// The agent's CPU quota cut to 1 ms per second (cgroup `cpu.max` / `cpu.cfs_quota_us`) for 2 × TTL.
+    CpuStarve,
+    /// The kernel's OOM killer (cgroup memory limit), then restarted.
+    Oom,
+    /// The leader's packets to etcd dropped for 2 × TTL.
+    CutEtcd,
+    /// The leader's packets to both control planes dropped until it gives up (lost_after) and a bit more.
+    CutControlPlane,
+    /// etcd stopped for 2 × TTL, then started again on its data.
+    EtcdStop,
+    /// etcd replaced by an empty etcd on the same address (data lost).
+    EtcdReplace,
+    /// The leader's provisioning link set down, then up again.
+    LinkDown,
+    /// `nft flush ruleset` on the leader's host while its agent runs, then SIGKILL of the agent.
+    FlushRulesetThenKill,
+    /// `nft delete table inet ironguard_guard` while the agent runs, then SIGKILL.
+    DeleteGuardThenKill,
+    /// `nft flush chain inet ironguard_guard input` while the agent runs, then SIGKILL.
+    FlushGuardChainThenKill,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 14] = [
+        Fault::Sigterm,
+        Fault::Sigkill,
+        Fault::SigkillRestart,
+        Fault::Sigstop,
+        Fault::CpuStarve,
+        Fault::Oom,
+        Fault::CutEtcd,
+        Fault::CutControlPlane,
+        Fault::EtcdStop,
+        Fault::EtcdReplace,
+        Fault::LinkDown,
+        Fault::FlushRulesetThenKill,
+        Fault::DeleteGuardThenKill,
+        Fault::FlushGuardChainThenKill,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Sigterm => "sigterm",
+            Fault::Sigkill => "sigkill",
+            Fault::SigkillRestart => "sigkill+restart",
+            Fault::Sigstop => "sigstop 2xTTL",
+            Fault::CpuStarve => "cpu starvation",
+            Fault::Oom => "oom kill",
+            Fault::CutEtcd => "cut from etcd",
+            Fault::CutControlPlane => "cut from control plane",
+            Fault::EtcdStop => "etcd stopped",
+            Fault::EtcdReplace => "etcd replaced (empty)",
+            Fault::LinkDown => "provisioning link down",
+            Fault::FlushRulesetThenKill => "nft flush ruleset + kill",
+            Fault::DeleteGuardThenKill => "nft delete guard + kill",
+            Fault::FlushGuardChainThenKill => "nft flush guard chain + kill",
+        }
+    }
+}
+
+/// What one round saw.
+#[derive(Debug, Clone)]
+pub struct Round {
+    pub fault: Fault,
+    /// The host that led when the fault was injected.
+    pub leader: usize,
+    pub injected: Instant,
+    /// The host leading once the site served again, and when that was first seen.
+    pub serving: usize,
+    pub serving_at: Instant,
+    /// For a frozen or starved leader: when its kernel lease was due to end (read from its kernel right after
+    /// the fault began, when its agent could no longer move it).
+    pub lease_deadline: Option<Instant>,
+}
+
+/// What ends a fault once the site serves again (thaw, restore a link, remove a block).
+type Cleanup = Box<dyn FnOnce(&mut HaSite)>;
+
+/// Runs one round of `fault` on the site's current leader. Err: what went wrong, in words.
+pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
+    let ttl = Duration::from_secs(TTL_SECS);
+    let (leader, _) = site.wait_leader(None, Duration::from_secs(30)).ok_or("no leader before the fault")?;
+    let injected = Instant::now();
+    let mut lease_deadline = None;
+    let mut restart_after_successor = false;
+    let mut cleanup: Option<Cleanup> = None;
+    match fault {
+        Fault::Sigterm => {
+            signal_agent(&mut site.hosts[leader], Signal::SIGTERM).ok_or("the agent did not exit on SIGTERM")?;
+            restart_after_successor = true;
+        }
+        Fault::Sigkill => {
+            signal_agent(&mut site.hosts[leader], Signal::SIGKILL);
+            restart_after_successor = true;
+        }
+        Fault::SigkillRestart => {
+            signal_agent(&mut site.hosts[leader], Signal::SIGKILL);
+            site.start_agent(leader);
+        }
+        Fault::Sigstop => {
+            let agent = site.hosts[leader].agent.as_ref().ok_or("no agent")?;
+            agent.signal(Signal::SIGSTOP);
+            lease_deadline = lease_end(&site.hosts[leader].ns);
+            let pid = agent.pid();
+            cleanup = Some(Box::new(move |_site: &mut HaSite| {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGCONT);
+            }));
+            std::thread::sleep(2 * ttl);
+        }
+        Fault::CpuStarve => {
+            let pid = site.hosts[leader].agent.as_ref().ok_or("no agent")?.pid();
+            let cg = Cgroup::cpu_starved(pid)?;
+            lease_deadline = lease_end(&site.hosts[leader].ns);
+            cleanup = Some(Box::new(move |_site: &mut HaSite| cg.release(pid)));
+            std::thread::sleep(2 * ttl);
+        }
+        Fault::Oom => {
+            let pid = site.hosts[leader].agent.as_ref().ok_or("no agent")?.pid();
+            let cg = Cgroup::memory_limited(pid, 256 * 1024)?;
+            // Make the agent allocate fresh memory: a burst of filter changes it must turn into kernel batches.
+            let mut killed = None;
+            for burst in 0..5u8 {
+                let macs: Vec<String> = (0..4000u32)
+                    .map(|i| format!("02:fa:{burst:02x}:{:02x}:{:02x}:{:02x}", i >> 16, (i >> 8) & 0xff, i & 0xff))
+                    .collect();
+                let mut args = vec!["--controlplane", "http://10.90.0.1:9100", "filters", "deny"];
+                args.extend(macs.iter().map(String::as_str));
+                let _ = crate::ctl(&site.mgmt, &args);
+                killed = wait_for(Duration::from_secs(3), || {
+                    (!site.hosts[leader].agent.as_mut().is_some_and(|a| a.running())).then_some(())
+                });
+                if killed.is_some() {
+                    break;
+                }
+            }
+            cg.release(pid);
+            killed.ok_or("the OOM killer did not kill the agent")?;
+            restart_after_successor = true;
+        }
+        Fault::CutEtcd => {
+            block(&site.hosts[leader].ns, &[2379])?;
+            std::thread::sleep(2 * ttl);
+            cleanup = Some(Box::new(move |site: &mut HaSite| unblock(&site.hosts[leader].ns)));
+        }
+        Fault::CutControlPlane => {
+            block(&site.hosts[leader].ns, &[9100, 9110])?;
+            // Long enough for the leader to give up its stale state (lost_after_secs) and hand over.
+            std::thread::sleep(2 * ttl);
+            cleanup = Some(Box::new(move |site: &mut HaSite| unblock(&site.hosts[leader].ns)));
+        }
+        Fault::EtcdStop => {
+            site.etcd.stop();
+            std::thread::sleep(2 * ttl);
+            site.etcd.restart();
+        }
+        Fault::EtcdReplace => {
+            site.etcd.replace_with_empty();
+        }
+        Fault::LinkDown => {
+            site.hosts[leader].ns.ip(&["link", "set", "prov0", "down"]);
+            cleanup = Some(Box::new(move |site: &mut HaSite| {
+                site.hosts[leader].ns.ip(&["link", "set", "prov0", "up"]);
+            }));
+        }
+        Fault::FlushRulesetThenKill | Fault::DeleteGuardThenKill | Fault::FlushGuardChainThenKill => {
+            let args: &[&str] = match fault {
+                Fault::FlushRulesetThenKill => &["flush", "ruleset"],
+                Fault::DeleteGuardThenKill => &["delete", "table", "inet", "ironguard_guard"],
+                _ => &["flush", "chain", "inet", "ironguard_guard", "input"],
+            };
+            // Refused (the agent holds the guard) or done; either way the guard must still drop afterwards.
+            let _ = site.hosts[leader].ns.nft(args);
+            std::thread::sleep(Duration::from_millis(100));
+            signal_agent(&mut site.hosts[leader], Signal::SIGKILL);
+            let v = verdict(&site.hosts[leader].ns);
+            if v != "CLOSED" {
+                return Err(format!("after `nft {}` and SIGKILL the host is {v}, not CLOSED", args.join(" ")));
+            }
+            restart_after_successor = true;
+        }
+    }
+    // The site serves again: some host leads (for most faults, another one).
+    let (serving, _) = site
+        .wait_leader(None, Duration::from_secs(30))
+        .ok_or_else(|| format!("nobody served again after {}: {:?}", fault.name(), site.verdicts()))?;
+    let serving_at = Instant::now();
+    if let Some(c) = cleanup.take() {
+        c(site);
+    }
+    if restart_after_successor {
+        site.start_agent(leader);
+    }
+    // A single leader again, by itself, and the faulted host back as a follower (or the leader).
+    let settled = wait_for(Duration::from_secs(30), || {
+        let v = site.verdicts();
+        let leaders = v.iter().filter(|v| *v == "LEADER").count();
+        let followers = v.iter().filter(|v| *v == "FOLLOWER").count();
+        (leaders == 1 && followers == v.len() - 1).then_some(())
+    });
+    settled
+        .ok_or_else(|| format!("not a single leader with followers after {}: {:?}", fault.name(), site.verdicts()))?;
+    Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline })
+}
+
+/// When a host's kernel lease ends, read from its kernel now.
+fn lease_end(ns: &Netns) -> Option<Instant> {
+    let now = Instant::now();
+    let ms = crate::in_netns(ns, || ironguard_nft::observe(false).ok()?.owned?.lease_expires_in_ms())?;
+    Some(now + Duration::from_millis(ms))
+}
+
+/// Drops the host's outgoing TCP to these ports (a table of the test's own in the host's namespace).
+fn block(ns: &Netns, ports: &[u16]) -> Result<(), String> {
+    let list = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+    let script = format!(
+        "table inet ig_fault {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    tcp dport {{ {list} }} drop\n  }}\n}}\n"
+    );
+    let path = std::env::temp_dir().join(crate::unique("fault-block.nft"));
+    std::fs::write(&path, script).map_err(|e| e.to_string())?;
+    let out = ns.cmd("nft").arg("-f").arg(&path).output().map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    let out = out?;
+    out.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn unblock(ns: &Netns) {
+    let _ = ns.nft(&["delete", "table", "inet", "ig_fault"]);
+}
+
+/// A cgroup made for one fault (cgroup v2 where the cpu and memory controllers are there, v1 otherwise).
+#[derive(Debug)]
+pub struct Cgroup {
+    dir: PathBuf,
+    parent_procs: PathBuf,
+}
+
+impl Cgroup {
+    fn make(controller: &str) -> Result<Self, String> {
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == controller));
+        let root = if v2 { PathBuf::from("/sys/fs/cgroup") } else { PathBuf::from("/sys/fs/cgroup").join(controller) };
+        let dir = root.join(crate::unique(&format!("fault-{controller}")));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create cgroup {}: {e}", dir.display()))?;
+        Ok(Self { dir, parent_procs: root.join("cgroup.procs") })
+    }
+
+    fn write(&self, file: &str, value: &str) -> Result<(), String> {
+        std::fs::write(self.dir.join(file), value).map_err(|e| format!("{}/{file} = {value}: {e}", self.dir.display()))
+    }
+
+    fn exists(&self, file: &str) -> bool {
+        self.dir.join(file).exists()
+    }
+
+    /// `pid` (all its threads) gets 1 ms of CPU per second.
+    pub fn cpu_starved(pid: i32) -> Result<Self, String> {
+        let cg = Self::make("cpu")?;
+        if cg.exists("cpu.max") {
+            cg.write("cpu.max", "1000 1000000")?;
+        } else {
+            cg.write("cpu.cfs_period_us", "1000000")?;
+            cg.write("cpu.cfs_quota_us", "1000")?;
+        }
+        cg.write("cgroup.procs", &pid.to_string())?;
+        Ok(cg)
+    }
+
+    /// `pid` may use `bytes` of memory from now on: its next allocations bring the OOM killer.
+    pub fn memory_limited(pid: i32, bytes: u64) -> Result<Self, String> {
+        let cg = Self::make("memory")?;
+        if cg.exists("memory.max") {
+            cg.write("memory.max", &bytes.to_string())?;
+        } else {
+            cg.write("memory.limit_in_bytes", &bytes.to_string())?;
+        }
+        cg.write("cgroup.procs", &pid.to_string())?;
+        Ok(cg)
+    }
+
+    /// Moves `pid` back (if it still lives) and removes the cgroup.
+    pub fn release(self, pid: i32) {
+        let _ = std::fs::write(&self.parent_procs, pid.to_string());
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
