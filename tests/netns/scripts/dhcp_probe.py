@@ -12,6 +12,11 @@ import sys
 import threading
 import time
 
+# SIGTERM ends the probe early but still reports what was seen; installed before the (slow) scapy import so that
+# an early SIGTERM is not a failure.
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
 from scapy.all import BOOTP, DHCP, IP, UDP, Ether, AsyncSniffer, conf, get_if_hwaddr, sendp  # noqa: E402
 
 conf.verb = 0
@@ -36,9 +41,6 @@ sniffer.start()
 time.sleep(0.3)
 sent = []
 end = time.time() + seconds
-stop = threading.Event()
-# SIGTERM ends the probe early but still reports what was seen.
-signal.signal(signal.SIGTERM, lambda *_: stop.set())
 while time.time() < end and not stop.is_set():
     xid = random.randint(1, 2**31)
     pkt = (

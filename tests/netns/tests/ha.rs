@@ -188,3 +188,26 @@ fn one_control_plane_replica_dies_and_agents_continue_from_the_other() {
     let after: Vec<f64> = (0..3).map(snapshots).collect();
     assert_eq!(before, after, "no full reload");
 }
+
+/// The main loop answers SIGTERM at once whatever the coordination state: here with etcd down and every
+/// session expired (the state in which it used to wait for coordination news for seconds).
+#[test]
+fn sigterm_is_served_at_once_while_etcd_is_down() {
+    let mut site = HaSite::new(3, 1);
+    site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    site.etcd.stop();
+    let blocked =
+        wait_for(Duration::from_secs(TTL_SECS + 3), || site.verdicts().iter().all(|v| v == "BLOCKED").then_some(()));
+    assert!(blocked.is_some(), "not all blocked: {:?}", site.verdicts());
+    // Well into the expired state: sessions are gone and reconnection attempts are under way.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut took = vec![];
+    for i in 0..3 {
+        let t = Instant::now();
+        let st = signal_agent(&mut site.hosts[i], Signal::SIGTERM);
+        took.push(t.elapsed());
+        assert!(st.is_some_and(|s| s.success()), "pxe-{i} exits 0 on SIGTERM");
+    }
+    eprintln!("SIGTERM to exit with etcd down: {took:?}");
+    assert!(took.iter().all(|t| *t < Duration::from_secs(2)), "within systemd's TimeoutStopSec: {took:?}");
+}
