@@ -48,14 +48,10 @@ use crate::agents::AgentRegistry;
 use crate::inspection::engine::{CrashPoint, Engine, RecordData};
 use crate::inspection::periodic::PolicySetting;
 use crate::inspection::service::InspectionService;
-use crate::inspection::store::InspectionStore;
-use crate::inspection::store::embedded::EmbeddedInspections;
-use crate::inspection::store::etcd::EtcdInspections;
 use crate::ironic::Ironic;
 use crate::metrics::Metrics;
 use crate::service::PxeFilterService;
 use crate::store::FilterStore;
-use crate::store::embedded::EmbeddedStore;
 
 /// A control plane with its listeners bound, ready to [`run`](Server::run).
 pub struct Server {
@@ -91,24 +87,23 @@ impl std::fmt::Debug for Server {
 pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     config.validate()?;
     let stale = Duration::from_secs(config.agents.stale_after_secs);
-    type Stores = (Arc<dyn FilterStore>, Arc<dyn InspectionStore>, AgentRegistry, Arc<dyn Coordinator>);
-    let (store, inspections, agents, coord): Stores = if config.etcd.enabled() {
+    let (stores, agents, coord): (store::Stores, AgentRegistry, Arc<dyn Coordinator>) = if config.etcd.enabled() {
         let c = ironguard_coord::etcd::EtcdCoordinator::connect(&config.etcd)
             .await
             .with_context(|| format!("connecting to etcd {:?}", config.etcd.endpoints))?;
-        let store = store::etcd::EtcdStore::open(c.clone(), config.store.change_log_length)
+        let stores = store::etcd::open(c.clone(), config.store.change_log_length)
             .await
-            .context("opening the filter state in etcd")?;
-        let inspections = EtcdInspections::new(c.clone());
+            .context("opening the control plane's state in etcd")?;
         let coord: Arc<dyn Coordinator> = Arc::new(c);
-        (Arc::new(store), Arc::new(inspections), AgentRegistry::shared(coord.clone(), stale), coord)
+        (stores, AgentRegistry::shared(coord.clone(), stale), coord)
     } else {
-        let store = EmbeddedStore::open(&config.store.data_dir, config.store.change_log_length)
-            .context("opening the filter store")?;
-        let inspections = EmbeddedInspections::open(&config.store.data_dir).context("opening the inspection store")?;
+        let stores = store::embedded::open(&config.store.data_dir, config.store.change_log_length)
+            .context("opening the embedded store")?;
         let coord = Arc::new(ironguard_coord::local::LocalCoordinator::new());
-        (Arc::new(store), Arc::new(inspections), AgentRegistry::local(stale), coord)
+        (stores, AgentRegistry::local(stale), coord)
     };
+    let store: Arc<dyn FilterStore> = stores.filters.clone();
+    let inspections = stores.inspections.clone();
     // Publish the configured unknown-MAC policy (a new revision only if it differs from the stored one).
     // while-inspecting starts closed; the ironic-inspection task opens it while something is inspected.
     let initial_policy = match config.filter.unknown_mac_policy {

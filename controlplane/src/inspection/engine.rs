@@ -14,11 +14,10 @@ use tracing::{Instrument as _, error, info, info_span, warn};
 
 use super::machine::{self, Event, State};
 use super::records::{Kind, NodeRecord, Taken, now_ms};
-use super::store::{InspectionStore, InspectionStoreError};
 use crate::agents::AgentRegistry;
 use crate::filter::{ReasonChange, Side};
 use crate::ironic::{Ironic, IronicError};
-use crate::store::FilterStore;
+use crate::store::{FilterStore, InspectionStore, StoreError};
 
 /// Provision states in which Ironic lets a node be inspected.
 pub const INSPECTABLE: [&str; 5] = ["enroll", "manageable", "inspecting", "inspect wait", "inspect failed"];
@@ -87,7 +86,7 @@ pub enum ApiError {
     #[error(transparent)]
     Ironic(#[from] IronicError),
     #[error(transparent)]
-    Store(#[from] InspectionStoreError),
+    Store(#[from] StoreError),
 }
 
 /// A processing hook: runs on the ramdisk's data when it arrives (and on reapply).
@@ -384,7 +383,7 @@ impl Engine {
     }
 
     /// Advances the machine and runs the task. `Err` only for store failures (the request stays).
-    async fn run(&self, taken: &Taken, stop: &CancellationToken) -> Result<(), InspectionStoreError> {
+    async fn run(&self, taken: &Taken, stop: &CancellationToken) -> Result<(), StoreError> {
         let req = &taken.request;
         if req.kind == Kind::Delete {
             self.remove_allow(&req.node).await;
@@ -480,7 +479,7 @@ impl Engine {
     }
 
     /// Moves the node to `error` with a message, by whichever event the machine allows.
-    async fn fail(&self, rec: &mut NodeRecord, msg: String) -> Result<(), InspectionStoreError> {
+    async fn fail(&self, rec: &mut NodeRecord, msg: String) -> Result<(), StoreError> {
         for ev in [Event::Error, Event::Timeout, Event::AbortEnd] {
             if let Ok(to) = machine::advance(rec.state, ev) {
                 rec.state = to;

@@ -1,20 +1,48 @@
-//! Where the filter state lives. One interface, two backends: [`embedded`] (redb on local disk, used when no
-//! etcd is configured) and etcd (for replicated control planes).
+//! Everything the control plane keeps, behind one abstraction per backend:
 //!
-//! Every backend keeps a mirror of the current state and a bounded log of recent revisions in memory, so watchers
-//! get deltas without touching the disk; the durable copy is written before a change is acknowledged.
+//! - [`FilterStore`]: the authoritative filter state (why each MAC is allowed or denied), with revisions.
+//! - [`inspections::InspectionStore`]: node inspection records, their ramdisk data and the work queue.
+//! - [`rules::RuleStore`]: ironic-inspector's introspection rules.
+//!
+//! Two backends implement all three: [`embedded`] (one redb database in the data directory, used when no etcd is
+//! configured) and [`etcd`] (shared by control-plane replicas). [`Stores`] bundles one backend's three stores;
+//! [`StoreError`] names the backend that failed.
+//!
+//! Every filter backend keeps a mirror of the current state and a bounded log of recent revisions in memory, so
+//! watchers get deltas without touching the disk; the durable copy is written before a change is acknowledged.
 
 pub mod embedded;
 pub mod etcd;
+pub mod inspections;
 mod mirror;
+pub mod rules;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use ironguard_nft::{MacAddr, UnknownMacPolicy};
 use tokio::sync::watch;
 
 use crate::filter::{Entry, ReasonChange, RevisionDelta};
+pub use inspections::InspectionStore;
+pub use rules::RuleStore;
+
+/// Which backend a store error comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Etcd,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Embedded => "embedded (redb)",
+            Backend::Etcd => "etcd",
+        })
+    }
+}
 
 /// A store operation failed; the state is unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -25,19 +53,52 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("the embedded store failed to {op}")]
-    Embedded {
+    #[error("the {backend} store failed to {op}")]
+    Backend {
+        backend: Backend,
         op: &'static str,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("stored data is corrupt: {0}")]
-    Corrupt(String),
+    #[error("node {node} was changed by someone else (version {found}, expected {expected})")]
+    Conflict { node: String, expected: u64, found: u64 },
+    #[error("data in the {backend} store is corrupt: {detail}")]
+    Corrupt { backend: Backend, detail: String },
     /// The store forgot its state (replaced or restored etcd); writes wait until it is re-seeded.
     #[error("store amnesia: {0}; writes are refused until the state is re-seeded from a replica's copy")]
     Amnesia(String),
     #[error("the store is shutting down")]
     Closed,
+}
+
+impl StoreError {
+    pub(crate) fn corrupt(backend: Backend, detail: impl Into<String>) -> Self {
+        StoreError::Corrupt { backend, detail: detail.into() }
+    }
+}
+
+/// `map_err` helper: a failure of the embedded backend while doing `op`.
+pub(crate) fn embedded<E: std::error::Error + Send + Sync + 'static>(op: &'static str) -> impl FnOnce(E) -> StoreError {
+    move |e| StoreError::Backend { backend: Backend::Embedded, op, source: Box::new(e) }
+}
+
+/// `map_err` helper: a failure of the etcd backend while doing `op`.
+pub(crate) fn etcd<E: std::error::Error + Send + Sync + 'static>(op: &'static str) -> impl FnOnce(E) -> StoreError {
+    move |e| StoreError::Backend { backend: Backend::Etcd, op, source: Box::new(e) }
+}
+
+/// One backend's stores.
+#[derive(Clone)]
+pub struct Stores {
+    pub filters: Arc<dyn FilterStore>,
+    pub inspections: Arc<dyn InspectionStore>,
+    pub rules: Arc<dyn RuleStore>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores").finish_non_exhaustive()
+    }
 }
 
 /// The outcome of one write.

@@ -18,15 +18,16 @@ use ironguard_coord::etcd::EtcdCoordinator;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{InspectionStore, InspectionStoreError, QueueEntry, pick};
 use crate::inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
+use crate::store::inspections::{InspectionStore, QueueEntry, pick};
+use crate::store::{Backend, StoreError};
 
-fn e(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> InspectionStoreError {
-    move |source| InspectionStoreError::Backend { op, source: Box::new(source) }
+fn e(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> StoreError {
+    move |source| StoreError::Backend { backend: Backend::Etcd, op, source: Box::new(source) }
 }
 
-fn corrupt(e: serde_json::Error) -> InspectionStoreError {
-    InspectionStoreError::Corrupt(e.to_string())
+fn corrupt(e: serde_json::Error) -> StoreError {
+    StoreError::corrupt(Backend::Etcd, e.to_string())
 }
 
 /// Inspections in etcd.
@@ -85,7 +86,7 @@ impl EtcdInspections {
         format!("{}queue/{id:020}", self.root)
     }
 
-    async fn get_raw(&self, key: String) -> Result<Option<(Vec<u8>, i64)>, InspectionStoreError> {
+    async fn get_raw(&self, key: String) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let r = self
             .c
             .retry("get", |mut cl| {
@@ -98,7 +99,7 @@ impl EtcdInspections {
     }
 
     /// Queue entries with their modification revisions, in id order.
-    async fn queue(&self) -> Result<Vec<(QueueEntry, i64)>, InspectionStoreError> {
+    async fn queue(&self) -> Result<Vec<(QueueEntry, i64)>, StoreError> {
         let prefix = format!("{}queue/", self.root);
         let r = self
             .c
@@ -115,7 +116,7 @@ impl EtcdInspections {
     }
 
     /// Rewrites one entry if it did not change since `rev` (false: it did, or it is gone).
-    async fn cas_entry(&self, entry: Option<&QueueEntry>, id: u64, rev: i64) -> Result<bool, InspectionStoreError> {
+    async fn cas_entry(&self, entry: Option<&QueueEntry>, id: u64, rev: i64) -> Result<bool, StoreError> {
         let key = self.queue_key(id);
         let op = match entry {
             Some(en) => TxnOp::put(key.clone(), serde_json::to_vec(en).map_err(corrupt)?, None),
@@ -137,7 +138,7 @@ impl EtcdInspections {
         &self,
         id: u64,
         f: impl Fn(QueueEntry) -> Option<QueueEntry> + Send + Sync,
-    ) -> Result<(), InspectionStoreError> {
+    ) -> Result<(), StoreError> {
         for _ in 0..20 {
             let Some((raw, rev)) = self.get_raw(self.queue_key(id)).await? else { return Ok(()) };
             let cur: QueueEntry = serde_json::from_slice(&raw).map_err(corrupt)?;
@@ -145,20 +146,24 @@ impl EtcdInspections {
                 return Ok(());
             }
         }
-        Err(InspectionStoreError::Backend { op: "update the queue", source: "too much contention".into() })
+        Err(StoreError::Backend {
+            backend: Backend::Etcd,
+            op: "update the queue",
+            source: "too much contention".into(),
+        })
     }
 }
 
 #[async_trait]
 impl InspectionStore for EtcdInspections {
-    async fn get(&self, node: &str) -> Result<Option<NodeRecord>, InspectionStoreError> {
+    async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError> {
         match self.get_raw(self.node_key(node)).await? {
             Some((v, _)) => Ok(Some(serde_json::from_slice(&v).map_err(corrupt)?)),
             None => Ok(None),
         }
     }
 
-    async fn list(&self) -> Result<Vec<NodeRecord>, InspectionStoreError> {
+    async fn list(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let prefix = format!("{}nodes/", self.root);
         let r = self
             .c
@@ -171,7 +176,7 @@ impl InspectionStore for EtcdInspections {
         r.kvs().iter().map(|kv| serde_json::from_slice(kv.value()).map_err(corrupt)).collect()
     }
 
-    async fn save(&self, rec: &mut NodeRecord) -> Result<(), InspectionStoreError> {
+    async fn save(&self, rec: &mut NodeRecord) -> Result<(), StoreError> {
         let key = self.node_key(&rec.uuid);
         let mut next = rec.clone();
         next.version = rec.version + 1;
@@ -183,7 +188,7 @@ impl InspectionStore for EtcdInspections {
             None => (0, 0),
         };
         if found != rec.version {
-            return Err(InspectionStoreError::Conflict { node: rec.uuid.clone(), expected: rec.version, found });
+            return Err(StoreError::Conflict { node: rec.uuid.clone(), expected: rec.version, found });
         }
         let guard = if rev == 0 {
             Compare::create_revision(key.clone(), CompareOp::Equal, 0)
@@ -199,17 +204,13 @@ impl InspectionStore for EtcdInspections {
             .await
             .map_err(e("save a node"))?;
         if !r.succeeded() {
-            return Err(InspectionStoreError::Conflict {
-                node: rec.uuid.clone(),
-                expected: rec.version,
-                found: rec.version + 1,
-            });
+            return Err(StoreError::Conflict { node: rec.uuid.clone(), expected: rec.version, found: rec.version + 1 });
         }
         *rec = next;
         Ok(())
     }
 
-    async fn remove(&self, node: &str) -> Result<(), InspectionStoreError> {
+    async fn remove(&self, node: &str) -> Result<(), StoreError> {
         for key in [self.node_key(node), self.data_key(node)] {
             self.c
                 .retry("remove a node", |mut cl| {
@@ -222,7 +223,7 @@ impl InspectionStore for EtcdInspections {
         Ok(())
     }
 
-    async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), InspectionStoreError> {
+    async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), StoreError> {
         let (k, v) = (self.data_key(node), serde_json::to_vec(data).map_err(corrupt)?);
         self.c
             .retry("store data", |mut cl| {
@@ -234,14 +235,14 @@ impl InspectionStore for EtcdInspections {
         Ok(())
     }
 
-    async fn get_data(&self, node: &str) -> Result<Option<serde_json::Value>, InspectionStoreError> {
+    async fn get_data(&self, node: &str) -> Result<Option<serde_json::Value>, StoreError> {
         match self.get_raw(self.data_key(node)).await? {
             Some((v, _)) => Ok(Some(serde_json::from_slice(&v).map_err(corrupt)?)),
             None => Ok(None),
         }
     }
 
-    async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, InspectionStoreError> {
+    async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, StoreError> {
         let seq = format!("{}seq", self.root);
         for _ in 0..50 {
             let (last, rev) = match self.get_raw(seq.clone()).await? {
@@ -278,10 +279,10 @@ impl InspectionStore for EtcdInspections {
                 return Ok(id);
             }
         }
-        Err(InspectionStoreError::Backend { op: "enqueue", source: "too much contention".into() })
+        Err(StoreError::Backend { backend: Backend::Etcd, op: "enqueue", source: "too much contention".into() })
     }
 
-    async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, InspectionStoreError> {
+    async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, StoreError> {
         for _ in 0..10 {
             let q = self.queue().await?;
             let now = now_ms();
@@ -303,7 +304,7 @@ impl InspectionStore for EtcdInspections {
         Ok(None)
     }
 
-    async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), InspectionStoreError> {
+    async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), StoreError> {
         let worker = taken.worker.clone();
         self.update_entry(taken.request.id, move |mut en| {
             if en.worker.as_deref() == Some(worker.as_str()) {
@@ -314,11 +315,11 @@ impl InspectionStore for EtcdInspections {
         .await
     }
 
-    async fn consume(&self, taken: &Taken) -> Result<(), InspectionStoreError> {
+    async fn consume(&self, taken: &Taken) -> Result<(), StoreError> {
         self.update_entry(taken.request.id, |_| None).await
     }
 
-    async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), InspectionStoreError> {
+    async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), StoreError> {
         self.update_entry(taken.request.id, move |mut en| {
             en.worker = None;
             en.lease_until = 0;
@@ -328,7 +329,7 @@ impl InspectionStore for EtcdInspections {
         .await
     }
 
-    async fn pending(&self) -> Result<Vec<Request>, InspectionStoreError> {
+    async fn pending(&self) -> Result<Vec<Request>, StoreError> {
         Ok(self.queue().await?.into_iter().map(|(e, _)| e.request).collect())
     }
 

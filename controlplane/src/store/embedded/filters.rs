@@ -1,10 +1,10 @@
-//! The embedded backend: a redb database in the data directory, written by one thread that commits every
+//! The embedded filter state: tables of the control plane's redb database, written by one thread that commits every
 //! waiting request in one durable transaction (group commit), so a burst of single-MAC updates costs one fsync
 //! per batch, not per request. A request is acknowledged only after its transaction is committed: after
 //! `kill -9` and restart the state and revision are at least what was last acknowledged.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -14,17 +14,15 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, info_span};
 
-use super::mirror::Mirror;
-use super::{Applied, FilterStore, Snapshot, StoreError};
 use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, apply_changes};
+use crate::store::mirror::Mirror;
+use crate::store::{Applied, Backend, FilterStore, Snapshot, StoreError};
 
 const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
 const REVISION: &str = "revision";
 const POLICY: &str = "unknown_mac_policy";
-/// File name of the database inside the data directory.
-pub const DB_FILE: &str = "ironguard.redb";
 /// Requests committed together at most.
 const MAX_GROUP: usize = 1024;
 
@@ -39,9 +37,7 @@ fn policy_from(code: u64) -> UnknownMacPolicy {
     if code == 2 { UnknownMacPolicy::Deny } else { UnknownMacPolicy::Allow }
 }
 
-fn emb<E: std::error::Error + Send + Sync + 'static>(op: &'static str) -> impl FnOnce(E) -> StoreError {
-    move |e| StoreError::Embedded { op, source: Box::new(e) }
-}
+use crate::store::embedded as emb;
 
 struct WriteRequest {
     changes: Vec<ReasonChange>,
@@ -50,7 +46,7 @@ struct WriteRequest {
 }
 
 /// The redb-backed store.
-pub struct EmbeddedStore {
+pub struct EmbeddedFilters {
     mirror: Arc<RwLock<Mirror>>,
     /// `None` once dropping: closing it stops the writer thread, which closes the database.
     writes: Option<mpsc::Sender<WriteRequest>>,
@@ -58,7 +54,7 @@ pub struct EmbeddedStore {
     revision: watch::Receiver<u64>,
 }
 
-impl Drop for EmbeddedStore {
+impl Drop for EmbeddedFilters {
     fn drop(&mut self) {
         self.writes.take();
         if let Some(w) = self.writer.take() {
@@ -67,24 +63,21 @@ impl Drop for EmbeddedStore {
     }
 }
 
-impl std::fmt::Debug for EmbeddedStore {
+impl std::fmt::Debug for EmbeddedFilters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedStore").field("revision", &*self.revision.borrow()).finish()
+        f.debug_struct("EmbeddedFilters").field("revision", &*self.revision.borrow()).finish()
     }
 }
 
-impl EmbeddedStore {
-    /// Opens (or creates) the store in `dir`, keeping the last `log_len` revisions for catch-up.
-    pub fn open(dir: &Path, log_len: usize) -> Result<Self, StoreError> {
+impl EmbeddedFilters {
+    /// Loads the filter state from the control plane's database at `path`, keeping the last `log_len` revisions
+    /// for catch-up, and starts the writer thread.
+    pub fn open(db: Arc<Database>, path: &Path, log_len: usize) -> Result<Self, StoreError> {
         let open_err = |source: Box<dyn std::error::Error + Send + Sync>| StoreError::Open {
-            path: dir.display().to_string(),
+            path: path.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(|e| open_err(Box::new(e)))?;
-        let path: PathBuf = dir.join(DB_FILE);
         let started = Instant::now();
-        // The mirror serves every read; redb's page cache only needs to hold what a commit touches.
-        let db = Database::builder().set_cache_size(4 << 20).create(&path).map_err(|e| open_err(Box::new(e)))?;
         {
             let w = db.begin_write().map_err(emb("begin a transaction"))?;
             w.open_table(ENTRIES).map_err(emb("open the entries table"))?;
@@ -99,10 +92,12 @@ impl EmbeddedStore {
             let entries = r.open_table(ENTRIES).map_err(emb("open the entries table"))?;
             for row in entries.iter().map_err(emb("read entries"))? {
                 let (k, v) = row.map_err(emb("read an entry"))?;
-                let mac: MacAddr =
-                    k.value().parse().map_err(|e| StoreError::Corrupt(format!("entry key {:?}: {e}", k.value())))?;
+                let mac: MacAddr = k
+                    .value()
+                    .parse()
+                    .map_err(|e| StoreError::corrupt(Backend::Embedded, format!("entry key {:?}: {e}", k.value())))?;
                 let entry: Entry = serde_json::from_slice(v.value())
-                    .map_err(|e| StoreError::Corrupt(format!("entry for {mac}: {e}")))?;
+                    .map_err(|e| StoreError::corrupt(Backend::Embedded, format!("entry for {mac}: {e}")))?;
                 state.entries.insert(mac, entry);
             }
             let meta = r.open_table(META).map_err(emb("open the meta table"))?;
@@ -113,7 +108,7 @@ impl EmbeddedStore {
             for row in table.iter().map_err(emb("read the revision log"))? {
                 let (_, v) = row.map_err(emb("read a revision"))?;
                 let d: RevisionDelta = serde_json::from_slice(v.value())
-                    .map_err(|e| StoreError::Corrupt(format!("revision record: {e}")))?;
+                    .map_err(|e| StoreError::corrupt(Backend::Embedded, format!("revision record: {e}")))?;
                 log.push(d);
             }
         }
@@ -145,7 +140,7 @@ impl EmbeddedStore {
 /// The single writer: takes every waiting request, computes each one's revision in order, commits them all in one
 /// transaction, then publishes to the mirror and answers.
 fn writer(
-    db: Database,
+    db: Arc<Database>,
     mirror: Arc<RwLock<Mirror>>,
     mut rx: mpsc::Receiver<WriteRequest>,
     rev_tx: watch::Sender<u64>,
@@ -208,7 +203,11 @@ fn writer(
                 let msg = e.to_string();
                 tracing::error!(error = %msg, "store commit failed; the requests of this group are rejected");
                 for req in group {
-                    let _ = req.reply.send(Err(StoreError::Embedded { op: "commit", source: msg.clone().into() }));
+                    let _ = req.reply.send(Err(StoreError::Backend {
+                        backend: Backend::Embedded,
+                        op: "commit",
+                        source: msg.clone().into(),
+                    }));
                 }
             }
         }
@@ -234,7 +233,7 @@ fn commit(
             if e.is_empty() {
                 entries.remove(key.as_str()).map_err(emb("delete an entry"))?;
             } else {
-                let v = serde_json::to_vec(e).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let v = serde_json::to_vec(e).map_err(|e| StoreError::corrupt(Backend::Embedded, e.to_string()))?;
                 entries.insert(key.as_str(), v.as_slice()).map_err(emb("write an entry"))?;
             }
         }
@@ -243,7 +242,7 @@ fn commit(
         meta.insert(POLICY, policy_code(policy)).map_err(emb("write the policy"))?;
         let mut log = w.open_table(LOG).map_err(emb("open the revision log"))?;
         for r in records {
-            let v = serde_json::to_vec(r).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let v = serde_json::to_vec(r).map_err(|e| StoreError::corrupt(Backend::Embedded, e.to_string()))?;
             log.insert(r.revision, v.as_slice()).map_err(emb("append to the revision log"))?;
         }
         let keep_from = revision.saturating_sub(log_len as u64 - 1);
@@ -253,7 +252,7 @@ fn commit(
 }
 
 #[async_trait]
-impl FilterStore for EmbeddedStore {
+impl FilterStore for EmbeddedFilters {
     async fn apply(&self, changes: Vec<ReasonChange>, policy: Option<UnknownMacPolicy>) -> Result<Applied, StoreError> {
         let (reply, rx) = oneshot::channel();
         let writes = self.writes.as_ref().ok_or(StoreError::Closed)?;
@@ -265,7 +264,7 @@ impl FilterStore for EmbeddedStore {
         self.read().snapshot()
     }
 
-    fn counts(&self) -> super::Counts {
+    fn counts(&self) -> crate::store::Counts {
         self.read().counts()
     }
 
@@ -287,7 +286,7 @@ mod tests {
     use super::*;
     use crate::filter::{Side, api_changes};
 
-    fn tmp(tag: &str) -> PathBuf {
+    fn tmp(tag: &str) -> std::path::PathBuf {
         let p = std::env::temp_dir().join(format!("ig-store-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         p
@@ -301,7 +300,7 @@ mod tests {
     async fn state_and_revisions_survive_reopening() {
         let dir = tmp("reopen");
         {
-            let s = EmbeddedStore::open(&dir, 100).unwrap();
+            let s = crate::store::embedded::filters_in(&dir, 100);
             let a =
                 s.apply(api_changes(&[mac(1).to_string()], &[mac(2).to_string()], &[]).unwrap(), None).await.unwrap();
             assert_eq!(a.revision, 1);
@@ -313,7 +312,7 @@ mod tests {
             let a = s.apply(api_changes(&[mac(1).to_string()], &[], &[]).unwrap(), None).await.unwrap();
             assert_eq!((a.revision, a.record), (2, None));
         }
-        let s = EmbeddedStore::open(&dir, 100).unwrap();
+        let s = crate::store::embedded::filters_in(&dir, 100);
         let snap = s.snapshot();
         assert_eq!(snap.revision, 2);
         assert_eq!(snap.policy, UnknownMacPolicy::Deny);
@@ -330,14 +329,14 @@ mod tests {
     #[tokio::test]
     async fn the_log_is_bounded_and_old_agents_get_none() {
         let dir = tmp("bounded");
-        let s = EmbeddedStore::open(&dir, 10).unwrap();
+        let s = crate::store::embedded::filters_in(&dir, 10);
         for i in 0..25 {
             s.apply(api_changes(&[mac(i).to_string()], &[], &[]).unwrap(), None).await.unwrap();
         }
         assert!(s.deltas_since(10).is_none());
         assert_eq!(s.deltas_since(15).unwrap().len(), 10);
         drop(s);
-        let s = EmbeddedStore::open(&dir, 10).unwrap();
+        let s = crate::store::embedded::filters_in(&dir, 10);
         assert_eq!(s.deltas_since(15).unwrap().len(), 10, "the trimmed log is what was persisted");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -345,7 +344,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_writers_each_get_their_own_revision() {
         let dir = tmp("group");
-        let s = Arc::new(EmbeddedStore::open(&dir, 10_000).unwrap());
+        let s = Arc::new(crate::store::embedded::filters_in(&dir, 10_000));
         let mut tasks = vec![];
         for i in 0..500u16 {
             let s = s.clone();

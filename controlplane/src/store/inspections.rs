@@ -1,12 +1,9 @@
 //! Where inspections live: node records, ramdisk data and the work queue, with at-least-once delivery.
 //!
-//! [`InspectionStore`] has two backends: [`embedded::EmbeddedInspections`] (redb, one control plane) and
-//! [`etcd::EtcdInspections`] (shared by replicas). A worker *takes* a request with a lease; if it does not
+//! [`InspectionStore`] has two backends: [`super::embedded::EmbeddedInspections`] (redb, one control plane) and
+//! [`super::etcd::EtcdInspections`] (shared by replicas). A worker *takes* a request with a lease; if it does not
 //! *consume* it before the lease ends (it died), the request is delivered again. Requests of a node whose older
 //! request is in flight are not handed out, so a node's requests run in order.
-
-pub mod embedded;
-pub mod etcd;
 
 use std::time::Duration;
 
@@ -14,28 +11,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::records::{Kind, NodeRecord, Request, Taken};
-
-/// A store operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum InspectionStoreError {
-    #[error("the inspection store failed to {op}")]
-    Backend {
-        op: &'static str,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    #[error("node {node} was changed by someone else (version {found}, expected {expected})")]
-    Conflict { node: String, expected: u64, found: u64 },
-    #[error("stored data is corrupt: {0}")]
-    Corrupt(String),
-}
-
-pub(crate) fn backend<E: std::error::Error + Send + Sync + 'static>(
-    op: &'static str,
-) -> impl FnOnce(E) -> InspectionStoreError {
-    move |e| InspectionStoreError::Backend { op, source: Box::new(e) }
-}
+use super::StoreError;
+use crate::inspection::records::{Kind, NodeRecord, Request, Taken};
 
 /// A queue entry as stored: the request and who holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,25 +58,25 @@ pub(crate) fn pick(entries: &[QueueEntry], now: u64) -> Option<usize> {
 /// Node records, ramdisk data and the work queue.
 #[async_trait]
 pub trait InspectionStore: Send + Sync + 'static {
-    async fn get(&self, node: &str) -> Result<Option<NodeRecord>, InspectionStoreError>;
-    async fn list(&self) -> Result<Vec<NodeRecord>, InspectionStoreError>;
+    async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError>;
+    async fn list(&self) -> Result<Vec<NodeRecord>, StoreError>;
     /// Saves `rec` if the stored version is still `rec.version` (0: absent), then increments `rec.version`.
-    async fn save(&self, rec: &mut NodeRecord) -> Result<(), InspectionStoreError>;
+    async fn save(&self, rec: &mut NodeRecord) -> Result<(), StoreError>;
     /// Removes a node's record and data.
-    async fn remove(&self, node: &str) -> Result<(), InspectionStoreError>;
-    async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), InspectionStoreError>;
-    async fn get_data(&self, node: &str) -> Result<Option<serde_json::Value>, InspectionStoreError>;
-    async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, InspectionStoreError>;
+    async fn remove(&self, node: &str) -> Result<(), StoreError>;
+    async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), StoreError>;
+    async fn get_data(&self, node: &str) -> Result<Option<serde_json::Value>, StoreError>;
+    async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, StoreError>;
     /// Hands out a request for `lease`, or `None` if nothing is available now.
-    async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, InspectionStoreError>;
+    async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, StoreError>;
     /// Keeps a taken request for another `lease` (while a long task runs).
-    async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), InspectionStoreError>;
+    async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), StoreError>;
     /// The request is done.
-    async fn consume(&self, taken: &Taken) -> Result<(), InspectionStoreError>;
+    async fn consume(&self, taken: &Taken) -> Result<(), StoreError>;
     /// Gives a request back, available again after `delay` (the node was locked).
-    async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), InspectionStoreError>;
+    async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), StoreError>;
     /// Requests not consumed yet, oldest first.
-    async fn pending(&self) -> Result<Vec<Request>, InspectionStoreError>;
+    async fn pending(&self) -> Result<Vec<Request>, StoreError>;
     /// Changes whenever a request may have become available (enqueue, release, another replica's write).
     fn wakeups(&self) -> watch::Receiver<u64>;
 }

@@ -1,4 +1,4 @@
-//! The etcd backend: the filter state shared by every control-plane replica.
+//! The etcd filter state, shared by every control-plane replica.
 //!
 //! ```text
 //! <prefix>/filter/meta            {"revision": N, "policy": "allow"}   every write compares-and-swaps this key
@@ -31,9 +31,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::mirror::Mirror;
-use super::{Applied, Counts, FilterStore, Snapshot, StoreError};
 use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, apply_changes};
+use crate::store::mirror::Mirror;
+use crate::store::{Applied, Backend, Counts, FilterStore, Snapshot, StoreError};
 
 /// Distinct MACs written by one transaction (2 ops each at most is fine: one put or delete per MAC, plus meta,
 /// log record and log trim — well under etcd's default limit of 128 operations).
@@ -73,7 +73,7 @@ pub struct AmnesiaReport {
 }
 
 fn etcd_err(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> StoreError {
-    move |e| StoreError::Embedded { op, source: Box::new(e) }
+    crate::store::etcd(op)
 }
 
 struct WriteRequest {
@@ -105,7 +105,7 @@ impl Keys {
 }
 
 /// The etcd-backed store.
-pub struct EtcdStore {
+pub struct EtcdFilters {
     mirror: Arc<RwLock<Mirror>>,
     writes: mpsc::Sender<WriteRequest>,
     revision: watch::Receiver<u64>,
@@ -113,13 +113,13 @@ pub struct EtcdStore {
     amnesia: Arc<RwLock<Option<AmnesiaReport>>>,
 }
 
-impl std::fmt::Debug for EtcdStore {
+impl std::fmt::Debug for EtcdFilters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore").field("revision", &*self.revision.borrow()).finish()
+        f.debug_struct("EtcdFilters").field("revision", &*self.revision.borrow()).finish()
     }
 }
 
-impl Drop for EtcdStore {
+impl Drop for EtcdFilters {
     fn drop(&mut self) {
         self.stop.cancel();
     }
@@ -147,18 +147,20 @@ async fn load(
     for kv in r.kvs() {
         let key = String::from_utf8_lossy(kv.key());
         if key == keys.meta {
-            let m: Meta = serde_json::from_slice(kv.value()).map_err(|e| StoreError::Corrupt(format!("meta: {e}")))?;
+            let m: Meta = serde_json::from_slice(kv.value())
+                .map_err(|e| StoreError::corrupt(Backend::Etcd, format!("meta: {e}")))?;
             state.revision = m.revision;
             state.policy = m.policy;
             meta = Some((m, kv.mod_revision()));
         } else if let Some(mac) = key.strip_prefix(&keys.entries) {
-            let mac: MacAddr = mac.parse().map_err(|e| StoreError::Corrupt(format!("entry key: {e}")))?;
-            let e: Entry =
-                serde_json::from_slice(kv.value()).map_err(|e| StoreError::Corrupt(format!("entry {mac}: {e}")))?;
+            let mac: MacAddr =
+                mac.parse().map_err(|e| StoreError::corrupt(Backend::Etcd, format!("entry key: {e}")))?;
+            let e: Entry = serde_json::from_slice(kv.value())
+                .map_err(|e| StoreError::corrupt(Backend::Etcd, format!("entry {mac}: {e}")))?;
             state.entries.insert(mac, e);
         } else if key.starts_with(&keys.log) {
-            let d: RevisionDelta =
-                serde_json::from_slice(kv.value()).map_err(|e| StoreError::Corrupt(format!("revision record: {e}")))?;
+            let d: RevisionDelta = serde_json::from_slice(kv.value())
+                .map_err(|e| StoreError::corrupt(Backend::Etcd, format!("revision record: {e}")))?;
             log.push(d);
         }
     }
@@ -183,7 +185,7 @@ fn forgot(floor: &Floor, meta: Option<&Meta>) -> Option<String> {
     }
 }
 
-impl EtcdStore {
+impl EtcdFilters {
     /// Loads the state from etcd and starts following it.
     pub async fn open(coord: EtcdCoordinator, log_len: usize) -> Result<Self, StoreError> {
         let keys = Keys::new(&coord);
@@ -471,7 +473,11 @@ async fn writer(
             let _ = reply.send(match &result {
                 Ok(a) => Ok(a.clone()),
                 Err(StoreError::Amnesia(d)) => Err(StoreError::Amnesia(d.clone())),
-                Err(e) => Err(StoreError::Embedded { op: "commit to etcd", source: e.to_string().into() }),
+                Err(e) => Err(StoreError::Backend {
+                    backend: Backend::Etcd,
+                    op: "commit to etcd",
+                    source: e.to_string().into(),
+                }),
             });
         }
     }
@@ -507,7 +513,8 @@ async fn commit(
             let Some(kv) = g.kvs().first() else { continue };
             if i == 0 {
                 meta_mod = kv.mod_revision();
-                meta = serde_json::from_slice(kv.value()).map_err(|e| StoreError::Corrupt(format!("meta: {e}")))?;
+                meta = serde_json::from_slice(kv.value())
+                    .map_err(|e| StoreError::corrupt(Backend::Etcd, format!("meta: {e}")))?;
             } else if let Ok(e) = serde_json::from_slice::<Entry>(kv.value()) {
                 current.insert(macs[i - 1], e);
             }
@@ -534,12 +541,12 @@ async fn commit(
             if e.is_empty() {
                 w.push(TxnOp::delete(keys.entry(mac), None));
             } else {
-                let v = serde_json::to_vec(e).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let v = serde_json::to_vec(e).map_err(|e| StoreError::corrupt(Backend::Etcd, e.to_string()))?;
                 w.push(TxnOp::put(keys.entry(mac), v, None));
             }
         }
-        let meta_v = serde_json::to_vec(&next).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let rec_v = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let meta_v = serde_json::to_vec(&next).map_err(|e| StoreError::corrupt(Backend::Etcd, e.to_string()))?;
+        let rec_v = serde_json::to_vec(&record).map_err(|e| StoreError::corrupt(Backend::Etcd, e.to_string()))?;
         w.push(TxnOp::put(keys.meta.clone(), meta_v, None));
         w.push(TxnOp::put(keys.log_record(revision), rec_v, None));
         let keep_from = (revision + 1).saturating_sub(log_len as u64);
@@ -564,11 +571,15 @@ async fn commit(
         debug!(attempt, "another replica wrote first; retrying on the new state");
         tokio::time::sleep(ironguard_coord::backoff(attempt.min(4), Duration::from_millis(200))).await;
     }
-    Err(StoreError::Embedded { op: "commit to etcd", source: "too much contention (20 attempts)".into() })
+    Err(StoreError::Backend {
+        backend: Backend::Etcd,
+        op: "commit to etcd",
+        source: "too much contention (20 attempts)".into(),
+    })
 }
 
 #[async_trait]
-impl FilterStore for EtcdStore {
+impl FilterStore for EtcdFilters {
     async fn apply(&self, changes: Vec<ReasonChange>, policy: Option<UnknownMacPolicy>) -> Result<Applied, StoreError> {
         let (reply, rx) = oneshot::channel();
         self.writes.send(WriteRequest { changes, policy, reply }).await.map_err(|_| StoreError::Closed)?;
@@ -596,7 +607,7 @@ impl FilterStore for EtcdStore {
     }
 
     fn amnesia(&self) -> Option<String> {
-        let a = EtcdStore::amnesia(self)?;
+        let a = EtcdFilters::amnesia(self)?;
         let f = ironguard_proto::time::utc_fields(a.seen_at * 1000);
         let at = format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", f.year, f.month, f.day, f.hour, f.minute, f.second);
         Some(match a.reseeded_at_revision {

@@ -1,6 +1,6 @@
-//! The embedded (redb) inspection store: `inspections.redb` in the control plane's data directory.
+//! The embedded (redb) inspection store: node records, data and the work queue, in the control plane's database
+//! (shared with the filter state and the rules).
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,16 +8,14 @@ use async_trait::async_trait;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
-use super::{InspectionStore, InspectionStoreError, QueueEntry, backend, pick};
 use crate::inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
+use crate::store::inspections::{InspectionStore, QueueEntry, pick};
+use crate::store::{Backend, StoreError, embedded as backend};
 
-const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
-const DATA: TableDefinition<&str, &[u8]> = TableDefinition::new("data");
-const QUEUE: TableDefinition<u64, &[u8]> = TableDefinition::new("queue");
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-
-/// The database file inside the data directory.
-pub const FILE: &str = "inspections.redb";
+pub(super) const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("inspection_nodes");
+pub(super) const DATA: TableDefinition<&str, &[u8]> = TableDefinition::new("inspection_data");
+pub(super) const QUEUE: TableDefinition<u64, &[u8]> = TableDefinition::new("inspection_queue");
+pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("inspection_meta");
 
 /// Inspections in redb.
 pub struct EmbeddedInspections {
@@ -31,30 +29,26 @@ impl std::fmt::Debug for EmbeddedInspections {
     }
 }
 
-fn corrupt(e: serde_json::Error) -> InspectionStoreError {
-    InspectionStoreError::Corrupt(e.to_string())
+fn corrupt(e: serde_json::Error) -> StoreError {
+    StoreError::corrupt(Backend::Embedded, e.to_string())
 }
 
 impl EmbeddedInspections {
-    pub fn open(dir: &Path) -> Result<Self, InspectionStoreError> {
-        std::fs::create_dir_all(dir).map_err(backend("create the data directory"))?;
-        let db = Database::builder()
-            .set_cache_size(4 << 20)
-            .create(dir.join(FILE))
-            .map_err(backend("open inspections.redb"))?;
+    /// Creates the tables in the control plane's database if they are not there yet.
+    pub fn open(db: Arc<Database>) -> Result<Self, StoreError> {
         let w = db.begin_write().map_err(backend("begin a transaction"))?;
         w.open_table(NODES).map_err(backend("open nodes"))?;
         w.open_table(DATA).map_err(backend("open data"))?;
         w.open_table(QUEUE).map_err(backend("open the queue"))?;
         w.open_table(META).map_err(backend("open meta"))?;
         w.commit().map_err(backend("commit"))?;
-        Ok(Self { db: Arc::new(db), wake: watch::channel(0).0 })
+        Ok(Self { db, wake: watch::channel(0).0 })
     }
 
     async fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Database) -> Result<T, InspectionStoreError> + Send + 'static,
-    ) -> Result<T, InspectionStoreError> {
+        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || f(&db)).await.map_err(backend("run a store task"))?
     }
@@ -70,8 +64,8 @@ impl EmbeddedInspections {
         &self,
         id: u64,
         durable: bool,
-        f: impl FnOnce(Option<QueueEntry>) -> Result<Option<QueueEntry>, InspectionStoreError> + Send + 'static,
-    ) -> Result<(), InspectionStoreError> {
+        f: impl FnOnce(Option<QueueEntry>) -> Result<Option<QueueEntry>, StoreError> + Send + 'static,
+    ) -> Result<(), StoreError> {
         self.blocking(move |db| {
             let mut w = db.begin_write().map_err(backend("begin a transaction"))?;
             if !durable {
@@ -101,7 +95,7 @@ impl EmbeddedInspections {
 
 #[async_trait]
 impl InspectionStore for EmbeddedInspections {
-    async fn get(&self, node: &str) -> Result<Option<NodeRecord>, InspectionStoreError> {
+    async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError> {
         let node = node.to_string();
         self.blocking(move |db| {
             let r = db.begin_read().map_err(backend("begin a read"))?;
@@ -114,7 +108,7 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    async fn list(&self) -> Result<Vec<NodeRecord>, InspectionStoreError> {
+    async fn list(&self) -> Result<Vec<NodeRecord>, StoreError> {
         self.blocking(|db| {
             let r = db.begin_read().map_err(backend("begin a read"))?;
             let t = r.open_table(NODES).map_err(backend("open nodes"))?;
@@ -128,7 +122,7 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    async fn save(&self, rec: &mut NodeRecord) -> Result<(), InspectionStoreError> {
+    async fn save(&self, rec: &mut NodeRecord) -> Result<(), StoreError> {
         let mut next = rec.clone();
         next.version = rec.version + 1;
         next.updated_at = now_ms();
@@ -143,7 +137,7 @@ impl InspectionStore for EmbeddedInspections {
                     None => 0,
                 };
                 if found != expected {
-                    return Err(InspectionStoreError::Conflict { node: next.uuid.clone(), expected, found });
+                    return Err(StoreError::Conflict { node: next.uuid.clone(), expected, found });
                 }
                 let v = serde_json::to_vec(&next).map_err(corrupt)?;
                 t.insert(next.uuid.as_str(), v.as_slice()).map_err(backend("write a node"))?;
@@ -155,7 +149,7 @@ impl InspectionStore for EmbeddedInspections {
         Ok(())
     }
 
-    async fn remove(&self, node: &str) -> Result<(), InspectionStoreError> {
+    async fn remove(&self, node: &str) -> Result<(), StoreError> {
         let node = node.to_string();
         self.blocking(move |db| {
             let w = db.begin_write().map_err(backend("begin a transaction"))?;
@@ -174,7 +168,7 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), InspectionStoreError> {
+    async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), StoreError> {
         let node = node.to_string();
         let v = serde_json::to_vec(data).map_err(corrupt)?;
         self.blocking(move |db| {
@@ -188,7 +182,7 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    async fn get_data(&self, node: &str) -> Result<Option<serde_json::Value>, InspectionStoreError> {
+    async fn get_data(&self, node: &str) -> Result<Option<serde_json::Value>, StoreError> {
         let node = node.to_string();
         self.blocking(move |db| {
             let r = db.begin_read().map_err(backend("begin a read"))?;
@@ -201,7 +195,7 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, InspectionStoreError> {
+    async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, StoreError> {
         let node = node.to_string();
         let id = self
             .blocking(move |db| {
@@ -232,7 +226,7 @@ impl InspectionStore for EmbeddedInspections {
         Ok(id)
     }
 
-    async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, InspectionStoreError> {
+    async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, StoreError> {
         let worker = worker.to_string();
         self.blocking(move |db| {
             let mut w = db.begin_write().map_err(backend("begin a transaction"))?;
@@ -261,7 +255,7 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), InspectionStoreError> {
+    async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), StoreError> {
         let worker = taken.worker.clone();
         self.update_entry(taken.request.id, false, move |e| {
             Ok(e.map(|mut e| {
@@ -274,13 +268,13 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    async fn consume(&self, taken: &Taken) -> Result<(), InspectionStoreError> {
+    async fn consume(&self, taken: &Taken) -> Result<(), StoreError> {
         self.update_entry(taken.request.id, true, |_| Ok(None)).await?;
         self.wake();
         Ok(())
     }
 
-    async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), InspectionStoreError> {
+    async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), StoreError> {
         self.update_entry(taken.request.id, false, move |e| {
             Ok(e.map(|mut e| {
                 e.worker = None;
@@ -294,7 +288,7 @@ impl InspectionStore for EmbeddedInspections {
         Ok(())
     }
 
-    async fn pending(&self) -> Result<Vec<Request>, InspectionStoreError> {
+    async fn pending(&self) -> Result<Vec<Request>, StoreError> {
         self.blocking(|db| {
             let r = db.begin_read().map_err(backend("begin a read"))?;
             let q = r.open_table(QUEUE).map_err(backend("open the queue"))?;
@@ -320,21 +314,26 @@ mod tests {
     fn dir(tag: &str) -> std::path::PathBuf {
         let p = std::env::temp_dir().join(format!("ig-insp-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
         p
+    }
+
+    fn open(d: &std::path::Path) -> EmbeddedInspections {
+        EmbeddedInspections::open(Arc::new(Database::create(d.join("t.redb")).unwrap())).unwrap()
     }
 
     #[tokio::test]
     async fn at_least_once_across_reopen() {
         let d = dir("alo");
         {
-            let s = EmbeddedInspections::open(&d).unwrap();
+            let s = open(&d);
             let id = s.enqueue("n1", Kind::Start, serde_json::json!({"manage_boot": true})).await.unwrap();
             let t = s.take("w1", Duration::from_millis(200)).await.unwrap().unwrap();
             assert_eq!((t.request.id, t.attempt), (id, 1));
             assert!(s.take("w2", Duration::from_secs(1)).await.unwrap().is_none(), "in flight");
             // the worker "dies": the store is dropped without consuming
         }
-        let s = EmbeddedInspections::open(&d).unwrap();
+        let s = open(&d);
         assert!(s.take("w3", Duration::from_secs(1)).await.unwrap().is_none(), "lease not over yet");
         tokio::time::sleep(Duration::from_millis(250)).await;
         let t = s.take("w3", Duration::from_secs(1)).await.unwrap().expect("delivered again after the lease");
@@ -348,7 +347,7 @@ mod tests {
         let mut stale = r.clone();
         s.save(&mut r).await.unwrap();
         stale.version = 1;
-        assert!(matches!(s.save(&mut stale).await, Err(InspectionStoreError::Conflict { .. })));
+        assert!(matches!(s.save(&mut stale).await, Err(StoreError::Conflict { .. })));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
