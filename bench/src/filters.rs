@@ -256,6 +256,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             allow: allow.iter().map(|m| m.to_string()).collect(),
             deny: deny.iter().map(|m| m.to_string()).collect(),
             remove: remove.iter().map(|m| m.to_string()).collect(),
+            remove_reason: String::new(),
         };
         async move { c.update_pxe_filters(req).await.map(|r| r.into_inner().revision) }
     };

@@ -76,11 +76,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut filters = PxeFilterClient::new(ch.clone());
             // Ironic sync of all nodes/ports (measured from the control plane's start).
             loop {
-                let st = filters.get_filter_state(GetFilterStateRequest { macs: vec!["00:00:00:00:00:01".into()].into_iter().filter(|_| false).collect() }).await?.into_inner();
+                let st = filters
+                    .get_filter_state(GetFilterStateRequest {
+                        macs: vec!["00:00:00:00:00:01".into()].into_iter().filter(|_| false).collect(),
+                    })
+                    .await?
+                    .into_inner();
                 if st.deny_count as usize >= nodes {
                     break;
                 }
-                anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "sync never completed ({} denied)", st.deny_count);
+                anyhow::ensure!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "sync never completed ({} denied)",
+                    st.deny_count
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let sync = started.elapsed();
@@ -91,7 +100,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     let mut total = 0;
                     let mut token = String::new();
                     loop {
-                        let r = c.list(ListRequest { page_size: 1000, page_token: token, states: vec![state.into()] }).await?.into_inner();
+                        let r = c
+                            .list(ListRequest { page_size: 1000, page_token: token, states: vec![state.into()] })
+                            .await?
+                            .into_inner();
                         total += r.inspections.len();
                         if r.next_page_token.is_empty() {
                             return anyhow::Ok(total);
@@ -106,7 +118,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             for (u, _) in &targets {
                 let mut c = InspectionClient::new(ch.clone());
                 let u = u.clone();
-                joins.push(tokio::spawn(async move { c.start(StartRequest { node: u, manage_boot: true }).await }));
+                joins.push(tokio::spawn(async move {
+                    c.start(StartRequest { node: u, manage_boot: true, ..Default::default() }).await
+                }));
             }
             for j in joins {
                 j.await??;
@@ -120,7 +134,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // The MACs each inspection allowed (what the ramdisk will report).
             let mut macs = Vec::new();
             for (u, _) in &targets {
-                let st = InspectionClient::new(ch.clone()).get(ironguard_proto::v1::NodeRequest { node: u.clone() }).await?.into_inner();
+                let st = InspectionClient::new(ch.clone())
+                    .get(ironguard_proto::v1::NodeRequest { node: u.clone() })
+                    .await?
+                    .into_inner();
                 macs.push(st.macs.first().cloned().context("an inspected node with no MAC")?);
             }
             // Continue for each.
@@ -128,8 +145,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut joins = Vec::new();
             for mac in &macs {
                 let mut c = InspectionClient::new(ch.clone());
-                let data = json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": mac}], "cpus": 8, "memory_mb": 65536}}).to_string();
-                joins.push(tokio::spawn(async move { c.r#continue(ContinueRequest { data_json: data }).await }));
+                let data = json!({
+                    "inventory": {
+                        "interfaces": [{"name": "eth0", "mac_address": mac, "ipv4_address": "192.0.2.10"}],
+                        "cpu": {"count": 8, "architecture": "x86_64"},
+                        "memory": {"physical_mb": 65536},
+                        "disks": [{"name": "/dev/sda", "size": 480_103_981_056u64}],
+                    },
+                    "root_disk": {"name": "/dev/sda", "size": 480_103_981_056u64},
+                    "boot_interface": mac,
+                })
+                .to_string();
+                joins.push(tokio::spawn(async move {
+                    c.r#continue(ContinueRequest { node_uuid: String::new(), data_json: data }).await
+                }));
             }
             for j in joins {
                 j.await??;

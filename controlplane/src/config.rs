@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use ironguard_coord::EtcdConfig;
 
-use crate::inspection::engine::InspectionConfig;
+use crate::inspection::engine::{DiscoveryConfig, InspectionConfig};
 use crate::inspection::periodic::{PolicySetting, SyncConfig};
+use crate::inspection::processing::ProcessingConfig;
 use crate::ironic::IronicConfig;
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,10 @@ pub struct ControlPlaneConfig {
     pub inspection: InspectionConfig,
     /// Synchronisation with Ironic and the other singleton periodic tasks.
     pub sync: SyncConfig,
+    /// What processing the ramdisk's data does (ironic-inspector's `[processing]` hooks and options).
+    pub processing: ProcessingConfig,
+    /// Data from a machine no inspection knows (ironic-inspector's `node_not_found_hook`).
+    pub discovery: DiscoveryConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +149,8 @@ impl ControlPlaneConfig {
         if self.inspection.request_lease_ms < 1000 {
             anyhow::bail!("[inspection] request_lease_ms must be at least 1000");
         }
+        self.processing.validate().map_err(|e| anyhow::anyhow!("[processing]: {e}"))?;
+        self.discovery.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             anyhow::bail!("log.format must be \"text\" or \"json\", not {:?}", self.log.format);
         }

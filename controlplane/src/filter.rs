@@ -215,11 +215,26 @@ pub enum InvalidRequest {
     Conflict(MacAddr),
     #[error("the request names {0} MACs; at most {MAX_MACS_PER_REQUEST} are accepted per request")]
     TooMany(usize),
+    #[error("invalid reason {0:?}: 1 to 128 printable ASCII characters without spaces")]
+    Reason(String),
 }
 
 /// Turns an `UpdatePxeFilters` request into reason changes. Every MAC is validated first, so a single bad one
 /// rejects the whole request.
 pub fn api_changes(allow: &[String], deny: &[String], remove: &[String]) -> Result<Vec<ReasonChange>, InvalidRequest> {
+    api_changes_with(allow, deny, remove, API)
+}
+
+/// Like [`api_changes`], with `remove` dropping `remove_reason` (allow and deny side) instead of "api".
+pub fn api_changes_with(
+    allow: &[String],
+    deny: &[String],
+    remove: &[String],
+    remove_reason: &str,
+) -> Result<Vec<ReasonChange>, InvalidRequest> {
+    if remove_reason.is_empty() || remove_reason.len() > 128 || !remove_reason.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(InvalidRequest::Reason(remove_reason.to_string()));
+    }
     let total = allow.len() + deny.len() + remove.len();
     if total > MAX_MACS_PER_REQUEST {
         return Err(InvalidRequest::TooMany(total));
@@ -247,8 +262,9 @@ pub fn api_changes(allow: &[String], deny: &[String], remove: &[String]) -> Resu
         out.push(change(m, Side::Allow, false));
     }
     for m in remove {
-        out.push(change(m, Side::Allow, false));
-        out.push(change(m, Side::Deny, false));
+        for side in [Side::Allow, Side::Deny] {
+            out.push(ReasonChange { mac: m, side, reason: remove_reason.to_string(), present: false });
+        }
     }
     Ok(out)
 }

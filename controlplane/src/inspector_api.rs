@@ -15,11 +15,15 @@ use serde_json::{Value, json};
 
 use crate::inspection::engine::{ApiError, Engine};
 use crate::inspection::machine::State as IState;
+use crate::inspection::process::StoredData;
 use crate::inspection::records::NodeRecord;
 use crate::inspection::service::MAX_DATA_BYTES;
 
 /// The API version ironguard implements (ironic-inspector's last).
 pub const MAX_VERSION: &str = "1.18";
+
+/// Largest introspection rule accepted.
+pub const MAX_RULE_BYTES: usize = 1 << 20;
 
 #[derive(Clone)]
 struct Api {
@@ -36,8 +40,10 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/introspection/{node}", get(status).post(start))
         .route("/v1/introspection/{node}/abort", post(abort))
         .route("/v1/introspection/{node}/data", get(data))
-        .route("/v1/introspection/{node}/data/unprocessed", post(reapply))
+        .route("/v1/introspection/{node}/data/unprocessed", get(unprocessed_data).post(reapply))
         .route("/v1/continue", post(continue_))
+        .route("/v1/rules", get(list_rules).post(create_rule).delete(delete_all_rules))
+        .route("/v1/rules/{uuid}", get(get_rule).delete(delete_rule))
         // One byte over the cap reaches `continue_`, which answers with a JSON error like every other.
         .layer(DefaultBodyLimit::max(MAX_DATA_BYTES + 1))
         .with_state(Api { engine })
@@ -59,16 +65,53 @@ fn error(code: StatusCode, msg: impl Into<String>) -> Response {
     reply(code, json!({"error": {"message": msg.into()}}))
 }
 
+/// ironic-inspector's status codes: lookup and pre-processing failures are 400 (its functional tests expect
+/// it), an unknown node or rule 404, a rule uuid taken 409.
 fn api_error(e: ApiError) -> Response {
     let code = match &e {
-        ApiError::UnknownNode(_) | ApiError::NoMatch(_) => StatusCode::NOT_FOUND,
-        ApiError::ProvisionState { .. } | ApiError::Illegal { .. } | ApiError::NoData(_) | ApiError::BadData(_) => {
-            StatusCode::BAD_REQUEST
-        }
+        ApiError::UnknownNode(_) | ApiError::NoMatch(_) | ApiError::UnknownRule(_) => StatusCode::NOT_FOUND,
+        ApiError::ProvisionState { .. }
+        | ApiError::Maintenance(_)
+        | ApiError::Illegal { .. }
+        | ApiError::NoData(_)
+        | ApiError::BadData(_)
+        | ApiError::PreProcessing(_)
+        | ApiError::Lookup(_)
+        | ApiError::Discovery(_)
+        | ApiError::BadRule(_) => StatusCode::BAD_REQUEST,
+        ApiError::RuleExists(_) => StatusCode::CONFLICT,
         ApiError::NoIronic | ApiError::Ironic(_) => StatusCode::SERVICE_UNAVAILABLE,
         ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
+    if code.is_server_error() {
+        tracing::warn!(error = %e, "ironic-inspector API request failed");
+    }
     error(code, e.to_string())
+}
+
+/// The API version a request asks for (`X-OpenStack-Ironic-Inspector-API-Version`; absent: 1.0, `latest`: the
+/// newest), as `(major, minor)`; `Err` is the status and message for a version ironguard does not speak (406) or a
+/// malformed one (400).
+fn requested_version(h: &HeaderMap) -> Result<(u32, u32), (StatusCode, String)> {
+    let max = parse_version(MAX_VERSION).unwrap_or((1, 0));
+    let Some(v) = h.get("X-OpenStack-Ironic-Inspector-API-Version") else { return Ok((1, 0)) };
+    let v = v.to_str().unwrap_or_default().trim();
+    if v.eq_ignore_ascii_case("latest") {
+        return Ok(max);
+    }
+    match parse_version(v) {
+        Some(r) if r >= (1, 0) && r <= max => Ok(r),
+        Some(_) => Err((
+            StatusCode::NOT_ACCEPTABLE,
+            format!("Unsupported API version {v}, supported range is 1.0 to {MAX_VERSION}"),
+        )),
+        None => Err((StatusCode::BAD_REQUEST, format!("Malformed API version {v:?}: expected X.Y"))),
+    }
+}
+
+fn parse_version(v: &str) -> Option<(u32, u32)> {
+    let (a, b) = v.split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` (UTC) from milliseconds since the epoch, as ironic-inspector prints timestamps.
@@ -101,7 +144,8 @@ async fn v1() -> Response {
         StatusCode::OK,
         json!({"resources": [
             {"name": "introspection", "links": [{"href": "/v1/introspection", "rel": "self"}]},
-            {"name": "continue", "links": [{"href": "/v1/continue", "rel": "self"}]}
+            {"name": "continue", "links": [{"href": "/v1/continue", "rel": "self"}]},
+            {"name": "rules", "links": [{"href": "/v1/rules", "rel": "self"}]}
         ]}),
     )
 }
@@ -134,7 +178,7 @@ async fn start(State(api): State<Api>, Path(node): Path<String>, Query(q): Query
         Some(v) if matches!(v.as_str(), "false" | "0" | "no") => false,
         Some(v) => return error(StatusCode::BAD_REQUEST, format!("manage_boot must be a boolean, not {v:?}")),
     };
-    match api.engine.start(&node, manage_boot).await {
+    match api.engine.start(&node, manage_boot, false).await {
         Ok(_) => (StatusCode::ACCEPTED, headers()).into_response(),
         Err(e) => api_error(e),
     }
@@ -184,13 +228,26 @@ async fn abort(State(api): State<Api>, Path(node): Path<String>) -> Response {
     }
 }
 
-async fn data(State(api): State<Api>, Path(node): Path<String>) -> Response {
-    let node = uuid(&api, &node).await;
+/// The stored data: `processed` (after the hooks, without `logs`) for `/data`, what the ramdisk sent for
+/// `/data/unprocessed`.
+async fn stored_data(api: &Api, node: &str, unprocessed: bool) -> Response {
+    let node = uuid(api, node).await;
     match api.engine.store.get_data(&node).await {
-        Ok(Some(d)) => reply(StatusCode::OK, d),
+        Ok(Some(d)) => {
+            let d = StoredData::from_value(d);
+            reply(StatusCode::OK, if unprocessed { d.unprocessed } else { d.processed })
+        }
         Ok(None) => error(StatusCode::NOT_FOUND, format!("Introspection data not found for node {node}")),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+async fn data(State(api): State<Api>, Path(node): Path<String>) -> Response {
+    stored_data(&api, &node, false).await
+}
+
+async fn unprocessed_data(State(api): State<Api>, Path(node): Path<String>) -> Response {
+    stored_data(&api, &node, true).await
 }
 
 async fn reapply(State(api): State<Api>, Path(node): Path<String>) -> Response {
@@ -201,7 +258,9 @@ async fn reapply(State(api): State<Api>, Path(node): Path<String>) -> Response {
     }
 }
 
-async fn continue_(State(api): State<Api>, body: Bytes) -> Response {
+/// `POST /v1/continue[?node_uuid=...]`: the ramdisk's data. `node_uuid` (as Ironic's `continue_inspection` takes
+/// it) restricts the lookup to that node.
+async fn continue_(State(api): State<Api>, Query(q): Query<HashMap<String, String>>, body: Bytes) -> Response {
     if body.len() > MAX_DATA_BYTES {
         let msg = format!("introspection data is over {MAX_DATA_BYTES} bytes");
         return error(StatusCode::PAYLOAD_TOO_LARGE, msg);
@@ -210,8 +269,67 @@ async fn continue_(State(api): State<Api>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("introspection data is not JSON: {e}")),
     };
-    match api.engine.continue_inspection(data).await {
+    match api.engine.continue_inspection(data, q.get("node_uuid").cloned()).await {
         Ok(uuid) => reply(StatusCode::OK, json!({"uuid": uuid})),
+        Err(e) => api_error(e),
+    }
+}
+
+fn rule_links(mut v: Value) -> Value {
+    let href = format!("/v1/rules/{}", v["uuid"].as_str().unwrap_or_default());
+    v["links"] = json!([{"href": href, "rel": "self"}]);
+    v
+}
+
+/// `POST /v1/rules`: 201 with the rule (200 below API 1.6, as ironic-inspector), 400 for an invalid rule,
+/// 409 for a uuid taken.
+async fn create_rule(State(api): State<Api>, h: HeaderMap, body: Bytes) -> Response {
+    let version = match requested_version(&h) {
+        Ok(v) => v,
+        Err((code, msg)) => return error(code, msg),
+    };
+    if body.len() > MAX_RULE_BYTES {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, format!("a rule is at most {MAX_RULE_BYTES} bytes"));
+    }
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("the rule is not JSON: {e}")),
+    };
+    match api.engine.create_rule(&body).await {
+        Ok(rule) => {
+            let code = if version >= (1, 6) { StatusCode::CREATED } else { StatusCode::OK };
+            reply(code, rule_links(rule.full()))
+        }
+        Err(e) => api_error(e),
+    }
+}
+
+async fn list_rules(State(api): State<Api>) -> Response {
+    match api.engine.list_rules().await {
+        Ok(rules) => {
+            reply(StatusCode::OK, json!({"rules": rules.iter().map(|r| rule_links(r.summary())).collect::<Vec<_>>()}))
+        }
+        Err(e) => api_error(e),
+    }
+}
+
+async fn get_rule(State(api): State<Api>, Path(uuid): Path<String>) -> Response {
+    match api.engine.get_rule(&uuid).await {
+        Ok(rule) => reply(StatusCode::OK, rule_links(rule.full())),
+        Err(e) => api_error(e),
+    }
+}
+
+async fn delete_rule(State(api): State<Api>, Path(uuid): Path<String>) -> Response {
+    match api.engine.delete_rule(&uuid).await {
+        Ok(()) => (StatusCode::NO_CONTENT, headers()).into_response(),
+        Err(e) => api_error(e),
+    }
+}
+
+async fn delete_all_rules(State(api): State<Api>) -> Response {
+    match api.engine.delete_all_rules().await {
+        Ok(_) => (StatusCode::NO_CONTENT, headers()).into_response(),
         Err(e) => api_error(e),
     }
 }
@@ -226,5 +344,19 @@ mod tests {
         assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00");
         assert_eq!(iso8601(1_700_000_000_123), "2023-11-14T22:13:20");
         assert_eq!(iso8601(4_102_444_799_000), "2099-12-31T23:59:59");
+    }
+
+    #[test]
+    fn api_versions() {
+        let mut h = HeaderMap::new();
+        assert_eq!(requested_version(&h).ok(), Some((1, 0)), "absent: the minimum, as ironic-inspector");
+        h.insert("X-OpenStack-Ironic-Inspector-API-Version", HeaderValue::from_static("latest"));
+        assert_eq!(requested_version(&h).ok(), Some((1, 18)));
+        h.insert("X-OpenStack-Ironic-Inspector-API-Version", HeaderValue::from_static("1.6"));
+        assert_eq!(requested_version(&h).ok(), Some((1, 6)));
+        h.insert("X-OpenStack-Ironic-Inspector-API-Version", HeaderValue::from_static("1.99"));
+        assert_eq!(requested_version(&h).err().map(|r| r.0), Some(StatusCode::NOT_ACCEPTABLE));
+        h.insert("X-OpenStack-Ironic-Inspector-API-Version", HeaderValue::from_static("one"));
+        assert_eq!(requested_version(&h).err().map(|r| r.0), Some(StatusCode::BAD_REQUEST));
     }
 }

@@ -562,6 +562,122 @@ impl Ironic {
         .map(|_| ())
     }
 
+    /// The whole node as Ironic returns it (properties, extra, driver_info, traits, ...): what processing hooks
+    /// and introspection rules read.
+    pub async fn get_node_full(&self, id: &str) -> Result<Value, IronicError> {
+        let url = format!("{}/v1/nodes/{id}", self.base());
+        self.send_json(&format!("GET node {id}"), reqwest::Method::GET, &url, None, true).await
+    }
+
+    /// The node's ports with what processing reads of them.
+    pub async fn list_ports_detail(&self, node: &str) -> Result<Vec<Value>, IronicError> {
+        let q = vec![
+            ("fields", "uuid,address,node_uuid,pxe_enabled,extra,local_link_connection,physical_network".to_string()),
+            ("node_uuid", node.to_string()),
+        ];
+        let ports: Vec<Value> = self.list("list ports", "/v1/ports", "ports", &q).await?;
+        Ok(ports.into_iter().filter(|p| p["node_uuid"] == node).collect())
+    }
+
+    /// Ports with this MAC address (any node).
+    pub async fn ports_by_address(&self, address: &str) -> Result<Vec<Port>, IronicError> {
+        let q = vec![("fields", "uuid,address,node_uuid".to_string()), ("address", address.to_string())];
+        let ports: Vec<Port> = self.list("find a port by address", "/v1/ports", "ports", &q).await?;
+        Ok(ports.into_iter().filter(|p| p.address.eq_ignore_ascii_case(address)).collect())
+    }
+
+    /// Every node's UUID and `driver_info` (for BMC address conflicts in discovery).
+    pub async fn nodes_with_driver_info(&self) -> Result<Vec<Node>, IronicError> {
+        self.list("list nodes", "/v1/nodes", "nodes", &[("fields", "uuid,driver_info".to_string())]).await
+    }
+
+    /// JSON Patch on a node; `reset_interfaces` adds `?reset_interfaces=` (a driver change).
+    pub async fn patch_node_with(
+        &self,
+        uuid: &str,
+        ops: &Value,
+        reset_interfaces: Option<bool>,
+    ) -> Result<(), IronicError> {
+        let mut url = format!("{}/v1/nodes/{uuid}", self.base());
+        if let Some(r) = reset_interfaces {
+            url.push_str(&format!("?reset_interfaces={r}"));
+        }
+        self.send(&format!("PATCH node {uuid}"), reqwest::Method::PATCH, &url, Some(ops), true).await.map(|_| ())
+    }
+
+    /// Creates a port from a full body (`node_uuid`, `address`, `pxe_enabled`, `extra`, ...).
+    pub async fn create_port_with(&self, body: &Value) -> Result<Value, IronicError> {
+        let what = body["address"].as_str().unwrap_or("?").to_string();
+        self.send_json(
+            &format!("create port {what}"),
+            reqwest::Method::POST,
+            &format!("{}/v1/ports", self.base()),
+            Some(body),
+            true,
+        )
+        .await
+    }
+
+    /// JSON Patch on a port.
+    pub async fn patch_port(&self, uuid: &str, ops: &Value) -> Result<(), IronicError> {
+        self.send(
+            &format!("PATCH port {uuid}"),
+            reqwest::Method::PATCH,
+            &format!("{}/v1/ports/{uuid}", self.base()),
+            Some(ops),
+            true,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `PUT /v1/nodes/{uuid}/traits/{trait}` (microversion 1.37+).
+    pub async fn add_trait(&self, uuid: &str, name: &str) -> Result<(), IronicError> {
+        self.send(
+            &format!("add trait {name} to {uuid}"),
+            reqwest::Method::PUT,
+            &format!("{}/v1/nodes/{uuid}/traits/{name}", self.base()),
+            None,
+            true,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// `DELETE /v1/nodes/{uuid}/traits/{trait}`; a trait the node does not have is not an error.
+    pub async fn remove_trait(&self, uuid: &str, name: &str) -> Result<(), IronicError> {
+        match self
+            .send(
+                &format!("remove trait {name} from {uuid}"),
+                reqwest::Method::DELETE,
+                &format!("{}/v1/nodes/{uuid}/traits/{name}", self.base()),
+                None,
+                true,
+            )
+            .await
+        {
+            Ok(_) | Err(IronicError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `POST /v1/nodes` (discovery): returns the new node's UUID.
+    pub async fn create_node(&self, body: &Value) -> Result<String, IronicError> {
+        let v: Value = self
+            .send_json(
+                "enroll a discovered node",
+                reqwest::Method::POST,
+                &format!("{}/v1/nodes", self.base()),
+                Some(body),
+                true,
+            )
+            .await?;
+        v["uuid"].as_str().map(str::to_string).ok_or_else(|| IronicError::Protocol {
+            op: "enroll a discovered node".into(),
+            detail: "no uuid in the reply".into(),
+        })
+    }
+
     pub async fn create_port(&self, node: &str, address: &str) -> Result<Port, IronicError> {
         let body = json!({"node_uuid": node, "address": address});
         self.send_json(

@@ -45,8 +45,9 @@ use ironguard_coord::Coordinator;
 use ironguard_proto::v1::inspection_server::InspectionServer;
 
 use crate::agents::AgentRegistry;
-use crate::inspection::engine::{CrashPoint, Engine, RecordData};
+use crate::inspection::engine::{CrashPoint, Engine};
 use crate::inspection::periodic::PolicySetting;
+use crate::inspection::processing::Pipeline;
 use crate::inspection::service::InspectionService;
 use crate::ironic::Ironic;
 use crate::metrics::Metrics;
@@ -131,7 +132,10 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         ironic,
         coord: coord.clone(),
         cfg: config.inspection.clone(),
-        hooks: vec![Box::new(RecordData)],
+        pipeline: Pipeline::new(&config.processing).map_err(|e| anyhow::anyhow!("[processing]: {e}"))?,
+        processing: config.processing.clone(),
+        discovery: config.discovery.clone(),
+        rules: stores.rules.clone(),
         crash: CrashPoint::from_env(),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -164,7 +168,10 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         config.server.replica_id.clone()
     };
     let (leading_tx, leading) = tokio::sync::watch::channel(false);
-    let periodic = inspection::periodic::tasks(engine.clone(), config.sync.clone(), config.filter.unknown_mac_policy);
+    // Discovery needs unknown machines to boot: while-inspecting then keeps unknown MACs open, as auto_discovery.
+    let mut sync = config.sync.clone();
+    sync.auto_discovery |= config.discovery.enroll();
+    let periodic = inspection::periodic::tasks(engine.clone(), sync, config.filter.unknown_mac_policy);
     Ok(Server {
         inspector,
         inspector_addr,

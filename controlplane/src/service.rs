@@ -92,7 +92,11 @@ impl PxeFilter for PxeFilterService {
     ) -> Result<Response<UpdatePxeFiltersResponse>, Status> {
         let started = Instant::now();
         let r = request.into_inner();
-        let changes = match filter::api_changes(&r.allow, &r.deny, &r.remove) {
+        let reason = if r.remove_reason.is_empty() { filter::API } else { r.remove_reason.as_str() };
+        if reason != filter::API && r.remove.is_empty() {
+            return Err(Status::invalid_argument("remove_reason is given but no MAC to remove"));
+        }
+        let changes = match filter::api_changes_with(&r.allow, &r.deny, &r.remove, reason) {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.updates.get_or_create(&ResultLabel { result: "invalid" }).inc();
@@ -113,6 +117,7 @@ impl PxeFilter for PxeFilterService {
             allow = r.allow.len(),
             deny = r.deny.len(),
             remove = r.remove.len(),
+            reason,
             changed,
             "UpdatePxeFilters"
         );

@@ -10,7 +10,7 @@ use ironguard_controlplane::ControlPlaneConfig;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    AgentStatus, ContinueRequest, GetFilterStateRequest, ListRequest, Mode, NodeRequest, StartRequest,
+    AgentStatus, ContinueRequest, DataRequest, GetFilterStateRequest, ListRequest, Mode, NodeRequest, StartRequest,
     WatchFiltersRequest, filter_event::Event,
 };
 use tonic::transport::Channel;
@@ -146,14 +146,32 @@ impl Site {
     }
 }
 
+/// What ironic-python-agent sends for a one-NIC machine booted from `mac`.
 fn data_for(mac: &str) -> String {
-    serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": mac}], "bmc_address": "10.0.0.1"}, "foo": "bar"}).to_string()
+    serde_json::json!({
+        "inventory": {
+            "interfaces": [{"name": "eth0", "mac_address": mac, "ipv4_address": "192.0.2.10"}],
+            "cpu": {"count": 4, "architecture": "x86_64", "flags": ["vmx"]},
+            "memory": {"physical_mb": 8192, "total": 8_000_000_000u64},
+            "disks": [{"name": "/dev/sda", "size": 64_424_509_440u64, "rotational": false}],
+            "bmc_address": "10.0.0.1",
+        },
+        "root_disk": {"name": "/dev/sda", "size": 64_424_509_440u64, "rotational": false},
+        "boot_interface": format!("01-{}", mac.replace(':', "-")),
+        "foo": "bar",
+    })
+    .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn start_wait_continue_finish() {
     let s = site("flow", |_| {}).await;
-    let r = s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap().into_inner();
+    let r = s
+        .insp()
+        .start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.node, N1);
     s.wait_state(N1, "waiting").await;
     assert_eq!(s.allow_reasons(MAC1).await, vec![format!("inspection:{N1}")]);
@@ -167,18 +185,24 @@ async fn start_wait_continue_finish() {
         s.ironic.calls().iter().filter(|c| c.path.starts_with("/v1")).all(|c| c.api_version.as_deref() == Some("1.81"))
     );
 
-    let c = s.insp().r#continue(ContinueRequest { data_json: data_for(MAC1) }).await.unwrap().into_inner();
+    let c = s
+        .insp()
+        .r#continue(ContinueRequest { node_uuid: String::new(), data_json: data_for(MAC1) })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(c.node, N1);
     let (_, err) = s.wait_state(N1, "finished").await;
     assert_eq!(err, "");
     assert!(s.allow_reasons(MAC1).await.is_empty(), "the allow is removed at once");
     assert_eq!(s.ironic.power_state(N1).as_deref(), Some("power off"));
-    let data = s.insp().get_data(NodeRequest { node: N1.into() }).await.unwrap().into_inner();
+    let data = s.insp().get_data(DataRequest { node: N1.into(), unprocessed: false }).await.unwrap().into_inner();
     let v: serde_json::Value = serde_json::from_str(&data.data_json).unwrap();
     assert_eq!(v["foo"], "bar");
-    assert_eq!(v["ironguard"]["node"], N1);
+    assert_eq!((v["cpus"].as_u64(), v["memory_mb"].as_u64(), v["local_gb"].as_u64()), (Some(4), Some(8192), Some(59)));
+    assert_eq!(v["macs"], serde_json::json!([MAC1]), "the hooks ran: {v}");
     // A second inspection of the same node works (finished --start--> starting).
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "waiting").await;
 }
 
@@ -189,19 +213,25 @@ async fn abort_and_timeout_end_in_error_and_remove_the_allow() {
         c.sync.timeout_check_secs = 1;
     })
     .await;
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "waiting").await;
     s.insp().abort(NodeRequest { node: N1.into() }).await.unwrap();
     let (_, err) = s.wait_state(N1, "error").await;
     assert_eq!(err, "inspection aborted");
-    assert!(s.allow_reasons(MAC1).await.is_empty());
+    let reasons = s.allow_reasons(MAC1).await;
+    assert!(reasons.is_empty(), "{reasons:?}");
     assert_eq!(s.ironic.power_state(N1).as_deref(), Some("power off"));
     // Timeout: start again and never continue.
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "waiting").await;
     let (_, err) = s.wait_state(N1, "error").await;
     assert!(err.contains("timed out"), "{err}");
-    assert!(s.allow_reasons(MAC1).await.is_empty());
+    // The timeout lands in `error` before its task (removing the allow) runs: the removal follows at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !s.allow_reasons(MAC1).await.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the allow outlived the timed-out inspection");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -221,7 +251,7 @@ async fn ironic_503_and_409_are_retried_and_a_dead_ironic_is_a_clear_error() {
         count: 1,
         latency_ms: 0,
     });
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "waiting").await;
     assert_eq!(s.calls("/states/power").len(), 2, "503 then 200");
     assert_eq!(s.calls("/management/boot_device").len(), 2, "409 then 200");
@@ -235,7 +265,7 @@ async fn ironic_503_and_409_are_retried_and_a_dead_ironic_is_a_clear_error() {
         count: 0,
         latency_ms: 0,
     });
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap();
     let t = Instant::now();
     let err = loop {
         let (state, err) = s.state(N1).await;
@@ -252,33 +282,52 @@ async fn ironic_503_and_409_are_retried_and_a_dead_ironic_is_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_gets_clear_errors_and_changes_nothing() {
     let s = site("bad", |_| {}).await;
-    let e = s.insp().start(StartRequest { node: "no-such-node".into(), manage_boot: true }).await.unwrap_err();
+    let e = s
+        .insp()
+        .start(StartRequest { node: "no-such-node".into(), manage_boot: true, ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
     assert!(e.message().contains("no-such-node"));
     s.ironic.add_node(node("22222222-2222-2222-2222-222222222222", "active", "10.0.0.2"));
     let e = s
         .insp()
-        .start(StartRequest { node: "22222222-2222-2222-2222-222222222222".into(), manage_boot: true })
+        .start(StartRequest {
+            node: "22222222-2222-2222-2222-222222222222".into(),
+            manage_boot: true,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("active"), "{}", e.message());
     let e = s.insp().abort(NodeRequest { node: N1.into() }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "never inspected");
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "waiting").await;
     let e = s.insp().reapply(NodeRequest { node: N1.into() }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "reapply is illegal while waiting");
     assert!(e.message().contains("waiting"), "{}", e.message());
     let e = s
         .insp()
-        .r#continue(ContinueRequest { data_json: data_for("52:54:00:ff:ff:ff").replace("10.0.0.1", "10.9.9.9") })
+        .r#continue(ContinueRequest {
+            node_uuid: String::new(),
+            data_json: data_for("52:54:00:ff:ff:ff").replace("10.0.0.1", "10.9.9.9"),
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
-    let e = s.insp().r#continue(ContinueRequest { data_json: "{not json".into() }).await.unwrap_err();
+    let e = s
+        .insp()
+        .r#continue(ContinueRequest { node_uuid: String::new(), data_json: "{not json".into() })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    let e = s.insp().r#continue(ContinueRequest { data_json: "x".repeat(3 << 20) }).await.unwrap_err();
+    let e = s
+        .insp()
+        .r#continue(ContinueRequest { node_uuid: String::new(), data_json: "x".repeat(3 << 20) })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "oversized");
     let e = s.insp().list(ListRequest { states: vec!["bogus".into()], ..Default::default() }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
@@ -292,7 +341,7 @@ async fn ironic_sync_denies_known_ports_and_forgets_deleted_nodes() {
         c.sync.ironic_sync_secs = 1;
     })
     .await;
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "waiting").await;
     let deny = || async {
         PxeFilterClient::new(s.channel.clone())
@@ -361,7 +410,7 @@ async fn the_reboot_throttle_spaces_power_ons() {
             .unwrap();
     }
     for id in [N1, ids[0], ids[1]] {
-        s.insp().start(StartRequest { node: id.into(), manage_boot: true }).await.unwrap();
+        s.insp().start(StartRequest { node: id.into(), manage_boot: true, ..Default::default() }).await.unwrap();
     }
     for id in [N1, ids[0], ids[1]] {
         s.wait_state(id, "waiting").await;
@@ -387,7 +436,7 @@ async fn two_workers_racing_for_one_node_one_proceeds_the_other_leaves_the_reque
         count: 1,
         latency_ms: 1500,
     });
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: true }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "starting").await;
     // A second worker (say on another replica) holds a request for the same node.
     let id = s.engine.store.enqueue(N1, Kind::Abort, serde_json::Value::Null).await.unwrap();
@@ -433,10 +482,10 @@ async fn policy_while_inspecting_allows_unknown_macs_only_during_an_inspection()
         }
     };
     wait_policy(UnknownMacPolicy::Deny).await;
-    s.insp().start(StartRequest { node: N1.into(), manage_boot: false }).await.unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
     s.wait_state(N1, "waiting").await;
     wait_policy(UnknownMacPolicy::Allow).await;
-    s.insp().r#continue(ContinueRequest { data_json: data_for(MAC1) }).await.unwrap();
+    s.insp().r#continue(ContinueRequest { node_uuid: String::new(), data_json: data_for(MAC1) }).await.unwrap();
     s.wait_state(N1, "finished").await;
     wait_policy(UnknownMacPolicy::Deny).await;
 }
@@ -480,9 +529,18 @@ async fn the_ironic_inspector_v1_rest_api() {
     let r = http.post(u("/v1/continue")).body("{not json").send().await.unwrap();
     assert_eq!(r.status(), 400);
     assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("not JSON"));
-    let stranger = serde_json::json!({"inventory": {"interfaces": [{"mac_address": "52:54:00:99:99:99"}]}});
-    let r = http.post(u("/v1/continue")).body(stranger.to_string()).send().await.unwrap();
-    assert_eq!(r.status(), 404, "no node has that MAC");
+    let stranger = data_for("52:54:00:99:99:99").replace("10.0.0.1", "10.9.9.9");
+    let r = http.post(u("/v1/continue")).body(stranger).send().await.unwrap();
+    assert_eq!(r.status(), 400, "no node has that MAC: a pre-processing failure, as in ironic-inspector");
+    let msg = r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("Look up error: Could not find a node for attributes"), "{msg}");
+    // (A stranger's: pre-processing failures of a node that is found end its inspection, as ironic-inspector.)
+    let no_ip =
+        serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:99:99:98"}]}});
+    let r = http.post(u("/v1/continue")).body(no_ip.to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let msg = r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("No suitable interfaces"), "{msg}");
     let big = vec![b' '; ironguard_controlplane::inspection::service::MAX_DATA_BYTES + 1];
     let r = http.post(u("/v1/continue")).body(big).send().await.unwrap();
     assert_eq!(r.status(), 413);

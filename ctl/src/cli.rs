@@ -62,6 +62,40 @@ pub enum Command {
         #[command(subcommand)]
         command: InspectCommand,
     },
+    /// Introspection rules (ironic-inspector's format): import, list, show, delete.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RulesCommand {
+    /// Store the rules of a JSON file (one rule, or a list of rules), as `openstack baremetal introspection rule
+    /// import` does. Stops at the first rule the control plane refuses; the rules before it stay stored.
+    Import {
+        /// The JSON document; `-` reads standard input.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Every rule, in the order they apply.
+    List {
+        /// Print JSON (the full rules) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One rule, as indented JSON.
+    Show {
+        #[arg(value_name = "UUID", value_parser = NonEmptyStringValueParser::new())]
+        uuid: String,
+    },
+    /// Delete these rules, or every rule with --all.
+    Delete {
+        #[arg(value_name = "UUID", value_parser = NonEmptyStringValueParser::new(), required_unless_present = "all", conflicts_with = "all")]
+        uuids: Vec<String>,
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 /// The states of an inspection, as the `Inspection` service names them (`--state` of `inspect list`).
@@ -78,6 +112,9 @@ pub enum InspectCommand {
         /// Do not set PXE boot or power the nodes on and off: something else boots them.
         #[arg(long)]
         no_manage_boot: bool,
+        /// Inspect nodes in maintenance too (refused otherwise).
+        #[arg(long)]
+        maintenance_ok: bool,
         /// Then wait for the started inspections to finish, as `inspect wait` does (and exit as it does).
         #[arg(long)]
         wait: bool,
@@ -133,11 +170,14 @@ pub enum InspectCommand {
         #[arg(value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
         node: String,
     },
-    /// The introspection data stored for a node, as indented JSON.
+    /// The introspection data stored for a node (after processing, without logs), as indented JSON.
     Data {
         /// Ironic node UUID, as `inspect start` and `inspect list` show it (inspections are kept by UUID).
         #[arg(value_name = "NODE", value_parser = NonEmptyStringValueParser::new())]
         node: String,
+        /// The data as the ramdisk sent it (what `inspect reapply` processes again).
+        #[arg(long)]
+        unprocessed: bool,
         /// Write it to this file instead of standard output.
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -147,6 +187,9 @@ pub enum InspectCommand {
         /// The JSON document; `-` reads standard input.
         #[arg(long, value_name = "FILE")]
         file: PathBuf,
+        /// Look the data up against this node only.
+        #[arg(long, value_name = "UUID")]
+        node_uuid: Option<String>,
     },
     /// Wait until the inspections of these nodes are finished (exit 0), one ended in error (1), or time is up (2).
     Wait {
@@ -190,8 +233,15 @@ pub enum FiltersCommand {
     Allow(MacList),
     /// Deny these MACs (reason "api"); their "api" allow reason, if any, is dropped.
     Deny(MacList),
-    /// Drop the "api" reasons of these MACs; reasons owned by inspections or Ironic stay.
-    Remove(MacList),
+    /// Drop the "api" reasons of these MACs; reasons owned by inspections or Ironic stay. With --reason, drop
+    /// that reason instead (an override, e.g. a stuck `inspection:<node>` allow).
+    Remove {
+        #[command(flatten)]
+        list: MacList,
+        /// The reason to drop (default "api"), e.g. `inspection:1be26c0b-03f2-4d2e-ae87-c02d7f33c123`.
+        #[arg(long, value_name = "REASON")]
+        reason: Option<String>,
+    },
 }
 
 /// The MACs of `filters allow|deny|remove`: at least one, each a valid unicast address.
@@ -246,7 +296,7 @@ mod tests {
             let (got, list) = match cli.command {
                 Command::Filters { command: FiltersCommand::Allow(list) } => (FilterAction::Allow, list),
                 Command::Filters { command: FiltersCommand::Deny(list) } => (FilterAction::Deny, list),
-                Command::Filters { command: FiltersCommand::Remove(list) } => (FilterAction::Remove, list),
+                Command::Filters { command: FiltersCommand::Remove { list, .. } } => (FilterAction::Remove, list),
                 other => panic!("not an update: {other:?}"),
             };
             assert_eq!(got, action);
@@ -317,7 +367,7 @@ mod tests {
     #[test]
     fn inspect_start_takes_nodes_and_wait_bounds() {
         let cli = parse(&["inspect", "start", "n1", "n2", "--no-manage-boot", "--wait", "--timeout", "60"]).unwrap();
-        let Command::Inspect { command: InspectCommand::Start { nodes, no_manage_boot, wait, timeout, interval } } =
+        let Command::Inspect { command: InspectCommand::Start { nodes, no_manage_boot, wait, timeout, interval, .. } } =
             cli.command
         else {
             panic!("not inspect start: {cli:?}")
@@ -375,12 +425,12 @@ mod tests {
         let err = parse(&["inspect", "continue"]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
         let cli = parse(&["inspect", "continue", "--file", "-"]).unwrap();
-        let Command::Inspect { command: InspectCommand::Continue { file } } = cli.command else {
+        let Command::Inspect { command: InspectCommand::Continue { file, .. } } = cli.command else {
             panic!("not inspect continue: {cli:?}")
         };
         assert_eq!(file, PathBuf::from("-"));
         let cli = parse(&["inspect", "data", "n1", "-o", "/tmp/n1.json"]).unwrap();
-        let Command::Inspect { command: InspectCommand::Data { node, output } } = cli.command else {
+        let Command::Inspect { command: InspectCommand::Data { node, output, .. } } = cli.command else {
             panic!("not inspect data: {cli:?}")
         };
         assert_eq!((node.as_str(), output), ("n1", Some(PathBuf::from("/tmp/n1.json"))));

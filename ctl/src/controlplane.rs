@@ -6,9 +6,10 @@ use std::time::Duration;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    ContinueRequest, ContinueResponse, DataResponse, FilterState, GetFilterStateRequest, InspectionStatus,
-    ListAgentsRequest, ListAgentsResponse, ListRequest, ListResponse, NodeRequest, RequestAccepted, StartRequest,
-    StartResponse, UpdatePxeFiltersRequest, UpdatePxeFiltersResponse,
+    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, FilterState,
+    GetFilterStateRequest, InspectionStatus, ListAgentsRequest, ListAgentsResponse, ListRequest, ListResponse,
+    ListRulesRequest, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest, StartResponse,
+    UpdatePxeFiltersRequest, UpdatePxeFiltersResponse,
 };
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -186,14 +187,47 @@ impl ControlPlane {
     }
 
     /// Hands the ramdisk's introspection data to the control plane (`Continue`), which finds its node.
-    pub async fn continue_inspection(&mut self, data_json: String) -> Result<ContinueResponse, ControlPlaneError> {
-        let answer = self.inspection.r#continue(ContinueRequest { data_json }).await;
+    pub async fn continue_inspection(
+        &mut self,
+        data_json: String,
+        node_uuid: Option<String>,
+    ) -> Result<ContinueResponse, ControlPlaneError> {
+        let request = ContinueRequest { data_json, node_uuid: node_uuid.unwrap_or_default() };
+        let answer = self.inspection.r#continue(request).await;
         self.answer("Continue", answer)
     }
 
-    pub async fn inspection_data(&mut self, node: &str) -> Result<DataResponse, ControlPlaneError> {
-        let answer = self.inspection.get_data(NodeRequest { node: node.to_string() }).await;
+    /// The stored data of `node`: processed (what the hooks made of it), or as the ramdisk sent it.
+    pub async fn inspection_data(&mut self, node: &str, unprocessed: bool) -> Result<DataResponse, ControlPlaneError> {
+        let answer = self.inspection.get_data(DataRequest { node: node.to_string(), unprocessed }).await;
         self.answer("GetData", answer)
+    }
+
+    /// Stores an introspection rule (ironic-inspector's JSON); returns it as stored (uuid filled in).
+    pub async fn create_rule(&mut self, rule_json: String) -> Result<Rule, ControlPlaneError> {
+        let answer = self.inspection.create_rule(Rule { rule_json }).await;
+        self.answer("CreateRule", answer)
+    }
+
+    /// Every rule, full, in the order they apply.
+    pub async fn list_rules(&mut self) -> Result<Vec<Rule>, ControlPlaneError> {
+        let answer = self.inspection.list_rules(ListRulesRequest {}).await;
+        self.answer("ListRules", answer).map(|r| r.rules)
+    }
+
+    pub async fn get_rule(&mut self, uuid: &str) -> Result<Rule, ControlPlaneError> {
+        let answer = self.inspection.get_rule(RuleRequest { uuid: uuid.to_string() }).await;
+        self.answer("GetRule", answer)
+    }
+
+    pub async fn delete_rule(&mut self, uuid: &str) -> Result<DeleteRulesResponse, ControlPlaneError> {
+        let answer = self.inspection.delete_rule(RuleRequest { uuid: uuid.to_string() }).await;
+        self.answer("DeleteRule", answer)
+    }
+
+    pub async fn delete_all_rules(&mut self) -> Result<DeleteRulesResponse, ControlPlaneError> {
+        let answer = self.inspection.delete_all_rules(ListRulesRequest {}).await;
+        self.answer("DeleteAllRules", answer)
     }
 
     fn answer<T>(&self, rpc: &'static str, answer: Result<tonic::Response<T>, Status>) -> Result<T, ControlPlaneError> {

@@ -11,6 +11,7 @@
 //! - [`agents`]: `ironguardctl agents`, the rendering of `ListAgents`.
 //! - [`inspect`]: `ironguardctl inspect start|status|list|abort|reapply|data|continue|wait`, the rendering of the
 //!   `Inspection` answers and the check of `continue`'s document; [`inspect::wait`] is the polling loop of `wait`.
+//! - [`rules`]: `ironguardctl rules import|list|show|delete`, the rules file and the rendering of the answers.
 //! - [`table`]: the plain-text tables they print.
 //!
 //! Requests are built and answers rendered by plain functions ([`filters::update_request`],
@@ -26,4 +27,5 @@ pub mod filters;
 pub mod inspect;
 pub mod netns;
 pub mod owner;
+pub mod rules;
 pub mod table;

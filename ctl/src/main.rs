@@ -10,7 +10,7 @@ use clap::Parser as _;
 use ironguard_proto::v1::{ListRequest, StartRequest};
 use ironguardctl::agents::AgentsReport;
 use ironguardctl::chains::ChainsReport;
-use ironguardctl::cli::{Cli, Command, FiltersCommand, InspectCommand, error_text};
+use ironguardctl::cli::{Cli, Command, FiltersCommand, InspectCommand, RulesCommand, error_text};
 use ironguardctl::controlplane::{ControlPlane, Target};
 use ironguardctl::filters::{self, FilterAction, FilterStateReport, UpdateReport};
 use ironguardctl::inspect::wait::{self, WaitBounds};
@@ -46,6 +46,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Filters { command } => block_on(filters(Target::new(cli.controlplane), command)),
         Command::Agents { json } => block_on(agents(Target::new(cli.controlplane), json)),
         Command::Inspect { command } => block_on(inspect(Target::new(cli.controlplane), command)),
+        Command::Rules { command } => block_on(rules(Target::new(cli.controlplane), command)),
     }
 }
 
@@ -58,6 +59,7 @@ fn block_on(command: impl Future<Output = anyhow::Result<ExitCode>>) -> anyhow::
 
 async fn filters(target: Target, command: FiltersCommand) -> anyhow::Result<ExitCode> {
     let mut controlplane = ControlPlane::connect(&target).await?;
+    let mut remove_reason = None;
     let (action, list) = match command {
         FiltersCommand::Show { macs, json } => {
             let state = controlplane.filter_state(filters::state_request(&macs)).await?;
@@ -71,9 +73,13 @@ async fn filters(target: Target, command: FiltersCommand) -> anyhow::Result<Exit
         }
         FiltersCommand::Allow(list) => (FilterAction::Allow, list),
         FiltersCommand::Deny(list) => (FilterAction::Deny, list),
-        FiltersCommand::Remove(list) => (FilterAction::Remove, list),
+        FiltersCommand::Remove { list, reason } => {
+            remove_reason = reason;
+            (FilterAction::Remove, list)
+        }
     };
-    let request = filters::update_request(action, &list.macs);
+    let mut request = filters::update_request(action, &list.macs);
+    request.remove_reason = remove_reason.unwrap_or_default();
     let answer = controlplane.update_filters(request.clone()).await?;
     print!("{}", UpdateReport::new(&request, action, answer).render());
     Ok(ExitCode::SUCCESS)
@@ -93,12 +99,12 @@ async fn agents(target: Target, json: bool) -> anyhow::Result<ExitCode> {
 async fn inspect(target: Target, command: InspectCommand) -> anyhow::Result<ExitCode> {
     let connect = || ControlPlane::connect(&target);
     match command {
-        InspectCommand::Start { nodes, no_manage_boot, wait, timeout, interval } => {
+        InspectCommand::Start { nodes, no_manage_boot, maintenance_ok, wait, timeout, interval } => {
             let mut controlplane = connect().await?;
             let mut started = Vec::new();
             let mut refused = false;
             for node in dedup(nodes) {
-                let request = StartRequest { node: node.clone(), manage_boot: !no_manage_boot };
+                let request = StartRequest { node: node.clone(), manage_boot: !no_manage_boot, maintenance_ok };
                 match controlplane.start_inspection(request).await {
                     Ok(answer) => {
                         println!("{}", inspect::started_line(&node, &answer));
@@ -169,9 +175,9 @@ async fn inspect(target: Target, command: InspectCommand) -> anyhow::Result<Exit
             println!("{}", inspect::accepted_line(&node, NodeAction::Reapply, answer.request_id));
             Ok(ExitCode::SUCCESS)
         }
-        InspectCommand::Data { node, output } => {
+        InspectCommand::Data { node, unprocessed, output } => {
             let mut controlplane = connect().await?;
-            let answer = controlplane.inspection_data(&node).await?;
+            let answer = controlplane.inspection_data(&node, unprocessed).await?;
             let text = inspect::pretty_data(&answer.data_json).with_context(|| {
                 format!(
                     "the control plane at {} sent introspection data of node {node} that is not JSON",
@@ -187,17 +193,71 @@ async fn inspect(target: Target, command: InspectCommand) -> anyhow::Result<Exit
             }
             Ok(ExitCode::SUCCESS)
         }
-        InspectCommand::Continue { file } => {
+        InspectCommand::Continue { file, node_uuid } => {
             // Checked before connecting: a document that is not a JSON object never reaches the control plane.
             let document = inspect::read_introspection_data(&file)?;
             let mut controlplane = connect().await?;
-            let answer = controlplane.continue_inspection(document).await?;
+            let answer = controlplane.continue_inspection(document, node_uuid).await?;
             println!("{}", inspect::continued_line(&answer));
             Ok(ExitCode::SUCCESS)
         }
         InspectCommand::Wait { nodes, wait } => {
             let controlplane = connect().await?;
             Ok(ExitCode::from(wait_for(&controlplane, &nodes, wait.bounds()).await))
+        }
+    }
+}
+
+async fn rules(target: Target, command: RulesCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        RulesCommand::Import { file } => {
+            // Checked before connecting: a file that is not JSON never reaches the control plane.
+            let documents = ironguardctl::rules::read_rules(&file)?;
+            let mut controlplane = ControlPlane::connect(&target).await?;
+            for (i, doc) in documents.iter().enumerate() {
+                let stored = controlplane.create_rule(doc.to_string()).await.with_context(|| {
+                    format!(
+                        "rule {} of {} in {} was refused ({i} stored before it)",
+                        i + 1,
+                        documents.len(),
+                        file.display()
+                    )
+                })?;
+                println!("{}", ironguardctl::rules::created_line(&stored.rule_json));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RulesCommand::List { json } => {
+            let mut controlplane = ControlPlane::connect(&target).await?;
+            let rules = controlplane.list_rules().await?;
+            let parsed = ironguardctl::rules::parse_all(&rules)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&parsed)?);
+            } else {
+                print!("{}", ironguardctl::rules::render_table(&parsed));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        RulesCommand::Show { uuid } => {
+            let mut controlplane = ControlPlane::connect(&target).await?;
+            let rule = controlplane.get_rule(&uuid).await?;
+            let v: serde_json::Value =
+                serde_json::from_str(&rule.rule_json).context("the control plane sent a rule that is not JSON")?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        RulesCommand::Delete { uuids, all } => {
+            let mut controlplane = ControlPlane::connect(&target).await?;
+            if all {
+                let r = controlplane.delete_all_rules().await?;
+                println!("{} rule(s) deleted", r.deleted);
+            } else {
+                for uuid in dedup(uuids) {
+                    controlplane.delete_rule(&uuid).await?;
+                    println!("{uuid}: deleted");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -139,6 +139,7 @@ async fn allow_sends_the_macs_and_prints_the_revision() {
             allow: vec!["52:54:00:ab:cd:ef".into(), "52:54:00:12:34:56".into()],
             deny: vec![],
             remove: vec![],
+            remove_reason: String::new(),
         }]
     );
 }

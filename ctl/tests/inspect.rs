@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use ironguard_proto::v1::inspection_server::{Inspection, InspectionServer};
 use ironguard_proto::v1::{
-    ContinueRequest, ContinueResponse, DataResponse, InspectionStatus, ListRequest, ListResponse, NodeRequest,
-    RequestAccepted, StartRequest, StartResponse,
+    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, InspectionStatus, ListRequest,
+    ListResponse, ListRulesRequest, ListRulesResponse, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest,
+    StartResponse,
 };
 use tokio::io::AsyncWriteExt as _;
 use tonic::transport::server::TcpIncoming;
@@ -49,6 +50,8 @@ struct FakeInspection {
     continues: Arc<Mutex<Vec<String>>>,
     scripts: Arc<Mutex<HashMap<String, Vec<InspectionStatus>>>>,
     records: Arc<Mutex<Vec<InspectionStatus>>>,
+    /// Rules as stored (JSON); a rule without `actions` is refused as the control plane refuses it.
+    rules: Arc<Mutex<Vec<serde_json::Value>>>,
 }
 
 impl FakeInspection {
@@ -121,9 +124,61 @@ impl Inspection for FakeInspection {
         Ok(Response::new(RequestAccepted { request_id: 8 }))
     }
 
-    async fn get_data(&self, request: Request<NodeRequest>) -> Result<Response<DataResponse>, Status> {
-        let node = request.into_inner().node;
-        Ok(Response::new(DataResponse { node, data_json: r#"{"inventory":{"cpu":{"count":4}}}"#.into() }))
+    async fn get_data(&self, request: Request<DataRequest>) -> Result<Response<DataResponse>, Status> {
+        let r = request.into_inner();
+        let data_json = if r.unprocessed {
+            r#"{"inventory":{"cpu":{"count":4}},"logs":"x"}"#
+        } else {
+            r#"{"inventory":{"cpu":{"count":4}}}"#
+        };
+        Ok(Response::new(DataResponse { node: r.node, data_json: data_json.into() }))
+    }
+
+    async fn create_rule(&self, request: Request<Rule>) -> Result<Response<Rule>, Status> {
+        let mut rule: serde_json::Value = serde_json::from_str(&request.into_inner().rule_json).unwrap();
+        if rule["actions"].as_array().is_none_or(Vec::is_empty) {
+            return Err(Status::invalid_argument("invalid introspection rule: actions: at least one action is needed"));
+        }
+        let mut rules = self.rules.lock().unwrap();
+        if rule["uuid"].is_null() {
+            rule["uuid"] = format!("rule-{}", rules.len() + 1).into();
+        }
+        rules.push(rule.clone());
+        Ok(Response::new(Rule { rule_json: rule.to_string() }))
+    }
+
+    async fn list_rules(&self, _request: Request<ListRulesRequest>) -> Result<Response<ListRulesResponse>, Status> {
+        let rules = self.rules.lock().unwrap().iter().map(|r| Rule { rule_json: r.to_string() }).collect();
+        Ok(Response::new(ListRulesResponse { rules }))
+    }
+
+    async fn get_rule(&self, request: Request<RuleRequest>) -> Result<Response<Rule>, Status> {
+        let uuid = request.into_inner().uuid;
+        let rules = self.rules.lock().unwrap();
+        let rule = rules.iter().find(|r| r["uuid"] == uuid.as_str());
+        let rule = rule.ok_or_else(|| Status::not_found(format!("rule {uuid} was not found")))?;
+        Ok(Response::new(Rule { rule_json: rule.to_string() }))
+    }
+
+    async fn delete_rule(&self, request: Request<RuleRequest>) -> Result<Response<DeleteRulesResponse>, Status> {
+        let uuid = request.into_inner().uuid;
+        let mut rules = self.rules.lock().unwrap();
+        let before = rules.len();
+        rules.retain(|r| r["uuid"] != uuid.as_str());
+        if rules.len() == before {
+            return Err(Status::not_found(format!("rule {uuid} was not found")));
+        }
+        Ok(Response::new(DeleteRulesResponse { deleted: 1 }))
+    }
+
+    async fn delete_all_rules(
+        &self,
+        _request: Request<ListRulesRequest>,
+    ) -> Result<Response<DeleteRulesResponse>, Status> {
+        let mut rules = self.rules.lock().unwrap();
+        let deleted = rules.len() as u32;
+        rules.clear();
+        Ok(Response::new(DeleteRulesResponse { deleted }))
     }
 }
 
@@ -178,8 +233,8 @@ async fn start_goes_on_after_an_unknown_node_and_exits_2() {
     assert_eq!(
         *starts,
         [
-            StartRequest { node: "ghost".into(), manage_boot: true },
-            StartRequest { node: "node-a".into(), manage_boot: true }
+            StartRequest { node: "ghost".into(), manage_boot: true, ..Default::default() },
+            StartRequest { node: "node-a".into(), manage_boot: true, ..Default::default() }
         ]
     );
 }
@@ -405,4 +460,70 @@ async fn abort_reapply_and_data() {
         format!("node-a: introspection data written to {} ({} bytes)\n", file.display(), pretty.len())
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), pretty);
+    let out = ironguardctl(&url, &["data", "node-a", "--unprocessed"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("\"logs\": \"x\""), "the unprocessed data was asked for: {}", stdout(&out));
+}
+
+async fn rules_command(url: &str, args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ironguardctl"));
+    command.arg("--controlplane").arg(url).arg("rules").args(args).env_remove("IRONGUARD_CONTROLPLANE");
+    command.output().await.unwrap()
+}
+
+#[tokio::test]
+async fn rules_import_list_show_delete() {
+    let (fake, url) = start_fake().await;
+    let file = scratch_file(
+        "rules-two.json",
+        r#"[{"description": "gpu", "actions": [{"action": "set-capability", "name": "gpu", "value": "true"}]},
+            {"uuid": "fixed", "scope": "rack1", "conditions": [{"op": "eq", "field": "cpus", "value": 4}],
+             "actions": [{"action": "fail", "message": "no"}]}]"#,
+    );
+    let out = rules_command(&url, &["import", file.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "rule-1: created (gpu)\nfixed: created\n");
+
+    let out = rules_command(&url, &["list"]).await;
+    assert_eq!(
+        stdout(&out),
+        "UUID    DESCRIPTION  SCOPE  CONDITIONS  ACTIONS\nrule-1  gpu          -      0           1\nfixed   -            rack1  1           1\n"
+    );
+    let out = rules_command(&url, &["list", "--json"]).await;
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(2));
+    let out = rules_command(&url, &["show", "fixed"]).await;
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["scope"], "rack1");
+    let out = rules_command(&url, &["show", "ghost"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("rule ghost was not found"), "{}", stderr(&out));
+
+    let out = rules_command(&url, &["delete", "fixed"]).await;
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), "fixed: deleted\n".into()));
+    let out = rules_command(&url, &["delete", "--all"]).await;
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), "1 rule(s) deleted\n".into()));
+    assert!(fake.rules.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn rules_import_stops_at_the_first_refused_rule_and_checks_the_file_first() {
+    let (fake, url) = start_fake().await;
+    let file = scratch_file(
+        "rules-bad-second.json",
+        r#"[{"actions": [{"action": "fail", "message": "x"}]}, {"description": "no actions"}, {"actions": [{}]}]"#,
+    );
+    let out = rules_command(&url, &["import", file.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(stdout(&out), "rule-1: created\n");
+    let err = stderr(&out);
+    assert!(err.contains("rule 2 of 3 in") && err.contains("(1 stored before it)"), "{err}");
+    assert!(err.contains("at least one action"), "{err}");
+    assert_eq!(fake.rules.lock().unwrap().len(), 1, "the third rule was not sent");
+
+    let file = scratch_file("rules-not-rules.json", "[1, 2]");
+    let out = rules_command(&url, &["import", file.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("expected a rule (a JSON object) or a list of rules, found a number as item 1"));
+    assert_eq!(fake.rules.lock().unwrap().len(), 1, "nothing sent");
 }

@@ -12,12 +12,16 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
+use super::lookup::{self, Attributes, LookupError};
 use super::machine::{self, Event, State};
+use super::process::{self, Requests, StoredData};
+use super::processing::{self, Pipeline, Plan, ProcessingConfig};
 use super::records::{Kind, NodeRecord, Taken, now_ms};
+use super::rules;
 use crate::agents::AgentRegistry;
 use crate::filter::{ReasonChange, Side};
 use crate::ironic::{Ironic, IronicError};
-use crate::store::{FilterStore, InspectionStore, StoreError};
+use crate::store::{FilterStore, InspectionStore, RuleStore, StoreError};
 
 /// Provision states in which Ironic lets a node be inspected.
 pub const INSPECTABLE: [&str; 5] = ["enroll", "manageable", "inspecting", "inspect wait", "inspect failed"];
@@ -62,6 +66,56 @@ impl Default for InspectionConfig {
     }
 }
 
+/// `[discovery]` in the control-plane configuration: the `enroll` node-not-found hook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// `enroll`: a ramdisk whose data matches no inspection enrolls its machine in Ironic (ironic-inspector's
+    /// `[processing] node_not_found_hook = enroll`). Empty: such data is refused (404).
+    pub node_not_found_hook: String,
+    /// The driver of an enrolled node.
+    pub enroll_node_driver: String,
+    /// More fields of the enrolled node (e.g. `{"resource_class": "baremetal"}`), as a JSON object.
+    pub enroll_node_fields: serde_json::Map<String, Value>,
+    /// Which BMC address becomes `driver_info.ipmi_address`, in order of preference: "4", "6".
+    pub enabled_bmc_address_version: Vec<String>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            node_not_found_hook: String::new(),
+            enroll_node_driver: "fake-hardware".into(),
+            enroll_node_fields: serde_json::Map::new(),
+            enabled_bmc_address_version: vec!["4".into(), "6".into()],
+        }
+    }
+}
+
+impl DiscoveryConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if !matches!(self.node_not_found_hook.as_str(), "" | "enroll") {
+            return Err(format!(
+                "[discovery] node_not_found_hook {:?}: only \"enroll\" (or empty) is known",
+                self.node_not_found_hook
+            ));
+        }
+        if self.enroll_node_driver.is_empty() {
+            return Err("[discovery] enroll_node_driver must not be empty".into());
+        }
+        for v in &self.enabled_bmc_address_version {
+            if v != "4" && v != "6" {
+                return Err(format!("[discovery] enabled_bmc_address_version: {v:?} is neither \"4\" nor \"6\""));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn enroll(&self) -> bool {
+        self.node_not_found_hook == "enroll"
+    }
+}
+
 /// Why a public operation was refused. Nothing was enqueued.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -69,6 +123,10 @@ pub enum ApiError {
     UnknownNode(String),
     #[error("node {node} is in provision state {state:?}; inspection needs one of {}", INSPECTABLE.join(", "))]
     ProvisionState { node: String, state: String },
+    #[error(
+        "node {0} is in maintenance mode; inspect it anyway with maintenance_ok (ironguardctl inspect start --maintenance-ok)"
+    )]
+    Maintenance(String),
     #[error("node {node}: {source}")]
     Illegal {
         node: String,
@@ -79,6 +137,21 @@ pub enum ApiError {
     NoMatch(String),
     #[error("invalid introspection data: {0}")]
     BadData(String),
+    /// ironic-inspector's pre-processing failures (hooks' `before_processing`), in its words.
+    #[error("The following failures happened during running pre-processing hooks:\n{0}")]
+    PreProcessing(String),
+    /// No single node for the data (ironic-inspector's lookup errors).
+    #[error("{}", .0.reply_message())]
+    Lookup(LookupError),
+    /// The `enroll` hook refused to enroll a new machine.
+    #[error("Look up error: {0}")]
+    Discovery(String),
+    #[error("invalid introspection rule: {0}")]
+    BadRule(String),
+    #[error("rule {0} already exists")]
+    RuleExists(String),
+    #[error("rule {0} was not found")]
+    UnknownRule(String),
     #[error("node {0} has no stored introspection data to reapply")]
     NoData(String),
     #[error("Ironic is not configured ([ironic] url): inspections cannot run")]
@@ -87,29 +160,6 @@ pub enum ApiError {
     Ironic(#[from] IronicError),
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// A processing hook: runs on the ramdisk's data when it arrives (and on reapply).
-pub trait ProcessingHook: Send + Sync {
-    fn name(&self) -> &'static str;
-    /// May enrich `data`; an error fails the inspection with the message.
-    fn process(&self, node: &NodeRecord, data: &mut Value) -> Result<(), String>;
-}
-
-/// The minimal built-in hook: stamps the data with the node and the time it was processed.
-#[derive(Debug)]
-pub struct RecordData;
-
-impl ProcessingHook for RecordData {
-    fn name(&self) -> &'static str {
-        "record"
-    }
-
-    fn process(&self, node: &NodeRecord, data: &mut Value) -> Result<(), String> {
-        let obj = data.as_object_mut().ok_or("introspection data must be a JSON object")?;
-        obj.insert("ironguard".into(), serde_json::json!({"node": node.uuid, "processed_at_ms": now_ms()}));
-        Ok(())
-    }
 }
 
 /// Where a test makes the worker process die (`IRONGUARD_TEST_CRASH=<point>:<kind>`), to prove redelivery.
@@ -146,7 +196,12 @@ pub struct Engine {
     pub ironic: Option<Arc<Ironic>>,
     pub coord: Arc<dyn Coordinator>,
     pub cfg: InspectionConfig,
-    pub hooks: Vec<Box<dyn ProcessingHook>>,
+    /// `[processing]`: the hooks' options, and the pipeline built from them.
+    pub processing: ProcessingConfig,
+    pub pipeline: Pipeline,
+    /// `[discovery]`: what happens to data from a machine no inspection knows.
+    pub discovery: DiscoveryConfig,
+    pub rules: Arc<dyn RuleStore>,
     pub crash: Option<CrashPoint>,
 }
 
@@ -156,32 +211,34 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// What became of a request a worker took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Run (or left for redelivery after a store failure).
+    Done,
+    /// The node was locked by another worker: released for later.
+    Later,
+    /// The worker's coordination session is unusable: released, and the worker opens a new session.
+    SessionLost,
+}
+
 /// The reason recorded for a node's allow during its inspection.
 pub fn reason(node: &str) -> String {
     format!("inspection:{node}")
 }
 
-/// MAC addresses announced in introspection data (ironic-python-agent's `inventory.interfaces`, or a plain
-/// `macs` list), and the BMC address.
-pub fn data_addresses(data: &Value) -> (Vec<MacAddr>, Vec<String>) {
-    let mut macs = vec![];
-    let mut bmcs = vec![];
-    if let Some(ifaces) = data["inventory"]["interfaces"].as_array() {
-        for i in ifaces {
-            if let Some(m) = i["mac_address"].as_str().and_then(|s| s.parse().ok()) {
-                macs.push(m);
-            }
-        }
-    }
+/// What the data offers to look its node up with: the MACs of all its interfaces and its BMC addresses
+/// (ironic-inspector's lookup attributes), and a `node_uuid` if the caller or the data names one.
+pub fn lookup_attributes(data: &Value, node_uuid: Option<String>) -> Attributes {
+    let (macs, bmcs) = processing::lookup_attributes(data);
+    let mut macs: Vec<MacAddr> = macs.iter().filter_map(|m| m.parse().ok()).collect();
     if let Some(list) = data["macs"].as_array() {
         macs.extend(list.iter().filter_map(|m| m.as_str()?.parse::<MacAddr>().ok()));
     }
-    for key in ["bmc_address", "bmc_v6address"] {
-        if let Some(b) = data["inventory"][key].as_str().filter(|b| !b.is_empty() && *b != "0.0.0.0") {
-            bmcs.push(b.to_string());
-        }
-    }
-    (macs, bmcs)
+    macs.sort();
+    macs.dedup();
+    let node_uuid = node_uuid.or_else(|| data["node_uuid"].as_str().map(str::to_string)).filter(|u| !u.is_empty());
+    Attributes { macs, bmc_addresses: bmcs.into_iter().filter(|b| lookup::usable_bmc(b)).collect(), node_uuid }
 }
 
 impl Engine {
@@ -193,8 +250,14 @@ impl Engine {
         Ok(self.store.get(node).await?.unwrap_or_else(|| NodeRecord::new(node)))
     }
 
-    /// Starts (or restarts) the inspection of `node` (UUID or name).
-    pub async fn start(&self, node: &str, manage_boot: bool) -> Result<(NodeRecord, u64), ApiError> {
+    /// Starts (or restarts) the inspection of `node` (UUID or name). A node in maintenance is refused unless
+    /// `maintenance_ok`, as ironic-inspector refuses it.
+    pub async fn start(
+        &self,
+        node: &str,
+        manage_boot: bool,
+        maintenance_ok: bool,
+    ) -> Result<(NodeRecord, u64), ApiError> {
         let ironic = self.ironic()?;
         let n = match ironic.get_node(node).await {
             Ok(n) => n,
@@ -205,6 +268,9 @@ impl Engine {
         if !INSPECTABLE.contains(&state.as_str()) {
             return Err(ApiError::ProvisionState { node: n.uuid.clone(), state });
         }
+        if n.maintenance == Some(true) && !maintenance_ok {
+            return Err(ApiError::Maintenance(n.uuid.clone()));
+        }
         let rec = self.record(&n.uuid).await?;
         machine::advance(rec.state, Event::Start)
             .map_err(|source| ApiError::Illegal { node: n.uuid.clone(), source })?;
@@ -213,44 +279,137 @@ impl Engine {
         Ok((rec, id))
     }
 
-    /// The ramdisk's data: finds the waiting node it belongs to and enqueues processing. Returns the node UUID.
-    pub async fn continue_inspection(&self, data: Value) -> Result<String, ApiError> {
+    /// The ramdisk's data (`POST /v1/continue`), as ironic-inspector takes it: every hook's `before_processing`,
+    /// the lookup of its node (or the `enroll` hook for an unknown machine), then processing enqueued for a worker.
+    /// Returns the node's UUID at once. Pre-processing failures fail the node's inspection, if one was found, and
+    /// are returned.
+    pub async fn continue_inspection(&self, data: Value, node_uuid: Option<String>) -> Result<String, ApiError> {
         if !data.is_object() {
             return Err(ApiError::BadData("expected a JSON object".into()));
         }
-        let (macs, bmcs) = data_addresses(&data);
-        if macs.is_empty() && bmcs.is_empty() {
+        let unprocessed = data.clone();
+        let mut data = data;
+        let failures = self.pipeline.before_processing(&mut data);
+        let attrs = lookup_attributes(&data, node_uuid);
+        let failed = failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n");
+        if attrs.is_empty() && failures.is_empty() {
             return Err(ApiError::BadData(
-                "no interface MAC (inventory.interfaces[].mac_address) and no BMC address".into(),
+                "no interface MAC (inventory.interfaces[].mac_address), no BMC address and no node_uuid".into(),
             ));
         }
-        let candidates: Vec<NodeRecord> = self
-            .store
-            .list()
-            .await?
-            .into_iter()
-            .filter(|r| r.state == State::Waiting)
-            .filter(|r| r.macs.iter().any(|m| macs.contains(m)) || r.bmc_addresses.iter().any(|b| bmcs.contains(b)))
-            .collect();
-        let node = match candidates.as_slice() {
-            [one] => one.clone(),
-            [] => {
-                let what =
-                    macs.iter().map(|m| m.to_string()).chain(bmcs.iter().cloned()).collect::<Vec<_>>().join(", ");
-                return Err(ApiError::NoMatch(what));
+        let records = self.store.list().await?;
+        let node = match lookup::lookup(&attrs, &records) {
+            Ok(n) => n,
+            Err(LookupError::NotFound(_)) if self.discovery.enroll() && failures.is_empty() => {
+                self.enroll(&mut data, &attrs).await?
             }
-            many => {
-                return Err(ApiError::BadData(format!(
-                    "the addresses match several waiting nodes: {}",
-                    many.iter().map(|r| r.uuid.as_str()).collect::<Vec<_>>().join(", ")
-                )));
+            Err(e) => {
+                return Err(if failures.is_empty() { ApiError::Lookup(e) } else { ApiError::PreProcessing(failed) });
             }
         };
-        machine::advance(node.state, Event::Process)
-            .map_err(|source| ApiError::Illegal { node: node.uuid.clone(), source })?;
-        let id = self.store.enqueue(&node.uuid, Kind::Process, data).await?;
-        info!(node = %node.uuid, request = id, "introspection data received");
-        Ok(node.uuid)
+        if !failures.is_empty() {
+            // ironic-inspector marks the node's inspection failed; the worker cleans up (allow, power).
+            let id = self.store.enqueue(&node, Kind::Process, serde_json::json!({"failed": failed})).await?;
+            warn!(node = %node, request = id, failures = %failed, "pre-processing failed");
+            return Err(ApiError::PreProcessing(failed));
+        }
+        let state = match records.iter().find(|r| r.uuid == node) {
+            Some(r) => r.state,
+            None => self.store.get(&node).await?.map(|r| r.state).unwrap_or(State::Finished),
+        };
+        machine::advance(state, Event::Process).map_err(|source| ApiError::Illegal { node: node.clone(), source })?;
+        let id = self
+            .store
+            .enqueue(&node, Kind::Process, serde_json::json!({"data": data, "unprocessed": unprocessed}))
+            .await?;
+        info!(node = %node, request = id, "introspection data received");
+        Ok(node)
+    }
+
+    /// The `enroll` hook: a machine no inspection knows becomes an Ironic node (refused when one of its MACs or its
+    /// BMC address already belongs to a node), with an `enrolling` inspection that processes its data.
+    async fn enroll(&self, data: &mut Value, attrs: &Attributes) -> Result<String, ApiError> {
+        let ironic = self.ironic()?;
+        for mac in &attrs.macs {
+            if let Some(p) = ironic.ports_by_address(&mac.to_string()).await?.first() {
+                return Err(ApiError::Discovery(format!("Port {mac} already exists, uuid: {}", p.uuid)));
+            }
+        }
+        let v4 = attrs.bmc_addresses.iter().find(|b| b.parse::<std::net::Ipv4Addr>().is_ok());
+        let v6 = attrs.bmc_addresses.iter().find(|b| b.parse::<std::net::Ipv6Addr>().is_ok());
+        let bmc =
+            self.discovery.enabled_bmc_address_version.iter().find_map(|v| if v == "4" { v4 } else { v6 }).cloned();
+        if let Some(b) = &bmc {
+            let want = lookup::normalise_bmc(b);
+            for n in ironic.nodes_with_driver_info().await? {
+                if n.bmc_addresses().iter().any(|a| lookup::normalise_bmc(a) == want) {
+                    return Err(ApiError::Discovery(format!("Node {} already has BMC address {b}", n.uuid)));
+                }
+            }
+        }
+        let mut body = serde_json::Map::new();
+        for (k, v) in &self.discovery.enroll_node_fields {
+            body.insert(k.clone(), v.clone());
+        }
+        body.insert("driver".into(), Value::String(self.discovery.enroll_node_driver.clone()));
+        let driver_info = match &bmc {
+            Some(b) => serde_json::json!({"ipmi_address": b}),
+            None => serde_json::json!({}),
+        };
+        body.insert("driver_info".into(), driver_info);
+        let uuid = ironic.create_node(&Value::Object(body)).await?;
+        if let Some(m) = data.as_object_mut() {
+            m.insert("auto_discovered".into(), Value::Bool(true));
+        }
+        let mut rec = NodeRecord::new(&uuid);
+        rec.state = State::Enrolling;
+        rec.started_at = Some(now_ms());
+        rec.manage_boot = false;
+        rec.macs = attrs.macs.clone();
+        rec.bmc_addresses = bmc.into_iter().collect();
+        self.store.save(&mut rec).await?;
+        info!(node = %uuid, macs = rec.macs.len(), "unknown machine enrolled in Ironic (discovery)");
+        Ok(uuid)
+    }
+
+    /// `POST /v1/rules`: validates and stores a rule; returns it as stored.
+    pub async fn create_rule(&self, body: &Value) -> Result<rules::Rule, ApiError> {
+        let rule = rules::validate(body, now_ms()).map_err(|e| ApiError::BadRule(e.to_string()))?;
+        let stored = crate::store::rules::StoredRule {
+            uuid: rule.uuid.clone(),
+            created_at: rule.created_at,
+            body: serde_json::to_value(&rule).map_err(|e| ApiError::BadRule(e.to_string()))?,
+        };
+        if !self.rules.create(&stored).await? {
+            return Err(ApiError::RuleExists(rule.uuid));
+        }
+        info!(rule = %rule.uuid, "introspection rule created");
+        Ok(rule)
+    }
+
+    /// Every rule, in the order they apply.
+    pub async fn list_rules(&self) -> Result<Vec<rules::Rule>, ApiError> {
+        process::load_rules(&*self.rules).await.map_err(ApiError::BadRule)
+    }
+
+    pub async fn get_rule(&self, uuid: &str) -> Result<rules::Rule, ApiError> {
+        let stored = self.rules.get(uuid).await?.ok_or_else(|| ApiError::UnknownRule(uuid.to_string()))?;
+        serde_json::from_value(stored.body).map_err(|e| ApiError::BadRule(e.to_string()))
+    }
+
+    pub async fn delete_rule(&self, uuid: &str) -> Result<(), ApiError> {
+        if !self.rules.delete(uuid).await? {
+            return Err(ApiError::UnknownRule(uuid.to_string()));
+        }
+        info!(rule = %uuid, "introspection rule deleted");
+        Ok(())
+    }
+
+    /// Deletes every rule; returns how many there were.
+    pub async fn delete_all_rules(&self) -> Result<usize, ApiError> {
+        let n = self.rules.delete_all().await?;
+        info!(deleted = n, "every introspection rule deleted");
+        Ok(n)
     }
 
     pub async fn abort(&self, node: &str) -> Result<u64, ApiError> {
@@ -294,17 +453,24 @@ impl Engine {
     async fn worker(self: Arc<Self>, id: String, stop: CancellationToken) {
         let lease = Duration::from_millis(self.cfg.request_lease_ms);
         let mut wake = self.store.wakeups();
-        // One session per worker: its node locks vanish with it.
-        let session = loop {
-            match self.coord.session(Duration::from_secs(10)).await {
-                Ok(s) => break s,
-                Err(e) => {
-                    warn!(worker = %id, error = %e, "no coordination session yet");
-                    tokio::select! { _ = tokio::time::sleep(Duration::from_secs(1)) => {}, _ = stop.cancelled() => return }
+        // One session per worker: its node locks vanish with it. A session that ends (an etcd outage longer than its
+        // TTL: etcd then answers "requested lease not found") is replaced before the next request is taken.
+        let mut session: Option<Session> = None;
+        while !stop.is_cancelled() {
+            if session.as_ref().is_none_or(|s| s.expiry() == ironguard_coord::Expiry::Expired) {
+                match self.coord.session(Duration::from_secs(10)).await {
+                    Ok(s) => {
+                        info!(worker = %id, lease = format!("{:x}", s.lease), "worker session opened");
+                        session = Some(s);
+                    }
+                    Err(e) => {
+                        warn!(worker = %id, error = %e, "no coordination session; retrying");
+                        tokio::select! { _ = tokio::time::sleep(Duration::from_secs(1)) => {}, _ = stop.cancelled() => return }
+                        continue;
+                    }
                 }
             }
-        };
-        while !stop.is_cancelled() {
+            let Some(sess) = session.as_ref() else { continue };
             let taken = match self.store.take(&id, lease).await {
                 Ok(Some(t)) => t,
                 Ok(None) => {
@@ -322,12 +488,14 @@ impl Engine {
                 }
             };
             let span = info_span!("request", node = %taken.request.node, kind = ?taken.request.kind, id = taken.request.id, attempt = taken.attempt);
-            self.handle(taken, &session, &stop).instrument(span).await;
+            if self.handle(taken, sess, &stop).instrument(span).await == Handled::SessionLost {
+                session = None;
+            }
         }
     }
 
     /// One request: lock, transition, task, outcome, consume.
-    pub async fn handle(&self, taken: Taken, session: &Session, stop: &CancellationToken) {
+    pub async fn handle(&self, taken: Taken, session: &Session, stop: &CancellationToken) -> Handled {
         let node = taken.request.node.clone();
         let lock_cancel = CancellationToken::new();
         let c2 = lock_cancel.clone();
@@ -337,10 +505,16 @@ impl Engine {
         });
         let guard = match self.coord.lock(&format!("node/{node}"), session, lock_cancel).await {
             Ok(g) => g,
-            Err(_) => {
+            Err(ironguard_coord::CoordError::Cancelled) => {
                 info!("node is locked by another worker; leaving the request for later");
                 let _ = self.store.release(&taken, Duration::from_millis(200)).await;
-                return;
+                return Handled::Later;
+            }
+            Err(e) => {
+                // Not contention: the worker's session is unusable (e.g. its lease is gone after an etcd outage).
+                warn!(error = %e, "cannot lock the node with this worker's session; renewing the session");
+                let _ = self.store.release(&taken, Duration::ZERO).await;
+                return Handled::SessionLost;
             }
         };
         timer.abort();
@@ -370,6 +544,7 @@ impl Engine {
             }
         }
         let _ = self.coord.unlock(&guard).await;
+        Handled::Done
     }
 
     /// Test hook: stops the worker at `point` and keeps the process alive so a test can SIGKILL it right there.
@@ -527,19 +702,37 @@ impl Engine {
         match kind {
             Kind::Start => self.start_task(rec).await,
             Kind::Process => {
-                let mut data = args.clone();
-                self.process_data(rec, &mut data).await?;
+                if let Some(msg) = args["failed"].as_str() {
+                    return Err(msg.to_string());
+                }
+                // An older version queued the data itself as the arguments.
+                let (data, unprocessed) = match (args.get("data"), args.get("unprocessed")) {
+                    (Some(d), Some(u)) => (d.clone(), u.clone()),
+                    _ => (args.clone(), args.clone()),
+                };
+                let node_state = self.process(rec, data, unprocessed).await?;
                 self.remove_allow(&rec.uuid).await;
-                self.power_off(rec).await
+                // [processing] power_off: an active node that sent data (active introspection) stays on.
+                if self.processing.power_off && node_state != "active" {
+                    self.power_off(rec).await?;
+                }
+                Ok(())
             }
             Kind::Reapply => {
-                let mut data = self
+                let stored = self
                     .store
                     .get_data(&rec.uuid)
                     .await
                     .map_err(|e| e.to_string())?
+                    .map(StoredData::from_value)
                     .ok_or_else(|| "no stored introspection data".to_string())?;
-                self.process_data(rec, &mut data).await
+                let mut data = stored.unprocessed.clone();
+                let failures = self.pipeline.before_processing(&mut data);
+                if !failures.is_empty() {
+                    let f = failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n");
+                    return Err(format!("The following failures happened during running pre-processing hooks:\n{f}"));
+                }
+                self.process(rec, data, stored.unprocessed).await.map(|_| ())
             }
             Kind::Abort | Kind::Timeout => {
                 self.remove_allow(&rec.uuid).await;
@@ -549,11 +742,36 @@ impl Engine {
         }
     }
 
-    async fn process_data(&self, rec: &NodeRecord, data: &mut Value) -> Result<(), String> {
-        for h in &self.hooks {
-            h.process(rec, data).map_err(|e| format!("processing hook {}: {e}", h.name()))?;
+    /// Processing proper (see [`process`]): the node from Ironic, the hooks, the stored data, the rules, the plan
+    /// written to Ironic. Returns the node's provision state.
+    async fn process(&self, rec: &NodeRecord, mut data: Value, unprocessed: Value) -> Result<String, String> {
+        let ironic = self.ironic.as_ref().ok_or("Ironic is not configured")?;
+        let mut requests = Requests::default();
+        let node_json = ironic.get_node_full(&rec.uuid).await.map_err(|e| e.to_string())?;
+        let ports = ironic.list_ports_detail(&rec.uuid).await.map_err(|e| e.to_string())?;
+        requests.reads += 2;
+        let view = process::node_view(&node_json, &ports);
+        if !process::PROCESSABLE.contains(&view.provision_state.as_str()) {
+            return Err(format!(
+                "Invalid provision state for introspection: \"{}\", valid states are \"{}\"",
+                view.provision_state,
+                process::PROCESSABLE.join("\", \"")
+            ));
         }
-        self.store.put_data(&rec.uuid, data).await.map_err(|e| format!("storing the data: {e}"))
+        let mut plan = Plan::new();
+        self.pipeline.before_update(&mut data, &view, &mut plan).map_err(|e| e.to_string())?;
+        let processed = process::without_logs(data);
+        let stored = StoredData { processed: processed.clone(), unprocessed };
+        self.store.put_data(&rec.uuid, &stored.to_value()).await.map_err(|e| format!("storing the data: {e}"))?;
+        let rules = process::load_rules(&*self.rules).await?;
+        let effects = rules::apply(&rules, &processed, &node_json).map_err(|e| format!("introspection rules: {e}"))?;
+        let outcome = process::fold_effects(effects, &mut plan);
+        process::apply_plan(ironic, &view, &plan, &outcome, &mut requests).await?;
+        info!(reads = requests.reads, writes = requests.writes, "processed");
+        match outcome.failed {
+            Some(msg) => Err(msg),
+            None => Ok(view.provision_state),
+        }
     }
 
     async fn power_off(&self, rec: &NodeRecord) -> Result<(), String> {
@@ -642,13 +860,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_from_ipa_data() {
+    fn lookup_attributes_from_ipa_data() {
         let d = serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:12:34:56"}, {"mac_address": "bogus"}], "bmc_address": "10.0.0.9"}});
-        let (m, b) = data_addresses(&d);
-        assert_eq!(m, vec!["52:54:00:12:34:56".parse::<MacAddr>().unwrap()]);
-        assert_eq!(b, vec!["10.0.0.9".to_string()]);
-        let (m, b) = data_addresses(&serde_json::json!({"inventory": {"bmc_address": "0.0.0.0"}}));
-        assert!(m.is_empty() && b.is_empty());
+        let a = lookup_attributes(&d, None);
+        assert_eq!(a.macs, vec!["52:54:00:12:34:56".parse::<MacAddr>().unwrap()]);
+        assert_eq!(a.bmc_addresses, vec!["10.0.0.9".to_string()]);
+        assert_eq!(a.node_uuid, None);
+        let a = lookup_attributes(&serde_json::json!({"inventory": {"bmc_address": "0.0.0.0"}}), Some("n1".into()));
+        assert!(a.macs.is_empty() && a.bmc_addresses.is_empty());
+        assert_eq!(a.node_uuid.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn discovery_config_is_checked() {
+        assert!(DiscoveryConfig::default().validate().is_ok());
+        assert!(!DiscoveryConfig::default().enroll());
+        let bad = DiscoveryConfig { node_not_found_hook: "example".into(), ..Default::default() };
+        assert!(bad.validate().unwrap_err().contains("example"));
+        let bad = DiscoveryConfig { enabled_bmc_address_version: vec!["5".into()], ..Default::default() };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -2,13 +2,20 @@
 //!
 //! - [`machine`]: states, events, the transition table, strict and reentrant events.
 //! - [`records`]: node records, queued requests, taken requests.
+//! - [`lookup`]: which node a ramdisk's data belongs to (ironic-inspector's scoring).
 //! - [`engine`]: the public operations and the worker pool (lock, transition, task, consume).
 //! - [`service`]: the `Inspection` gRPC service.
 //! - [`periodic`]: singleton tasks: timeout, Ironic synchronisation, Ironic's own inspections, clean-up.
+//! - [`processing`]: ironic-inspector's processing hooks; [`rules`]: its introspection rules; [`process`]: the
+//!   processing task that runs both and writes the result to Ironic.
 //!
 //! The inspections' records, data and work queue live in [`crate::store`], with the filter state and the rules.
 pub mod engine;
+pub mod lookup;
 pub mod machine;
 pub mod periodic;
+pub mod process;
+pub mod processing;
 pub mod records;
+pub mod rules;
 pub mod service;

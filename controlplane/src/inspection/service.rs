@@ -4,13 +4,15 @@ use std::sync::Arc;
 
 use ironguard_proto::v1::inspection_server::Inspection;
 use ironguard_proto::v1::{
-    ContinueRequest, ContinueResponse, DataResponse, InspectionStatus, ListRequest, ListResponse, NodeRequest,
-    RequestAccepted, StartRequest, StartResponse,
+    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, InspectionStatus, ListRequest,
+    ListResponse, ListRulesRequest, ListRulesResponse, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest,
+    StartResponse,
 };
 use tonic::{Request, Response, Status};
 
 use super::engine::{ApiError, Engine};
 use super::machine::State;
+use super::process::StoredData;
 use super::records::NodeRecord;
 
 /// gRPC front of the engine.
@@ -25,10 +27,18 @@ pub const MAX_DATA_BYTES: usize = 2 << 20;
 fn status(e: ApiError) -> Status {
     match &e {
         ApiError::UnknownNode(_) | ApiError::NoMatch(_) => Status::not_found(e.to_string()),
-        ApiError::ProvisionState { .. } | ApiError::Illegal { .. } | ApiError::NoData(_) | ApiError::NoIronic => {
-            Status::failed_precondition(e.to_string())
+        ApiError::ProvisionState { .. }
+        | ApiError::Maintenance(_)
+        | ApiError::Illegal { .. }
+        | ApiError::NoData(_)
+        | ApiError::NoIronic => Status::failed_precondition(e.to_string()),
+        ApiError::Lookup(super::lookup::LookupError::NotFound(_)) => Status::not_found(e.to_string()),
+        ApiError::Lookup(_) => Status::failed_precondition(e.to_string()),
+        ApiError::BadData(_) | ApiError::PreProcessing(_) | ApiError::Discovery(_) | ApiError::BadRule(_) => {
+            Status::invalid_argument(e.to_string())
         }
-        ApiError::BadData(_) => Status::invalid_argument(e.to_string()),
+        ApiError::UnknownRule(_) => Status::not_found(e.to_string()),
+        ApiError::RuleExists(_) => Status::already_exists(e.to_string()),
         ApiError::Ironic(_) => Status::unavailable(e.to_string()),
         ApiError::Store(_) => Status::internal(e.to_string()),
     }
@@ -79,7 +89,7 @@ impl InspectionService {
 impl Inspection for InspectionService {
     async fn start(&self, r: Request<StartRequest>) -> Result<Response<StartResponse>, Status> {
         let r = r.into_inner();
-        let (rec, id) = self.engine.start(node_arg(&r.node)?, r.manage_boot).await.map_err(status)?;
+        let (rec, id) = self.engine.start(node_arg(&r.node)?, r.manage_boot, r.maintenance_ok).await.map_err(status)?;
         Ok(Response::new(StartResponse { node: rec.uuid, request_id: id }))
     }
 
@@ -137,7 +147,8 @@ impl Inspection for InspectionService {
         }
         let data: serde_json::Value = serde_json::from_str(&r.data_json)
             .map_err(|e| Status::invalid_argument(format!("introspection data is not JSON: {e}")))?;
-        let node = self.engine.continue_inspection(data).await.map_err(status)?;
+        let node_uuid = Some(r.node_uuid).filter(|u| !u.is_empty());
+        let node = self.engine.continue_inspection(data, node_uuid).await.map_err(status)?;
         Ok(Response::new(ContinueResponse { node }))
     }
 
@@ -147,15 +158,54 @@ impl Inspection for InspectionService {
         Ok(Response::new(RequestAccepted { request_id: id }))
     }
 
-    async fn get_data(&self, r: Request<NodeRequest>) -> Result<Response<DataResponse>, Status> {
-        let node = self.resolve(&r.into_inner().node).await?;
+    async fn get_data(&self, r: Request<DataRequest>) -> Result<Response<DataResponse>, Status> {
+        let r = r.into_inner();
+        let node = self.resolve(&r.node).await?;
         let data = self
             .engine
             .store
             .get_data(&node)
             .await
             .map_err(|e| Status::internal(e.to_string()))?
+            .map(StoredData::from_value)
             .ok_or_else(|| Status::not_found(format!("no introspection data stored for node {node}")))?;
+        let data = if r.unprocessed { data.unprocessed } else { data.processed };
         Ok(Response::new(DataResponse { node, data_json: data.to_string() }))
+    }
+
+    async fn create_rule(&self, r: Request<Rule>) -> Result<Response<Rule>, Status> {
+        let body = r.into_inner().rule_json;
+        if body.len() > crate::inspector_api::MAX_RULE_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "a rule is at most {} bytes",
+                crate::inspector_api::MAX_RULE_BYTES
+            )));
+        }
+        let body: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| Status::invalid_argument(format!("the rule is not JSON: {e}")))?;
+        let rule = self.engine.create_rule(&body).await.map_err(status)?;
+        Ok(Response::new(Rule { rule_json: rule.full().to_string() }))
+    }
+
+    async fn list_rules(&self, _r: Request<ListRulesRequest>) -> Result<Response<ListRulesResponse>, Status> {
+        let rules = self.engine.list_rules().await.map_err(status)?;
+        Ok(Response::new(ListRulesResponse {
+            rules: rules.iter().map(|r| Rule { rule_json: r.full().to_string() }).collect(),
+        }))
+    }
+
+    async fn get_rule(&self, r: Request<RuleRequest>) -> Result<Response<Rule>, Status> {
+        let rule = self.engine.get_rule(&r.into_inner().uuid).await.map_err(status)?;
+        Ok(Response::new(Rule { rule_json: rule.full().to_string() }))
+    }
+
+    async fn delete_rule(&self, r: Request<RuleRequest>) -> Result<Response<DeleteRulesResponse>, Status> {
+        self.engine.delete_rule(&r.into_inner().uuid).await.map_err(status)?;
+        Ok(Response::new(DeleteRulesResponse { deleted: 1 }))
+    }
+
+    async fn delete_all_rules(&self, _r: Request<ListRulesRequest>) -> Result<Response<DeleteRulesResponse>, Status> {
+        let deleted = self.engine.delete_all_rules().await.map_err(status)?;
+        Ok(Response::new(DeleteRulesResponse { deleted: deleted as u32 }))
     }
 }

@@ -28,7 +28,7 @@ pub trait RuleStore: Send + Sync + 'static {
     /// Deletes one rule; `Ok(false)` if there was none.
     async fn delete(&self, uuid: &str) -> Result<bool, StoreError>;
     /// Deletes every rule.
-    async fn delete_all(&self) -> Result<(), StoreError>;
+    async fn delete_all(&self) -> Result<usize, StoreError>;
 }
 
 /// Sorts rules into the order they apply in.

@@ -144,9 +144,11 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
         Fault::Oom => {
             let pid = site.hosts[leader].agent.as_ref().ok_or("no agent")?.pid();
             let cg = Cgroup::memory_limited(pid, 256 * 1024)?;
-            // Make the agent allocate fresh memory: a burst of filter changes it must turn into kernel batches.
+            // Make the agent allocate fresh memory: bursts of filter changes it must turn into kernel batches.
+            // Memory charged before the move stays with the old cgroup (v1), and the allocator reuses freed
+            // pages first, so it can take several bursts before an allocation is charged here.
             let mut killed = None;
-            for burst in 0..5u8 {
+            for burst in 0..16u8 {
                 let macs: Vec<String> = (0..4000u32)
                     .map(|i| format!("02:fa:{burst:02x}:{:02x}:{:02x}:{:02x}", i >> 16, (i >> 8) & 0xff, i & 0xff))
                     .collect();

@@ -106,18 +106,21 @@ impl Site {
 
     fn start(&self) {
         grpc(&self.lan.pxe, |mut c| {
-            Box::pin(async move { c.start(StartRequest { node: NODE.into(), manage_boot: true }).await.unwrap() })
+            Box::pin(async move {
+                c.start(StartRequest { node: NODE.into(), manage_boot: true, ..Default::default() }).await.unwrap()
+            })
         });
     }
 
     fn continue_(&self) -> Result<String, tonic::Status> {
-        let data =
-            serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": NODE_MAC}]}, "cpus": 8})
-                .to_string();
+        let mac: ironguard_nft::MacAddr = NODE_MAC.parse().expect("NODE_MAC");
+        let data = ironguard_netns_tests::ironic::ipa_inventory(&[mac], "10.1.39.10").to_string();
         grpc(&self.lan.pxe, move |mut c| {
-            Box::pin(
-                async move { c.r#continue(ContinueRequest { data_json: data }).await.map(|r| r.into_inner().node) },
-            )
+            Box::pin(async move {
+                c.r#continue(ContinueRequest { node_uuid: String::new(), data_json: data })
+                    .await
+                    .map(|r| r.into_inner().node)
+            })
         })
     }
 

@@ -3,6 +3,7 @@
 //!
 //! - [`timeout::InspectionTimeout`]: inspections running longer than `timeout_secs` end in error.
 //! - [`clean_up::CleanUp`]: finished inspections older than `clean_up_after_secs` are forgotten.
+//! - [`stale_allows::StaleAllows`]: an inspection's allow that outlived the inspection is removed.
 //! - [`ironic_sync::IronicSync`]: the deny set becomes every port MAC Ironic knows (reason `ironic`); nodes
 //!   deleted from Ironic are removed.
 //! - [`ironic_inspection::IronicInspections`]: the ports of nodes Ironic itself is inspecting are allowed (reason
@@ -16,6 +17,7 @@ mod clean_up;
 mod ironic_inspection;
 mod ironic_sync;
 mod mirror;
+mod stale_allows;
 mod timeout;
 
 use std::sync::Arc;
@@ -108,6 +110,11 @@ pub fn tasks(engine: Arc<Engine>, sync: SyncConfig, policy: PolicySetting) -> Ve
             timeout::InspectionTimeout::new(engine.clone()),
         ),
         schedule("clean-up", Duration::from_secs(sync.clean_up_secs.max(1)), clean_up::CleanUp::new(engine.clone())),
+        schedule(
+            "stale-allows",
+            Duration::from_secs(sync.timeout_check_secs.clamp(1, 10)),
+            stale_allows::StaleAllows::new(engine.clone()),
+        ),
     ];
     let Some(ironic) = engine.ironic.clone() else {
         return out;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::store::rules::{RuleStore, StoredRule, in_order};
 use crate::store::{Backend, StoreError, embedded as backend};
@@ -103,13 +103,17 @@ impl RuleStore for EmbeddedRules {
         .await
     }
 
-    async fn delete_all(&self) -> Result<(), StoreError> {
+    async fn delete_all(&self) -> Result<usize, StoreError> {
         self.blocking(|db| {
             let w = db.begin_write().map_err(backend("begin a transaction"))?;
+            let n = {
+                let t = w.open_table(RULES).map_err(backend("open the rules table"))?;
+                t.len().map_err(backend("count the rules"))? as usize
+            };
             w.delete_table(RULES).map_err(backend("delete the rules"))?;
             w.open_table(RULES).map_err(backend("open the rules table"))?;
             w.commit().map_err(backend("commit"))?;
-            Ok(())
+            Ok(n)
         })
         .await
     }
@@ -142,7 +146,7 @@ mod tests {
         assert!(s.delete("b").await.unwrap());
         assert!(!s.delete("b").await.unwrap());
         assert_eq!(s.get("a").await.unwrap().unwrap().created_at, 3);
-        s.delete_all().await.unwrap();
+        assert!(s.delete_all().await.unwrap() > 0);
         assert!(s.list().await.unwrap().is_empty());
         std::fs::remove_dir_all(&d).unwrap();
     }

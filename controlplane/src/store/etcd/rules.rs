@@ -92,15 +92,16 @@ impl RuleStore for EtcdRules {
         Ok(r.deleted() > 0)
     }
 
-    async fn delete_all(&self) -> Result<(), StoreError> {
+    async fn delete_all(&self) -> Result<usize, StoreError> {
         let root = self.root.clone();
-        self.c
+        let r = self
+            .c
             .retry("delete the rules", |mut cl| {
                 let root = root.clone();
                 async move { cl.delete(root, Some(DeleteOptions::new().with_prefix())).await }
             })
             .await
             .map_err(backend("delete the rules"))?;
-        Ok(())
+        Ok(r.deleted() as usize)
     }
 }
