@@ -490,6 +490,102 @@ async fn policy_while_inspecting_allows_unknown_macs_only_during_an_inspection()
     wait_policy(UnknownMacPolicy::Deny).await;
 }
 
+/// Before: while Ironic was unreachable the while-inspecting policy was not recomputed, so unknown MACs stayed
+/// allowed for as long as Ironic was down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn while_inspecting_closes_when_ironic_is_unreachable() {
+    use ironguard_controlplane::inspection::periodic::PolicySetting;
+    use ironguard_proto::v1::UnknownMacPolicy;
+    let s = site("policy-down", |c| {
+        c.filter.unknown_mac_policy = PolicySetting::WhileInspecting;
+        c.sync.ironic_inspection = true;
+        c.sync.ironic_inspection_period_ms = 100;
+        c.ironic.retries = 0;
+    })
+    .await;
+    // Ironic inspects a node itself: the policy opens.
+    s.ironic.set_inspect_interface(N1, "agent").unwrap();
+    s.ironic.set_provision_state(N1, "inspect wait").unwrap();
+    let policy = || async {
+        PxeFilterClient::new(s.channel.clone())
+            .get_filter_state(GetFilterStateRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .unknown_mac_policy
+    };
+    let wait_policy = |want: UnknownMacPolicy| async move {
+        let t = Instant::now();
+        while policy().await != want as i32 {
+            assert!(t.elapsed() < Duration::from_secs(5), "policy never became {want:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    wait_policy(UnknownMacPolicy::Allow).await;
+    // Ironic stops answering: nobody can tell what is inspected any more, so unknown MACs are denied.
+    s.ironic.inject(Fault { method: None, path_prefix: "/v1".into(), status: 503, count: 0, latency_ms: 0 });
+    wait_policy(UnknownMacPolicy::Deny).await;
+    s.ironic.clear_faults();
+    wait_policy(UnknownMacPolicy::Allow).await;
+}
+
+/// ironic-inspector refuses to inspect a node in maintenance unless asked; before, ironguard inspected it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn maintenance_nodes_are_refused_unless_asked() {
+    let s = site("maint", |_| {}).await;
+    s.ironic.update_node(N1, |n| n.maintenance = true).unwrap();
+    let e =
+        s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("maintenance"), "{}", e.message());
+    let http = reqwest::Client::new();
+    let r = http.post(format!("{}/v1/introspection/{N1}", s.inspector)).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(s.allow_reasons(MAC1).await.is_empty(), "nothing allowed");
+    assert!(s.calls("/states/power").is_empty(), "never powered");
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, maintenance_ok: true }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    assert_eq!(s.allow_reasons(MAC1).await, vec![format!("inspection:{N1}")]);
+}
+
+/// Before: a failed removal of an inspection's allow was only logged, and the allow stayed forever. Now the workers
+/// retry and the stale-allows task removes any allow whose inspection is over; an operator can also drop it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_allow_that_outlived_its_inspection_is_removed() {
+    use ironguard_controlplane::filter::{ReasonChange, Side};
+    let s = site("stale", |c| c.sync.timeout_check_secs = 1).await;
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    s.insp().r#continue(ContinueRequest { node_uuid: String::new(), data_json: data_for(MAC1) }).await.unwrap();
+    s.wait_state(N1, "finished").await;
+    // What a swallowed removal left behind: the finished inspection's allow.
+    let mac = MAC1.parse().unwrap();
+    let change = ReasonChange { mac, side: Side::Allow, reason: format!("inspection:{N1}"), present: true };
+    s.engine.filters.apply(vec![change], None).await.unwrap();
+    assert_eq!(s.allow_reasons(MAC1).await, vec![format!("inspection:{N1}")]);
+    let t = Instant::now();
+    while !s.allow_reasons(MAC1).await.is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(5), "the stale allow was never removed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A running inspection's allow is left alone.
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(s.allow_reasons(MAC1).await, vec![format!("inspection:{N1}")]);
+    // The operator's override drops any reason (ironguardctl filters remove --reason inspection:<node>).
+    let r = PxeFilterClient::new(s.channel.clone())
+        .update_pxe_filters(ironguard_proto::v1::UpdatePxeFiltersRequest {
+            remove: vec![MAC1.into()],
+            remove_reason: format!("inspection:{N1}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(r.into_inner().revision > 0);
+    assert!(s.allow_reasons(MAC1).await.is_empty());
+}
+
 /// The ironic-inspector v1 REST API over real HTTP, as ironic-python-agent and `openstack baremetal
 /// introspection` use it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

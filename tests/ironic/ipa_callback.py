@@ -5,7 +5,8 @@
 ironic-python-agent (from PyPI, pinned in constraints.txt) is configured as the ramdisk is, from its own command
 line options, and `ironic_python_agent.inspector.call_inspector` posts the data exactly as it does at the end of
 inspection (headers, encoding, retries on 409 and 5xx). The JSON reply is printed; an error reply exits 1 with
-IPA's own error message.
+IPA's own error message. A truthy "error" in DATA becomes one of IPA's accumulated failures, as a collector that
+failed would add it (IPA then sends its failures as "error").
 """
 import json
 import sys
@@ -23,6 +24,8 @@ def main():
     with open(path) as f:
         data = json.load(f)
     failures = utils.AccumulatedFailures(exc_class=errors.InspectionError)
+    if data.get("error"):
+        failures.add(data.pop("error"))
     try:
         reply = inspector.call_inspector(data, failures)
     except errors.InspectionError as e:

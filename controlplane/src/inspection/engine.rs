@@ -678,22 +678,37 @@ impl Engine {
         }
     }
 
+    /// Drops the node's `inspection:<node>` allow. A failed write is retried (about 3 s in all); if the store still
+    /// refuses, the `stale-allows` task removes the allow on its next run, since the inspection is no longer running.
     async fn remove_allow(&self, node: &str) {
-        // The node's recorded MACs first (cheap); a full scan only when the record has none (e.g. it is gone).
-        let macs = match self.store.get(node).await {
-            Ok(Some(r)) if !r.macs.is_empty() => r.macs,
-            _ => vec![],
-        };
         let r = reason(node);
-        let (_, entries) = self.filters.entries(&macs);
-        let changes: Vec<ReasonChange> = entries
-            .into_iter()
-            .filter(|(_, e)| e.allow.contains(&r))
-            .map(|(mac, _)| ReasonChange { mac, side: Side::Allow, reason: r.clone(), present: false })
-            .collect();
-        if !changes.is_empty() {
-            if let Err(e) = self.filters.apply(changes, None).await {
-                error!(error = %e, "could not remove the node's allow");
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=5 {
+            // The node's recorded MACs first (cheap); a full scan when the record has none (e.g. it is gone).
+            let macs = match self.store.get(node).await {
+                Ok(Some(rec)) if !rec.macs.is_empty() => rec.macs,
+                _ => vec![],
+            };
+            let (_, entries) = self.filters.entries(&macs);
+            let changes: Vec<ReasonChange> = entries
+                .into_iter()
+                .filter(|(_, e)| e.allow.contains(&r))
+                .map(|(mac, _)| ReasonChange { mac, side: Side::Allow, reason: r.clone(), present: false })
+                .collect();
+            if changes.is_empty() {
+                return;
+            }
+            match self.filters.apply(changes, None).await {
+                Ok(_) => return,
+                Err(e) if attempt < 5 => {
+                    warn!(error = %e, attempt, "could not remove the node's allow; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => error!(
+                    error = %e,
+                    "could not remove the node's allow; the stale-allows task will remove it once the store answers"
+                ),
             }
         }
     }

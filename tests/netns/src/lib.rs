@@ -28,6 +28,7 @@ pub mod etcd;
 pub mod faults;
 pub mod ha;
 pub mod ironic;
+pub mod ironic_site;
 pub use etcd::{EtcdProcess, TlsFiles};
 pub use ironic::{RealIronic, ipa_inventory};
 

@@ -41,7 +41,7 @@ struct Site {
     _agent: Proc,
     cp: ControlPlane,
     ironic: FakeIronicProc,
-    _etcd: Option<EtcdProcess>,
+    etcd: Option<EtcdProcess>,
     lan: PxeLan,
 }
 
@@ -75,7 +75,7 @@ impl Site {
         let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-i", &cp.url(), "br0", AGENT_ADMIN, 30), None);
         let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
         assert!(leader.is_some(), "{}", agent.log_text());
-        Self { lan, ironic, cp, _agent: agent, _etcd: etcd }
+        Self { lan, ironic, cp, _agent: agent, etcd }
     }
 
     fn state(&self) -> (String, String) {
@@ -262,6 +262,30 @@ fn restart_mid_inspection(with_etcd: bool) {
         (metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_resumes").unwrap_or(0.0) >= 1.0).then_some(())
     });
     assert!(resumed.is_some(), "the agent resumed its stream from the restarted control plane");
+}
+
+/// Before: after an etcd outage longer than a worker session's TTL (10 s) every node lock failed with "requested
+/// lease not found", read as "locked by another worker", and requests cycled every 200 ms forever. Now a worker whose
+/// session is gone opens a new one and takes the work again.
+#[test]
+fn workers_renew_their_sessions_after_an_etcd_outage_longer_than_their_ttl() {
+    let mut site = Site::new(true, &[]);
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(20));
+    assert_eq!(site.continue_().unwrap(), NODE);
+    site.wait_state("finished", Duration::from_secs(20));
+    let etcd = site.etcd.as_mut().unwrap();
+    etcd.stop();
+    std::thread::sleep(Duration::from_secs(13));
+    etcd.restart();
+    site.start();
+    site.wait_state("waiting", Duration::from_secs(30));
+    assert_eq!(site.continue_().unwrap(), NODE);
+    site.wait_state("finished", Duration::from_secs(20));
+    let log = site.cp.proc.log_text();
+    assert!(log.contains("renewing the session") || log.contains("worker session opened"), "{log}");
+    let cycles = log.matches("node is locked by another worker").count();
+    assert!(cycles < 20, "requests cycled {cycles} times on a lock they could never get:\n{log}");
 }
 
 #[test]

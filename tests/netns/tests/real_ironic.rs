@@ -5,127 +5,12 @@
 //! that talk to ironguard's inspector API.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ironguard_netns_tests::ironic::venv_bin;
+use ironguard_netns_tests::ironic_site::{IronicSite as Site, dhcp_becomes, ipa_callback};
 use ironguard_netns_tests::*;
 use ironguard_nft::MacAddr;
 use serde_json::Value;
-
-const AGENT_ADMIN: &str = "127.0.0.1:9181";
-const INSPECTOR: &str = "http://10.77.0.1:5050";
-
-/// A PXE host namespace with dnsmasq, a real Ironic, the control plane (embedded store, unknown MACs denied,
-/// inspector API on the PXE bridge) and the agent as leader; `n` node namespaces.
-struct Site {
-    // Dropped in this order: the processes (printing their logs if the test failed), then the namespaces and the
-    // directory holding those logs.
-    agent: Proc,
-    cp: ControlPlane,
-    ironic: RealIronic,
-    lan: PxeLan,
-}
-
-impl Site {
-    fn new(n: usize, page_size: u32) -> Self {
-        let lan = PxeLan::new(n);
-        let ironic = RealIronic::start(&lan.pxe, &lan.dir, 6385);
-        let cfg = lan.dir.join("controlplane.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[server]\ninspector_listen = \"10.77.0.1:5050\"\n\n[filter]\nunknown_mac_policy = \"deny\"\n\n\
-                 [ironic]\nurl = \"{}\"\nretries = 3\nretry_backoff_ms = 100\npage_size = {page_size}\n\n\
-                 [inspection]\nworkers = 2\ntake_timeout_ms = 200\nallow_timeout_secs = 15\n\n\
-                 [sync]\nironic_sync_secs = 1\nironic_inspection = true\nironic_inspection_period_ms = 300\n\
-                 timeout_check_secs = 5\n",
-                ironic.url
-            ),
-        )
-        .unwrap();
-        let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap()]);
-        let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-r", &cp.url(), "br0", AGENT_ADMIN, 30), None);
-        let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
-        assert!(leader.is_some(), "the agent did not lead:\n{}", agent.log_text());
-        Self { agent, cp, ironic, lan }
-    }
-
-    fn ctl(&self, args: &[&str]) -> Output {
-        ctl(&self.lan.pxe, args)
-    }
-
-    fn ctl_ok(&self, args: &[&str]) -> String {
-        let out = self.ctl(args);
-        assert!(
-            out.status.success(),
-            "ironguardctl {args:?} failed: {}{}\ncontrol plane log:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.cp.proc.log_text()
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// (allow reasons, deny reasons) of a MAC in the control plane's filter state.
-    fn reasons(&self, m: MacAddr) -> (Vec<String>, Vec<String>) {
-        let v: Value = serde_json::from_str(&self.ctl_ok(&["filters", "show", "--json", "--mac", &m.to_string()]))
-            .expect("filters show --json");
-        let e = v["entries"].as_array().and_then(|a| a.first()).cloned().unwrap_or(Value::Null);
-        let list = |k: &str| {
-            e[k].as_array().map(|a| a.iter().filter_map(|r| r.as_str().map(String::from)).collect()).unwrap_or_default()
-        };
-        (list("allow_reasons"), list("deny_reasons"))
-    }
-
-    /// `ironguardctl inspect status UUID --json` → state.
-    fn inspection_state(&self, uuid: &str) -> Value {
-        serde_json::from_str(&self.ctl_ok(&["inspect", "status", uuid, "--json"])).expect("inspect status --json")
-    }
-
-    fn wait_inspection(&self, uuid: &str, want: &str, timeout: Duration) -> Value {
-        let t = Instant::now();
-        loop {
-            let s = self.inspection_state(uuid);
-            if s["state"] == want {
-                return s;
-            }
-            assert!(
-                t.elapsed() < timeout,
-                "inspection of {uuid} never reached {want}: {s}\n{}",
-                self.cp.proc.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-/// A node's DHCP outcome, retried until it is `want` (a lease or none) or `timeout` passes.
-fn dhcp_becomes(node: &Netns, m: MacAddr, want: bool, timeout: Duration) -> bool {
-    wait_for(timeout, || (dhcp(node, "eth0", m).is_some() == want).then_some(())).is_some()
-}
-
-/// ironic-python-agent's own `call_inspector`, run in `node`'s namespace with `addr` on its interface (the address
-/// its DHCP lease would give the ramdisk): (exit ok, stdout, stderr).
-fn ipa_callback(node: &Netns, addr: &str, dir: &TempDir, data: &Value) -> (bool, String, String) {
-    node.ip(&["addr", "replace", &format!("{addr}/24"), "dev", "eth0"]);
-    let path = dir.join(&format!("ipa-data-{}.json", node.name()));
-    std::fs::write(&path, data.to_string()).unwrap();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ironic/ipa_callback.py");
-    let out = node
-        .cmd(venv_bin("python"))
-        .arg(script)
-        .arg(&path)
-        .args(["--inspection_callback_url", &format!("{INSPECTOR}/v1/continue")])
-        .env("PYTHONWARNINGS", "ignore")
-        .output()
-        .expect("run ipa_callback.py");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// The deny set comes from Ironic's ports; Ironic's own inspection of a node opens DHCP for that node only, and
 /// closes it once the ramdisk's data reached Ironic's `/v1/continue_inspection`.
@@ -272,20 +157,7 @@ fn openstack_baremetal_introspection_commands_work_unchanged() {
     let n = mac("52:54:00:39:03:01");
     let uuid = site.ironic.enroll("node-osc", &[n], "10.1.39.60", "agent");
     site.ironic.drive_to(&uuid, "manageable");
-    let osc = |args: &[&str]| -> (bool, String) {
-        let out = site
-            .lan
-            .pxe
-            .cmd(venv_bin("openstack"))
-            .args(["--os-auth-type", "none", "--inspector-url", INSPECTOR, "baremetal", "introspection"])
-            .args(args)
-            .env("PYTHONWARNINGS", "ignore")
-            .output()
-            .expect("run openstack");
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        (out.status.success(), text)
-    };
-
+    let osc = |args: &[&str]| site.openstack(args);
     let (ok, out) = osc(&["start", "node-osc"]);
     assert!(ok, "introspection start: {out}");
     site.wait_inspection(&uuid, "waiting", Duration::from_secs(20));
