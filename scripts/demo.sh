@@ -8,8 +8,9 @@
 # surprise:
 #   1. Nobody gets DHCP: Ironic's ports are denied, a stranger is unknown.
 #   2. `ironguardctl inspect start node1`: ironguard sets PXE and powers node1 on through Ironic; only node1 gets a
-#      lease; the ramdisk's data (posted with ironic-python-agent's own code from node1) finishes the inspection;
-#      the data and the node in Ironic are shown; node1 is powered off and DHCP is closed again.
+#      lease; the ramdisk's data (posted with ironic-python-agent's own code from node1) is processed with
+#      ironic-inspector's default hooks: node1's cpus, memory_mb, cpu_arch, local_gb and capabilities are set in
+#      Ironic (checked); node1 is powered off and DHCP is closed again.
 #   3. Ironic's own inspection of node2 (`baremetal node inspect`), ironguard as its PXE filter: only node2 boots;
 #      its ramdisk reports to Ironic's /v1/continue_inspection; DHCP closes.
 #   4. An inspection of node3 is running when the agent is killed with SIGKILL: DHCP closes at once.
@@ -239,8 +240,16 @@ ctl inspect wait "$UUID1" --timeout 30 || fail "node1's inspection did not finis
 ctl inspect status "$UUID1"
 echo "-- the stored data (excerpt):"
 ctl inspect data "$UUID1" | grep -E '"(count|physical_mb|architecture|current_boot_mode)"' | sed 's/^ */   /'
-echo "-- node1 in Ironic after processing:"
+echo "-- node1 in Ironic after processing (ironic-inspector's default hooks: properties, capabilities):"
 baremetal node show node1 --fields name provision_state power_state properties
+baremetal node show node1 -f json -c properties | python3 -c '
+import json, sys
+p = json.load(sys.stdin)["properties"]
+want = {"cpus": "8", "memory_mb": "16384", "cpu_arch": "x86_64", "local_gb": "99"}
+bad = {k: p.get(k) for k, v in want.items() if p.get(k) != v}
+if bad or "cpu_vt:true" not in p.get("capabilities", ""):
+    sys.exit(f"expected {want} and capability cpu_vt:true, got {p}")
+' || fail "processing did not set node1's properties in Ironic"
 wait_until 10 "node1 powered off" sh -c "[ \"\$(ip netns exec $PXE '$VENV/bin/baremetal' --os-endpoint $IRONIC --os-auth-type none node show node1 -f value -c power_state 2>/dev/null)\" = 'power off' ]"
 echo "-- DHCP: closed again"
 dhcp_expect 0:no 1:no 2:no 3:no
