@@ -8,9 +8,15 @@
 //! | `GET /_fake/calls` | the recorded [`crate::Call`]s, in arrival order |
 //! | `DELETE /_fake/calls` | forget them |
 //! | `POST /_fake/nodes` (a [`crate::Node`]) | add a node, or replace the one with that UUID |
-//! | `GET /_fake/nodes/{ident}` | the stored node, fake-only fields (`boot_device`, `power_valid`) included |
+//! | `GET /_fake/nodes` | every stored node |
+//! | `GET /_fake/nodes/{ident}` | the stored node (`properties`, `extra`, `driver_info`, `traits`, the other Ironic fields set, and the fake-only `boot_device`, `power_valid`) |
+//! | `GET /_fake/nodes/{ident}/ports` | the node's stored ports (404 for an unknown node) |
 //! | `PUT /_fake/nodes/{ident}/provision_state` `{"provision_state": "…"}` | set its provision state |
 //! | `POST /_fake/ports` (a [`crate::Port`]) | add a port (409 on a duplicate address, 400 on an unknown node) |
+//! | `GET /_fake/ports` | every stored port |
+//! | `GET /_fake/ports/{uuid}` | the stored port (`pxe_enabled`, `extra`, `local_link_connection`, `physical_network`, ...) |
+//!
+//! [`crate::client::Admin`] wraps these for tests.
 //! | `POST /_fake/populate` `{"nodes": N, "ports_per_node": K, "provision_state": "…"}` | bulk-create nodes |
 
 use std::sync::Arc;
@@ -35,10 +41,12 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/_fake/faults", post(add_fault).delete(clear_faults))
         .route("/_fake/calls", get(calls).delete(clear_calls))
-        .route("/_fake/nodes", post(add_node))
+        .route("/_fake/nodes", post(add_node).get(nodes))
         .route("/_fake/nodes/{ident}", get(node))
+        .route("/_fake/nodes/{ident}/ports", get(node_ports))
         .route("/_fake/nodes/{ident}/provision_state", put(set_provision_state))
-        .route("/_fake/ports", post(add_port))
+        .route("/_fake/ports", post(add_port).get(ports))
+        .route("/_fake/ports/{uuid}", get(port))
         .route("/_fake/populate", post(populate))
 }
 
@@ -86,6 +94,29 @@ async fn node(State(shared): State<Arc<Shared>>, Path(ident): Path<String>) -> R
     let store = shared.store();
     let node = store.node(&ident).ok_or_else(|| ApiError::node_not_found(&ident))?;
     Ok(json_response(StatusCode::OK, json!(node)))
+}
+
+async fn nodes(State(shared): State<Arc<Shared>>) -> Response {
+    let nodes: Vec<Node> = shared.store().nodes().cloned().collect();
+    json_response(StatusCode::OK, json!(nodes))
+}
+
+async fn node_ports(State(shared): State<Arc<Shared>>, Path(ident): Path<String>) -> Result<Response> {
+    let store = shared.store();
+    let node = store.node(&ident).ok_or_else(|| ApiError::node_not_found(&ident))?;
+    let ports: Vec<&Port> = store.ports().filter(|p| p.node_uuid == node.uuid).collect();
+    Ok(json_response(StatusCode::OK, json!(ports)))
+}
+
+async fn ports(State(shared): State<Arc<Shared>>) -> Response {
+    let ports: Vec<Port> = shared.store().ports().cloned().collect();
+    json_response(StatusCode::OK, json!(ports))
+}
+
+async fn port(State(shared): State<Arc<Shared>>, Path(uuid): Path<String>) -> Result<Response> {
+    let store = shared.store();
+    let port = store.port(&uuid).ok_or_else(|| ApiError::port_not_found(&uuid))?;
+    Ok(json_response(StatusCode::OK, json!(port)))
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,5 +1,7 @@
 //! The emulated part of Ironic's REST API: version discovery, nodes (list, show, validate, power, boot device,
-//! patch, delete) and ports (list, show, create, delete).
+//! delete), ports (list, show, delete), and the routes of the writes that live in their own modules: nodes
+//! ([`crate::node_write`]: create, patch), ports ([`crate::port_write`]: create, patch) and traits
+//! ([`crate::traits`]).
 
 use std::sync::Arc;
 
@@ -11,29 +13,34 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, FakeError};
-use crate::model::{Node, Port, is_mac};
-use crate::patch::{self, Op};
+use crate::error::ApiError;
+use crate::model::{Node, Port};
 use crate::server::Shared;
-use crate::views::{self, NODE_FIELDS, NODE_LIST_FIELDS, NODE_PATCHABLE, PORT_FIELDS, PORT_LIST_FIELDS, Query};
+use crate::validate::is_uuid_like;
+use crate::views::{
+    self, NODE_FIELDS, NODE_FIELDS_NEWER, NODE_LIST_FIELDS, PORT_FIELDS, PORT_FIELDS_NEWER, PORT_LIST_FIELDS, Query,
+};
+use crate::{node_write, port_write, traits};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
-type Pairs = axum::extract::Query<Vec<(String, String)>>;
+pub(crate) type Pairs = axum::extract::Query<Vec<(String, String)>>;
 
 pub(crate) fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/", get(root))
         .route("/v1", get(v1))
         .route("/v1/", get(v1))
-        .route("/v1/nodes", get(list_nodes))
+        .route("/v1/nodes", get(list_nodes).post(node_write::create_node))
         .route("/v1/nodes/detail", get(list_nodes_detail))
-        .route("/v1/nodes/{ident}", get(show_node).patch(patch_node).delete(delete_node))
+        .route("/v1/nodes/{ident}", get(show_node).patch(node_write::patch_node).delete(delete_node))
+        .route("/v1/nodes/{ident}/traits", get(traits::list).put(traits::replace).delete(traits::remove_all))
+        .route("/v1/nodes/{ident}/traits/{name}", put(traits::add).delete(traits::remove))
         .route("/v1/nodes/{ident}/validate", get(validate_node))
         .route("/v1/nodes/{ident}/management/boot_device", put(set_boot_device))
         .route("/v1/nodes/{ident}/states/power", put(set_power_state))
-        .route("/v1/ports", get(list_ports).post(create_port))
+        .route("/v1/ports", get(list_ports).post(port_write::create_port))
         .route("/v1/ports/detail", get(list_ports_detail))
-        .route("/v1/ports/{uuid}", get(show_port).delete(delete_port))
+        .route("/v1/ports/{uuid}", get(show_port).patch(port_write::patch_port).delete(delete_port))
 }
 
 /// Unknown paths get Ironic's 404 body.
@@ -41,11 +48,11 @@ pub(crate) async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "The resource could not be found.")
 }
 
-fn json_response(status: StatusCode, body: Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: Value) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-fn with_location(mut resp: Response, location: &str) -> Response {
+pub(crate) fn with_location(mut resp: Response, location: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(location) {
         resp.headers_mut().insert(header::LOCATION, v);
     }
@@ -55,6 +62,11 @@ fn with_location(mut resp: Response, location: &str) -> Response {
 /// Parses a JSON request body; anything else is Ironic's 400.
 pub(crate) fn json_body(body: &Bytes) -> Result<Value> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))
+}
+
+/// A body as Ironic's `method.body` reads it: an empty body is `{}`, anything else must be JSON.
+pub(crate) fn request_body(body: &Bytes) -> Result<Value> {
+    if body.is_empty() { Ok(Value::Object(serde_json::Map::new())) } else { json_body(body) }
 }
 
 // --- versions --------------------------------------------------------------------------------------------------
@@ -118,6 +130,7 @@ async fn list_nodes_detail(State(shared): State<Arc<Shared>>, headers: HeaderMap
 fn nodes_page(shared: &Shared, headers: &HeaderMap, query: Query, detail_route: bool) -> Result<Response> {
     let base = shared.base_url(headers);
     let limit = query.limit(shared.config.max_limit)?;
+    views::reject_newer_fields(&query, NODE_FIELDS_NEWER)?;
     let shape = query.shape(NODE_FIELDS, detail_route)?;
     let provision_state = query.get("provision_state");
     let driver = query.get("driver");
@@ -150,9 +163,16 @@ async fn show_node(
     pairs: Pairs,
 ) -> Result<Response> {
     let base = shared.base_url(&headers);
-    let shape = Query::new(pairs.0).shape(NODE_FIELDS, false)?.or_detail();
+    let query = Query::new(pairs.0);
     let store = shared.store();
     let node = store.node(&ident).ok_or_else(|| ApiError::node_not_found(&ident))?;
+    views::reject_newer_fields(&query, NODE_FIELDS_NEWER)?;
+    // One node words an unknown field its own way (Ironic's `_get_fields_for_node_query`).
+    let mut named = query.get("fields").unwrap_or_default().split(',').map(str::trim).filter(|f| !f.is_empty());
+    if let Some(bad) = named.find(|f| !NODE_FIELDS.contains(f)) {
+        return Err(ApiError::bad_request(format!("Field {bad} is not a valid field.")));
+    }
+    let shape = query.shape(NODE_FIELDS, false)?.or_detail();
     Ok(json_response(StatusCode::OK, shape.apply(views::node_view(node, &base), NODE_LIST_FIELDS)))
 }
 
@@ -244,44 +264,6 @@ async fn set_power_state(
     Ok(with_location(StatusCode::ACCEPTED.into_response(), &location))
 }
 
-async fn patch_node(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(ident): Path<String>,
-    body: Bytes,
-) -> Result<Response> {
-    let ops = patch::parse(&json_body(&body)?).map_err(ApiError::bad_request)?;
-    let base = shared.base_url(&headers);
-    let mut store = shared.store();
-    let node = store.node_mut(&ident)?;
-    let mut view = views::node_view(node, &base);
-    view.retain(|k, _| NODE_PATCHABLE.contains(&k.as_str()));
-    let mut doc = Value::Object(view);
-    for op in &ops {
-        let tokens = patch::pointer(&op.path).map_err(ApiError::bad_request)?;
-        let root = tokens.first().map_or("", String::as_str);
-        if !NODE_PATCHABLE.contains(&root) {
-            if NODE_FIELDS.contains(&root) || root == "links" {
-                return Err(ApiError::bad_request(format!(
-                    "'/{root}' is an internal attribute and can not be updated"
-                )));
-            }
-            if op.op == Op::Add && tokens.len() == 1 {
-                return Err(ApiError::bad_request(format!(
-                    "Adding a new attribute (/{root}) to the root of the resource is not allowed"
-                )));
-            }
-        }
-        patch::apply(&mut doc, op)
-            .map_err(|reason| ApiError::bad_request(format!("Couldn't apply patch '{}'. Reason: {reason}", op.path)))?;
-    }
-    let Value::Object(doc) = doc else {
-        return Err(ApiError::bad_request("a patch must leave the node an object"));
-    };
-    *node = views::node_from_patched(&doc, node)?;
-    Ok(json_response(StatusCode::OK, Value::Object(views::node_view(node, &base))))
-}
-
 async fn delete_node(State(shared): State<Arc<Shared>>, Path(ident): Path<String>) -> Result<Response> {
     shared.store().delete_node(&ident)?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -299,20 +281,27 @@ async fn list_ports_detail(State(shared): State<Arc<Shared>>, headers: HeaderMap
 
 fn ports_page(shared: &Shared, headers: &HeaderMap, query: Query, detail_route: bool) -> Result<Response> {
     let base = shared.base_url(headers);
+    views::reject_newer_fields(&query, PORT_FIELDS_NEWER)?;
     let limit = query.limit(shared.config.max_limit)?;
     let shape = query.shape(PORT_FIELDS, detail_route)?;
-    let address = query.get("address").map(str::to_ascii_lowercase);
+    // Ironic validates `node_uuid` as a UUID, `node` as a UUID or name, and `address` as a MAC address.
+    if let Some(n) = query.get("node_uuid")
+        && !is_uuid_like(n)
+    {
+        return Err(ApiError::bad_request(format!("Expected UUID for node_uuid: {n}")));
+    }
+    if let Some(n) = query.get("node") {
+        node_write::check_ident("node", n)?;
+    }
+    let address = query.get("address").map(|a| crate::validate::mac_address("address", a)).transpose()?;
     let store = shared.store();
-    // `node` takes a UUID or a name, `node_uuid` a UUID; an unknown node is Ironic's 404.
-    let node_uuid = match (query.get("node"), query.get("node_uuid")) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request("Only one of 'node' and 'node_uuid' may be specified."));
-        }
-        (Some(ident), None) | (None, Some(ident)) => {
-            Some(store.node(ident).map(|n| n.uuid.clone()).ok_or_else(|| ApiError::node_not_found(ident))?)
-        }
-        (None, None) => None,
+    // `node_uuid` wins over `node`; an unknown node is Ironic's 404. With a node, `address` is ignored (as in
+    // Ironic, which filters by one or the other).
+    let node_uuid = match query.get("node_uuid").or_else(|| query.get("node")) {
+        Some(ident) => Some(store.node(ident).map(|n| n.uuid.clone()).ok_or_else(|| ApiError::node_not_found(ident))?),
+        None => None,
     };
+    let address = if node_uuid.is_some() { None } else { address };
     let page: Vec<&Port> = store
         .ports_after(query.get("marker"))?
         .filter(|p| node_uuid.as_deref().is_none_or(|n| p.node_uuid == n))
@@ -334,48 +323,12 @@ async fn show_port(
     pairs: Pairs,
 ) -> Result<Response> {
     let base = shared.base_url(&headers);
-    let shape = Query::new(pairs.0).shape(PORT_FIELDS, false)?.or_detail();
+    let query = Query::new(pairs.0);
+    views::reject_newer_fields(&query, PORT_FIELDS_NEWER)?;
+    let shape = query.shape(PORT_FIELDS, false)?.or_detail();
     let store = shared.store();
     let port = store.port(&uuid).ok_or_else(|| ApiError::port_not_found(&uuid))?;
     Ok(json_response(StatusCode::OK, shape.apply(views::port_view(port, &base), PORT_LIST_FIELDS)))
-}
-
-async fn create_port(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Result<Response> {
-    let body = json_body(&body)?;
-    let field = |name: &str| body.get(name).filter(|v| !v.is_null());
-    let mandatory = |name: &str| {
-        field(name).and_then(Value::as_str).map(str::to_owned).ok_or_else(|| {
-            ApiError::bad_request(format!("Invalid input for field/attribute {name}. Mandatory field missing."))
-        })
-    };
-    let address = mandatory("address")?;
-    let node_uuid = mandatory("node_uuid")?;
-    if !is_mac(&address) {
-        return Err(FakeError::InvalidMac(address).into());
-    }
-    let mut port = Port::new(node_uuid, address);
-    if let Some(uuid) = field("uuid").and_then(Value::as_str) {
-        port.uuid = uuid.to_owned();
-    }
-    if let Some(v) = field("pxe_enabled") {
-        port.pxe_enabled = v.as_bool().ok_or_else(|| {
-            ApiError::bad_request(format!("Invalid input for field/attribute pxe_enabled. Value: '{v}'."))
-        })?;
-    }
-    if let Some(v) = field("extra") {
-        port.extra = v
-            .as_object()
-            .cloned()
-            .ok_or_else(|| ApiError::bad_request(format!("Invalid input for field/attribute extra. Value: '{v}'.")))?;
-    }
-    let base = shared.base_url(&headers);
-    let port = shared.store().add_port(port).map_err(|e| match e {
-        // A port naming a missing node is a bad request, not a missing resource (Ironic turns the 404 into 400).
-        FakeError::NodeNotFound(_) => ApiError::bad_request(e.to_string()),
-        other => other.into(),
-    })?;
-    let location = format!("{base}/v1/ports/{}", port.uuid);
-    Ok(with_location(json_response(StatusCode::CREATED, Value::Object(views::port_view(&port, &base))), &location))
 }
 
 async fn delete_port(State(shared): State<Arc<Shared>>, Path(uuid): Path<String>) -> Result<Response> {

@@ -1,6 +1,9 @@
 //! A minimal HTTP/1.1 client over a tokio `TcpStream`: one request per connection (`Connection: close`),
 //! `Content-Length` bodies, plain `http://` only. The workspace has no HTTP client crate; this is enough for tests
-//! to talk to the fake (its Ironic API and its `/_fake` admin API), in this crate and in others.
+//! to talk to the fake (its Ironic API and its `/_fake` admin API), in this crate and in others. [`Admin`] is the
+//! admin API, typed, for a fake in another process.
+
+use serde::de::DeserializeOwned;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -20,6 +23,8 @@ pub enum ClientError {
     MalformedResponse(String),
     #[error("response body is not JSON")]
     Json(#[source] serde_json::Error),
+    #[error("{method} {url} answered {status}: {body}")]
+    Status { method: String, url: String, status: u16, body: String },
 }
 
 /// An HTTP response, read whole.
@@ -93,6 +98,84 @@ pub async fn send(
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.map_err(io)?;
     parse_response(&raw)
+}
+
+/// The `/_fake` admin API of a fake Ironic, typed: what in-process tests do with [`crate::FakeIronic`]'s methods,
+/// for a `fake-ironic` process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    base: String,
+}
+
+impl Admin {
+    /// The admin API of the fake at `url` (`http://HOST:PORT`, as [`crate::FakeIronic::url`] gives it).
+    pub fn new(url: impl Into<String>) -> Admin {
+        Admin { base: url.into().trim_end_matches('/').to_owned() }
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let resp = match body {
+            Some(b) => send_json(method, &url, b).await?,
+            None => send(method, &url, &[], None).await?,
+        };
+        if !(200..300).contains(&resp.status) {
+            return Err(ClientError::Status { method: method.to_owned(), url, status: resp.status, body: resp.text() });
+        }
+        serde_json::from_slice(&resp.body).map_err(ClientError::Json)
+    }
+
+    /// The stored node with this UUID or name; `None` when there is none.
+    pub async fn node(&self, ident: &str) -> Result<Option<crate::Node>, ClientError> {
+        match self.call("GET", &format!("/_fake/nodes/{ident}"), None).await {
+            Ok(node) => Ok(Some(node)),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every stored node.
+    pub async fn nodes(&self) -> Result<Vec<crate::Node>, ClientError> {
+        self.call("GET", "/_fake/nodes", None).await
+    }
+
+    /// The ports of the node with this UUID or name; `None` when there is no such node.
+    pub async fn ports_of(&self, ident: &str) -> Result<Option<Vec<crate::Port>>, ClientError> {
+        match self.call("GET", &format!("/_fake/nodes/{ident}/ports"), None).await {
+            Ok(ports) => Ok(Some(ports)),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The stored port with this UUID; `None` when there is none.
+    pub async fn port(&self, uuid: &str) -> Result<Option<crate::Port>, ClientError> {
+        match self.call("GET", &format!("/_fake/ports/{uuid}"), None).await {
+            Ok(port) => Ok(Some(port)),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds a node (or replaces the one with its UUID); returns it as stored.
+    pub async fn add_node(&self, node: &crate::Node) -> Result<crate::Node, ClientError> {
+        self.call("POST", "/_fake/nodes", Some(&serde_json::json!(node))).await
+    }
+
+    /// Adds a port (`pxe_enabled`, `extra`, `local_link_connection`, ... as given); returns it as stored.
+    pub async fn add_port(&self, port: &crate::Port) -> Result<crate::Port, ClientError> {
+        self.call("POST", "/_fake/ports", Some(&serde_json::json!(port))).await
+    }
+
+    /// The Ironic API requests recorded so far.
+    pub async fn calls(&self) -> Result<Vec<crate::Call>, ClientError> {
+        self.call("GET", "/_fake/calls", None).await
+    }
 }
 
 fn parse_response(raw: &[u8]) -> Result<Response, ClientError> {

@@ -1,7 +1,7 @@
 //! [`FakeIronicConfig`]: what a fake Ironic advertises and enforces.
 
 /// Configuration of a [`crate::FakeIronic`]; [`Default`] is a noauth Ironic at microversion 1.81 with
-/// `max_limit` 1000.
+/// `max_limit` 1000, serving the hardware types fake-hardware, ipmi and redfish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeIronicConfig {
     /// The lowest microversion accepted (`X-OpenStack-Ironic-API-Minimum-Version`), "1.1".
@@ -14,6 +14,10 @@ pub struct FakeIronicConfig {
     pub require_basic_auth: Option<(String, String)>,
     /// When set, `/v1/...` requests need `X-Auth-Token` equal to this (or the basic credentials above).
     pub require_token: Option<String>,
+    /// The hardware types ("drivers") a conductor serves: creating a node with another driver, or changing a
+    /// node's driver to another one, is Ironic's 400 "No valid host was found". `["fake-hardware", "ipmi",
+    /// "redfish"]`.
+    pub enabled_drivers: Vec<String>,
 }
 
 impl Default for FakeIronicConfig {
@@ -24,6 +28,7 @@ impl Default for FakeIronicConfig {
             max_limit: 1000,
             require_basic_auth: None,
             require_token: None,
+            enabled_drivers: ["fake-hardware", "ipmi", "redfish"].map(String::from).to_vec(),
         }
     }
 }

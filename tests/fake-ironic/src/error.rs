@@ -42,6 +42,20 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, faultstring)
     }
 
+    pub fn conflict(faultstring: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, faultstring)
+    }
+
+    /// Ironic's `NotAcceptable` (406): a field or parameter of a later microversion than the request's.
+    pub fn not_acceptable() -> ApiError {
+        ApiError::new(StatusCode::NOT_ACCEPTABLE, "Request not acceptable.")
+    }
+
+    /// The 404 of a path Ironic does not serve (at the request's microversion).
+    pub fn resource_not_found() -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "The resource could not be found.")
+    }
+
     pub fn node_not_found(ident: &str) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, FakeError::NodeNotFound(ident.to_owned()).to_string())
     }

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -41,7 +42,7 @@ pub(crate) async fn gate(State(shared): State<Arc<Shared>>, req: Request, next: 
 
 async fn answer(
     shared: Arc<Shared>,
-    req: Request,
+    mut req: Request,
     next: Next,
     fault: Option<Fault>,
     requested: Option<String>,
@@ -65,8 +66,12 @@ async fn answer(
         if !is_public(&path) && !authorized(&shared, req.headers()) {
             break 'answer unauthorized(&shared);
         }
-        if let Err(e) = version {
-            break 'answer e.into_response();
+        match &version {
+            Err(e) => break 'answer e.clone().into_response(),
+            Ok(v) if is_v1 => {
+                req.extensions_mut().insert(ApiVersion(parse_version(v).map_or(1, |(_, minor)| minor)));
+            }
+            Ok(_) => {}
         }
         next.run(req).await
     };
@@ -79,6 +84,26 @@ async fn answer(
     }
     insert(headers, "openstack-request-id", &format!("req-{}", new_uuid()));
     resp
+}
+
+/// The microversion a `/v1` request is served at (its minor number; the major is always 1), for the handlers
+/// whose behaviour depends on it. Outside `/v1` (or if the gate did not run) it is 1.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct ApiVersion(pub(crate) u32);
+
+impl ApiVersion {
+    /// Whether the request's microversion is at least 1.`minor`.
+    pub(crate) fn at_least(self, minor: u32) -> bool {
+        self.0 >= minor
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ApiVersion {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<ApiVersion>().copied().unwrap_or(ApiVersion(1)))
+    }
 }
 
 fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {

@@ -8,7 +8,11 @@
 //!   and the requested microversion, stamp the version headers.
 //! - `api` and `views` (private): the emulated endpoints (`/`, `/v1`, `/v1/nodes…`, `/v1/ports…`) and how nodes
 //!   and ports look on the wire, with Ironic's `fields`, `detail`, `limit`, `marker` and `next`.
-//! - `patch` (private): JSON Patch `add`/`replace`/`remove` for `PATCH /v1/nodes/{ident}`.
+//! - `node_write`, `port_write` and `traits` (private): creating and patching nodes and ports, and a node's
+//!   traits, with Ironic's checks, order and messages.
+//! - `patch`, `schema`, `validate` and `pyfmt` (private): what those writes share with Ironic — JSON Patch as
+//!   python-jsonpatch applies it, JSON Schema errors as Python's `jsonschema` picks and words them, Ironic's
+//!   argument checks, Python's `repr` of values in messages.
 //! - [`admin`]: the `/_fake/...` admin API.
 //! - [`error`]: [`FakeError`] for the helpers, [`error::ApiError`] for Ironic-format HTTP errors.
 //! - [`client`]: a minimal HTTP/1.1 client for tests (the workspace has no HTTP client crate).
@@ -24,8 +28,14 @@ pub mod config;
 pub mod error;
 mod gate;
 pub mod model;
+mod node_write;
 mod patch;
+mod port_write;
+mod pyfmt;
+mod schema;
 mod server;
+mod traits;
+mod validate;
 mod views;
 
 use std::net::SocketAddr;
@@ -39,7 +49,7 @@ use tokio::task::JoinHandle;
 
 pub use config::FakeIronicConfig;
 pub use error::FakeError;
-pub use model::{Call, Fault, Node, Port, mac_for_index, new_uuid};
+pub use model::{Call, Fault, Node, Port, mac_for_index, new_uuid, now_iso};
 
 use server::Shared;
 
@@ -145,7 +155,8 @@ impl FakeIronic {
         self.update_node(ident, |n| n.power_valid = valid)
     }
 
-    /// "power on" or "power off"; `None` for an unknown node.
+    /// "power on" or "power off"; `None` for an unknown node. Empty for a node created through the API whose
+    /// power state is not known yet (Ironic shows `null`).
     pub fn power_state(&self, ident: &str) -> Option<String> {
         self.shared.store().node(ident).map(|n| n.power_state.clone())
     }
@@ -153,6 +164,20 @@ impl FakeIronic {
     /// The last boot device set through the API; `None` when never set or for an unknown node.
     pub fn boot_device(&self, ident: &str) -> Option<String> {
         self.shared.store().node(ident).and_then(|n| n.boot_device.clone())
+    }
+
+    /// The node's traits (sorted when set through the API); `None` for an unknown node.
+    pub fn traits(&self, ident: &str) -> Option<Vec<String>> {
+        self.shared.store().node(ident).map(|n| n.traits.clone())
+    }
+
+    /// Gives the node a trait, as `PUT /v1/nodes/{ident}/traits/{trait}` does but without checking the name.
+    pub fn add_trait(&self, ident: &str, name: &str) -> Result<(), FakeError> {
+        self.update_node(ident, |n| {
+            if let Err(at) = n.traits.binary_search_by(|t| t.as_str().cmp(name)) {
+                n.traits.insert(at, name.to_owned());
+            }
+        })
     }
 
     // --- ports ---------------------------------------------------------------------------------------------------
@@ -166,6 +191,28 @@ impl FakeIronic {
     /// All ports, in the order the API lists them.
     pub fn ports(&self) -> Vec<Port> {
         self.shared.store().ports().cloned().collect()
+    }
+
+    /// The port with this UUID.
+    pub fn port(&self, uuid: &str) -> Option<Port> {
+        self.shared.store().port(uuid).cloned()
+    }
+
+    /// The ports of the node with this UUID or name, in the order the API lists them (none for an unknown node).
+    pub fn ports_of(&self, node: &str) -> Vec<Port> {
+        let store = self.shared.store();
+        let Some(uuid) = store.node(node).map(|n| n.uuid.clone()) else { return Vec::new() };
+        store.ports().filter(|p| p.node_uuid == uuid).cloned().collect()
+    }
+
+    /// Changes a port in place; refuses (and does not apply) a change to an address another port has, an invalid
+    /// MAC or an unknown node. Returns the port as stored.
+    pub fn update_port(&self, uuid: &str, change: impl FnOnce(&mut Port)) -> Result<Port, FakeError> {
+        let mut store = self.shared.store();
+        let mut port = store.port(uuid).cloned().ok_or_else(|| FakeError::PortNotFound(uuid.to_owned()))?;
+        change(&mut port);
+        port.uuid = uuid.to_owned();
+        store.update_port(port)
     }
 
     pub fn remove_port(&self, uuid: &str) -> Result<Port, FakeError> {

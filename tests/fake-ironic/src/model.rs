@@ -13,6 +13,10 @@ use crate::error::FakeError;
 
 /// A bare-metal node as the fake stores it. Everything but `uuid` has a default, so `{"uuid": "…"}` is a valid
 /// node for `POST /_fake/nodes` (and an empty or missing `uuid` gets a fresh one).
+///
+/// The fields Ironic gives meaning to in what the fake emulates are typed; any other field of Ironic's node
+/// (`description`, `owner`, `boot_interface`, `instance_info`, `maintenance_reason`, ...) lives in [`Node::other`]
+/// under its Ironic name, and the API shows Ironic's default for one that is absent there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Node {
@@ -21,7 +25,8 @@ pub struct Node {
     pub instance_uuid: Option<String>,
     /// A free string: "enroll", "manageable", "inspecting", "inspect wait", "inspect failed", "available", …
     pub provision_state: String,
-    /// "power on" or "power off".
+    /// "power on" or "power off"; empty when not known yet (`null` on the wire), as for a node just created
+    /// through `POST /v1/nodes`.
     pub power_state: String,
     pub inspect_interface: String,
     pub driver: String,
@@ -31,6 +36,16 @@ pub struct Node {
     pub properties: Map<String, Value>,
     pub inspection_started_at: Option<String>,
     pub inspection_finished_at: Option<String>,
+    /// The node's traits (API 1.37+). The API keeps them sorted and without duplicates.
+    pub traits: Vec<String>,
+    pub resource_class: Option<String>,
+    /// ISO 8601 (`2024-05-01T10:00:00+00:00`); set when the node is stored if missing.
+    pub created_at: Option<String>,
+    /// Set by every change made through the API.
+    pub updated_at: Option<String>,
+    /// Ironic's other node fields, by name, where they differ from Ironic's default (see the type's doc).
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
     /// Fake-only: the last boot device set through `PUT …/management/boot_device` (not part of Ironic's node).
     pub boot_device: Option<String>,
     /// Fake-only: whether that boot device was set persistent.
@@ -55,6 +70,11 @@ impl Default for Node {
             properties: Map::new(),
             inspection_started_at: None,
             inspection_finished_at: None,
+            traits: Vec::new(),
+            resource_class: None,
+            created_at: None,
+            updated_at: None,
+            other: Map::new(),
             boot_device: None,
             boot_device_persistent: false,
             power_valid: true,
@@ -79,6 +99,17 @@ pub struct Port {
     pub node_uuid: String,
     pub pxe_enabled: bool,
     pub extra: Map<String, Value>,
+    /// `switch_id`, `port_id`, `switch_info`, `hostname`, `network_type` (API 1.19+; validated by the API, not here).
+    pub local_link_connection: Map<String, Value>,
+    /// API 1.34+.
+    pub physical_network: Option<String>,
+    /// API 1.53+.
+    pub is_smartnic: bool,
+    pub internal_info: Map<String, Value>,
+    /// ISO 8601; set when the port is stored if missing.
+    pub created_at: Option<String>,
+    /// Set by every change made through the API.
+    pub updated_at: Option<String>,
 }
 
 impl Default for Port {
@@ -89,6 +120,12 @@ impl Default for Port {
             node_uuid: String::new(),
             pxe_enabled: true,
             extra: Map::new(),
+            local_link_connection: Map::new(),
+            physical_network: None,
+            is_smartnic: false,
+            internal_info: Map::new(),
+            created_at: None,
+            updated_at: None,
         }
     }
 }
@@ -177,6 +214,29 @@ pub fn mac_for_index(index: u32) -> String {
     format!("52:54:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3])
 }
 
+/// Now as Ironic writes a timestamp: `2024-05-01T10:00:00+00:00` (UTC, whole seconds).
+pub fn now_iso() -> String {
+    let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    iso_from_unix(secs)
+}
+
+/// `secs` since the Unix epoch as `YYYY-MM-DDTHH:MM:SS+00:00`.
+fn iso_from_unix(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}+00:00", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 /// Whether `s` is a MAC address written as six colon-separated pairs of hex digits.
 pub fn is_mac(s: &str) -> bool {
     let parts: Vec<&str> = s.split(':').collect();
@@ -235,6 +295,9 @@ impl Store {
         if node.uuid.is_empty() {
             node.uuid = new_uuid();
         }
+        if node.created_at.is_none() {
+            node.created_at = Some(now_iso());
+        }
         let uuid = node.uuid.clone();
         if let Some(id) = self.node_ids.get(&uuid) {
             self.nodes.insert(*id, node);
@@ -245,6 +308,24 @@ impl Store {
             self.nodes.insert(id, node);
         }
         uuid
+    }
+
+    /// The node's database id as Ironic would show it in a message (from 1).
+    pub(crate) fn node_db_id(&self, ident: &str) -> Option<u64> {
+        self.node_id(ident).map(|id| id + 1)
+    }
+
+    /// The UUID of another node than `except` named `name`, if any.
+    pub(crate) fn node_named(&self, name: &str, except: &str) -> Option<&str> {
+        self.nodes.values().find(|n| n.uuid != except && n.name.as_deref() == Some(name)).map(|n| n.uuid.as_str())
+    }
+
+    /// The UUID of another node than `except` with this instance UUID, if any.
+    pub(crate) fn node_with_instance(&self, instance: &str, except: &str) -> Option<&str> {
+        self.nodes
+            .values()
+            .find(|n| n.uuid != except && n.instance_uuid.as_deref() == Some(instance))
+            .map(|n| n.uuid.as_str())
     }
 
     fn node_id(&self, ident: &str) -> Option<u64> {
@@ -301,6 +382,9 @@ impl Store {
         if port.uuid.is_empty() {
             port.uuid = new_uuid();
         }
+        if port.created_at.is_none() {
+            port.created_at = Some(now_iso());
+        }
         if self.port_addresses.contains_key(&port.address) {
             return Err(FakeError::DuplicateAddress(port.address));
         }
@@ -314,6 +398,28 @@ impl Store {
         let id = self.next_port_id;
         self.next_port_id += 1;
         self.port_ids.insert(port.uuid.clone(), id);
+        self.port_addresses.insert(port.address.clone(), id);
+        self.ports.insert(id, port.clone());
+        Ok(port)
+    }
+
+    /// Replaces the port with `port.uuid` (its address lowercased): refuses an address another port has, an
+    /// invalid MAC and an unknown node. Returns the port as stored.
+    pub(crate) fn update_port(&mut self, mut port: Port) -> Result<Port, FakeError> {
+        port.address = port.address.to_ascii_lowercase();
+        let id = *self.port_ids.get(&port.uuid).ok_or_else(|| FakeError::PortNotFound(port.uuid.clone()))?;
+        if !is_mac(&port.address) {
+            return Err(FakeError::InvalidMac(port.address));
+        }
+        if self.port_addresses.get(&port.address).is_some_and(|other| *other != id) {
+            return Err(FakeError::DuplicateAddress(port.address));
+        }
+        if !self.node_ids.contains_key(&port.node_uuid) {
+            return Err(FakeError::NodeNotFound(port.node_uuid));
+        }
+        if let Some(old) = self.ports.get(&id) {
+            self.port_addresses.remove(&old.address);
+        }
         self.port_addresses.insert(port.address.clone(), id);
         self.ports.insert(id, port.clone());
         Ok(port)
@@ -417,6 +523,31 @@ mod tests {
         assert_eq!(s.take_fault("GET", "/v1/nodes?limit=1").map(|f| f.status), Some(503));
         assert_eq!(s.take_fault("GET", "/v1/nodes").map(|f| f.status), Some(500));
         assert_eq!(s.take_fault("PUT", "/v1/nodes").map(|f| f.status), None);
+    }
+
+    #[test]
+    fn timestamps_are_iso_utc() {
+        assert_eq!(iso_from_unix(0), "1970-01-01T00:00:00+00:00");
+        assert_eq!(iso_from_unix(1_714_557_600), "2024-05-01T10:00:00+00:00");
+        assert_eq!(iso_from_unix(951_782_400), "2000-02-29T00:00:00+00:00");
+        assert!(now_iso().ends_with("+00:00"));
+    }
+
+    #[test]
+    fn updating_a_port_moves_its_address() {
+        let mut s = Store::default();
+        let uuids = s.populate(1, 2, "enroll");
+        let mut ports: Vec<Port> = s.ports().cloned().collect();
+        let taken = ports[1].address.clone();
+        ports[0].address = taken.to_uppercase();
+        assert!(matches!(s.update_port(ports[0].clone()), Err(FakeError::DuplicateAddress(_))));
+        ports[0].address = "02:00:00:00:00:AA".into();
+        let old = s.ports().next().unwrap().address.clone();
+        assert_eq!(s.update_port(ports[0].clone()).unwrap().address, "02:00:00:00:00:aa");
+        assert!(!s.port_addresses.contains_key(&old));
+        ports[0].node_uuid = "ghost".into();
+        assert!(matches!(s.update_port(ports[0].clone()), Err(FakeError::NodeNotFound(_))));
+        assert_eq!(s.ports().next().unwrap().node_uuid, uuids[0]);
     }
 
     #[test]

@@ -1,65 +1,180 @@
 //! How nodes and ports look on the wire, and the list-call query parameters Ironic shares between resources
 //! (`fields`, `detail`, `limit`, `marker`) with the `next` link of a full page.
 
-use axum::http::StatusCode;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::model::{Node, Port};
 
-/// Every field of a node's detailed view (besides `links`), which is also what `fields` may name.
+/// Every field of a node's detailed view at microversion 1.81 (besides the links), which is also what `fields`
+/// may name.
 pub(crate) const NODE_FIELDS: &[&str] = &[
     "uuid",
-    "name",
-    "instance_uuid",
-    "provision_state",
-    "target_provision_state",
-    "power_state",
-    "target_power_state",
-    "inspect_interface",
+    "created_at",
+    "updated_at",
+    "allocation_uuid",
+    "automated_clean",
+    "bios_interface",
+    "boot_interface",
+    "boot_mode",
+    "chassis_uuid",
+    "clean_step",
+    "conductor",
+    "conductor_group",
+    "console_enabled",
+    "console_interface",
+    "deploy_interface",
+    "deploy_step",
+    "description",
     "driver",
     "driver_info",
+    "driver_internal_info",
+    "extra",
+    "fault",
+    "inspect_interface",
+    "inspection_finished_at",
+    "inspection_started_at",
+    "instance_info",
+    "instance_uuid",
+    "last_error",
+    "lessee",
     "maintenance",
     "maintenance_reason",
-    "extra",
+    "management_interface",
+    "name",
+    "network_data",
+    "network_interface",
+    "owner",
+    "power_interface",
+    "power_state",
     "properties",
-    "inspection_started_at",
-    "inspection_finished_at",
-    "last_error",
+    "protected",
+    "protected_reason",
+    "provision_state",
+    "provision_updated_at",
+    "raid_config",
+    "raid_interface",
+    "rescue_interface",
+    "reservation",
+    "resource_class",
+    "retired",
+    "retired_reason",
+    "secure_boot",
+    "storage_interface",
+    "target_power_state",
+    "target_provision_state",
+    "target_raid_config",
+    "traits",
+    "vendor_interface",
 ];
+
+/// Node fields of microversions after 1.81: naming one in `fields` is Ironic's 406.
+pub(crate) const NODE_FIELDS_NEWER: &[&str] =
+    &["shard", "parent_node", "firmware_interface", "service_step", "disable_power_off", "instance_name", "health"];
 
 /// What `GET /v1/nodes` shows without `fields` or `detail`, as in Ironic.
 pub(crate) const NODE_LIST_FIELDS: &[&str] =
     &["uuid", "name", "instance_uuid", "power_state", "provision_state", "maintenance"];
 
-/// The top-level node fields `PATCH` may change; the other ones in [`NODE_FIELDS`] are read-only.
-pub(crate) const NODE_PATCHABLE: &[&str] = &[
-    "name",
-    "instance_uuid",
-    "inspect_interface",
-    "driver",
+/// The node's hardware interfaces besides `inspect_interface` (a typed field of [`Node`]).
+pub(crate) const OTHER_INTERFACES: &[&str] = &[
+    "bios_interface",
+    "boot_interface",
+    "console_interface",
+    "deploy_interface",
+    "management_interface",
+    "network_interface",
+    "power_interface",
+    "raid_interface",
+    "rescue_interface",
+    "storage_interface",
+    "vendor_interface",
+];
+
+/// Node fields that are JSON objects in Ironic, shown as `{}` when unset.
+pub(crate) const NODE_DICT_FIELDS: &[&str] = &[
+    "clean_step",
+    "deploy_step",
     "driver_info",
-    "maintenance",
+    "driver_internal_info",
     "extra",
+    "instance_info",
+    "network_data",
     "properties",
-    "inspection_started_at",
-    "inspection_finished_at",
+    "raid_config",
+    "target_raid_config",
 ];
 
-/// Every field of a port's detailed view (besides `links`).
-pub(crate) const PORT_FIELDS: &[&str] = &[
-    "uuid",
-    "address",
-    "node_uuid",
-    "pxe_enabled",
-    "extra",
-    "local_link_connection",
-    "physical_network",
-    "portgroup_uuid",
-];
+/// The interfaces a node of hardware type `driver` gets by default (what Ironic's conductor computes from the
+/// enabled interfaces of a stock configuration). Not `inspect_interface`, which defaults to "agent" in the fake.
+pub(crate) fn default_interface(driver: &str, field: &str) -> &'static str {
+    let fake = driver == "fake-hardware";
+    let redfish = driver == "redfish";
+    match field {
+        "bios_interface" if redfish => "redfish",
+        "bios_interface" => "no-bios",
+        "boot_interface" | "deploy_interface" if fake => "fake",
+        "boot_interface" => "ipxe",
+        "deploy_interface" => "direct",
+        "console_interface" => "no-console",
+        "management_interface" | "power_interface" | "vendor_interface" if fake => "fake",
+        "management_interface" | "power_interface" | "vendor_interface" if redfish => "redfish",
+        "management_interface" | "power_interface" | "vendor_interface" => "ipmitool",
+        "network_interface" | "storage_interface" => "noop",
+        "raid_interface" => "no-raid",
+        "rescue_interface" => "no-rescue",
+        _ => "",
+    }
+}
 
-/// What `GET /v1/ports` shows without `fields` or `detail`, as in Ironic.
-pub(crate) const PORT_LIST_FIELDS: &[&str] = &["uuid", "address"];
+/// What Ironic shows for a node field the fake keeps no value of.
+pub(crate) fn node_default(driver: &str, field: &str) -> Value {
+    if OTHER_INTERFACES.contains(&field) {
+        return json!(default_interface(driver, field));
+    }
+    match field {
+        f if NODE_DICT_FIELDS.contains(&f) => json!({}),
+        "console_enabled" | "protected" | "retired" => json!(false),
+        "conductor_group" => json!(""),
+        "conductor" => json!(CONDUCTOR),
+        _ => Value::Null,
+    }
+}
+
+/// The conductor every node of the fake is mapped to (the host named in "node is locked" errors too).
+pub(crate) const CONDUCTOR: &str = "fake-conductor";
+
+/// One field of a node as the API shows it.
+pub(crate) fn node_field(node: &Node, field: &str) -> Value {
+    match field {
+        "uuid" => json!(node.uuid),
+        "name" => json!(node.name),
+        "instance_uuid" => json!(node.instance_uuid),
+        "provision_state" => json!(node.provision_state),
+        "power_state" if node.power_state.is_empty() => Value::Null,
+        "power_state" => json!(node.power_state),
+        "inspect_interface" => json!(node.inspect_interface),
+        "driver" => json!(node.driver),
+        "driver_info" => Value::Object(node.driver_info.clone()),
+        "maintenance" => json!(node.maintenance),
+        "extra" => Value::Object(node.extra.clone()),
+        "properties" => Value::Object(node.properties.clone()),
+        "inspection_started_at" => json!(node.inspection_started_at),
+        "inspection_finished_at" => json!(node.inspection_finished_at),
+        "traits" => json!(node.traits),
+        "resource_class" => json!(node.resource_class),
+        "created_at" => json!(node.created_at),
+        "updated_at" => json!(node.updated_at),
+        // Computed by Ironic, never stored.
+        "conductor" | "allocation_uuid" | "reservation" | "target_power_state" | "target_provision_state" => {
+            node_default(&node.driver, field)
+        }
+        other => match node.other.get(other) {
+            Some(Value::Null) | None => node_default(&node.driver, other),
+            Some(v) => v.clone(),
+        },
+    }
+}
 
 /// Ironic's `self` and `bookmark` links of a resource.
 pub(crate) fn links(base: &str, resource: &str, uuid: &str) -> Value {
@@ -69,43 +184,69 @@ pub(crate) fn links(base: &str, resource: &str, uuid: &str) -> Value {
     ])
 }
 
-/// The detailed view of a node, as `GET /v1/nodes/{ident}` shows it.
+/// The detailed view of a node, as `GET /v1/nodes/{ident}` shows it: every field of [`NODE_FIELDS`], its links
+/// and the links to its sub-resources.
+///
+/// The view is that of microversion 1.81 whatever the request's: the fake does not hide the fields older
+/// microversions lack.
 pub(crate) fn node_view(node: &Node, base: &str) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("uuid".into(), json!(node.uuid));
-    m.insert("name".into(), json!(node.name));
-    m.insert("instance_uuid".into(), json!(node.instance_uuid));
-    m.insert("provision_state".into(), json!(node.provision_state));
-    m.insert("target_provision_state".into(), Value::Null);
-    m.insert("power_state".into(), json!(node.power_state));
-    m.insert("target_power_state".into(), Value::Null);
-    m.insert("inspect_interface".into(), json!(node.inspect_interface));
-    m.insert("driver".into(), json!(node.driver));
-    m.insert("driver_info".into(), Value::Object(node.driver_info.clone()));
-    m.insert("maintenance".into(), json!(node.maintenance));
-    m.insert("maintenance_reason".into(), Value::Null);
-    m.insert("extra".into(), Value::Object(node.extra.clone()));
-    m.insert("properties".into(), Value::Object(node.properties.clone()));
-    m.insert("inspection_started_at".into(), json!(node.inspection_started_at));
-    m.insert("inspection_finished_at".into(), json!(node.inspection_finished_at));
-    m.insert("last_error".into(), Value::Null);
+    let mut m: Map<String, Value> = NODE_FIELDS.iter().map(|f| ((*f).to_owned(), node_field(node, f))).collect();
     m.insert("links".into(), links(base, "nodes", &node.uuid));
+    for sub in ["ports", "states", "portgroups", "volume"] {
+        m.insert(sub.into(), links(base, "nodes", &format!("{}/{sub}", node.uuid)));
+    }
     m
 }
 
-/// The detailed view of a port.
+/// Every field of a port's detailed view at microversion 1.81 (besides `links`).
+pub(crate) const PORT_FIELDS: &[&str] = &[
+    "uuid",
+    "created_at",
+    "updated_at",
+    "address",
+    "extra",
+    "internal_info",
+    "is_smartnic",
+    "local_link_connection",
+    "physical_network",
+    "pxe_enabled",
+    "node_uuid",
+    "portgroup_uuid",
+];
+
+/// Port fields of microversions after 1.81: naming one in `fields` (or a body) is Ironic's 406.
+pub(crate) const PORT_FIELDS_NEWER: &[&str] =
+    &["name", "description", "vendor", "category", "available_for_dynamic_portgroup"];
+
+/// What `GET /v1/ports` shows without `fields` or `detail`, as in Ironic.
+pub(crate) const PORT_LIST_FIELDS: &[&str] = &["uuid", "address"];
+
+/// The detailed view of a port (that of microversion 1.81, whatever the request's).
 pub(crate) fn port_view(port: &Port, base: &str) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert("uuid".into(), json!(port.uuid));
+    m.insert("created_at".into(), json!(port.created_at));
+    m.insert("updated_at".into(), json!(port.updated_at));
     m.insert("address".into(), json!(port.address));
-    m.insert("node_uuid".into(), json!(port.node_uuid));
-    m.insert("pxe_enabled".into(), json!(port.pxe_enabled));
     m.insert("extra".into(), Value::Object(port.extra.clone()));
-    m.insert("local_link_connection".into(), json!({}));
-    m.insert("physical_network".into(), Value::Null);
+    m.insert("internal_info".into(), Value::Object(port.internal_info.clone()));
+    m.insert("is_smartnic".into(), json!(port.is_smartnic));
+    m.insert("local_link_connection".into(), Value::Object(port.local_link_connection.clone()));
+    m.insert("physical_network".into(), json!(port.physical_network));
+    m.insert("pxe_enabled".into(), json!(port.pxe_enabled));
+    m.insert("node_uuid".into(), json!(port.node_uuid));
     m.insert("portgroup_uuid".into(), Value::Null);
     m.insert("links".into(), links(base, "ports", &port.uuid));
     m
+}
+
+/// Ironic's 406 when `fields` names a field of a later microversion than the fake serves.
+pub(crate) fn reject_newer_fields(query: &Query, newer: &[&str]) -> Result<(), ApiError> {
+    let named = query.get("fields").unwrap_or_default();
+    if named.split(',').map(|f| f.trim().to_ascii_lowercase()).any(|f| newer.contains(&f.as_str())) {
+        return Err(ApiError::not_acceptable());
+    }
+    Ok(())
 }
 
 /// Keeps only `keep` of a view, plus `uuid` and `links` (Ironic always keeps `links`; `uuid` is what a client
@@ -243,49 +384,6 @@ pub(crate) fn page(key: &str, items: Vec<Value>, next: Option<String>) -> Value 
         m.insert("next".to_owned(), Value::String(next));
     }
     Value::Object(m)
-}
-
-/// A node rebuilt from its patched view: the patchable fields taken from `doc`, the rest from `old`. A removed
-/// top-level field goes back to its default, as in Ironic.
-pub(crate) fn node_from_patched(doc: &Map<String, Value>, old: &Node) -> Result<Node, ApiError> {
-    let mut node = old.clone();
-    node.name = opt_string(doc, "name")?;
-    node.instance_uuid = opt_string(doc, "instance_uuid")?;
-    node.inspect_interface = opt_string(doc, "inspect_interface")?.unwrap_or_else(|| Node::default().inspect_interface);
-    node.driver = opt_string(doc, "driver")?.ok_or_else(|| {
-        ApiError::bad_request("Invalid input for field/attribute driver. Value: 'None'. Mandatory field missing.")
-    })?;
-    node.driver_info = object(doc, "driver_info")?;
-    node.extra = object(doc, "extra")?;
-    node.properties = object(doc, "properties")?;
-    node.maintenance = match doc.get("maintenance") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(v) => return Err(invalid("maintenance", v)),
-    };
-    node.inspection_started_at = opt_string(doc, "inspection_started_at")?;
-    node.inspection_finished_at = opt_string(doc, "inspection_finished_at")?;
-    Ok(node)
-}
-
-fn invalid(field: &str, value: &Value) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, format!("Invalid input for field/attribute {field}. Value: '{value}'."))
-}
-
-fn opt_string(doc: &Map<String, Value>, field: &str) -> Result<Option<String>, ApiError> {
-    match doc.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(v) => Err(invalid(field, v)),
-    }
-}
-
-fn object(doc: &Map<String, Value>, field: &str) -> Result<Map<String, Value>, ApiError> {
-    match doc.get(field) {
-        None | Some(Value::Null) => Ok(Map::new()),
-        Some(Value::Object(m)) => Ok(m.clone()),
-        Some(v) => Err(invalid(field, v)),
-    }
 }
 
 #[cfg(test)]

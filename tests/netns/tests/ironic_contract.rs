@@ -191,3 +191,74 @@ fn the_fake_answers_as_the_real_ironic_does() {
     let fake = b.fake.rest().raw("PATCH", &format!("/v1/nodes/{}", b.fake_nodes[0]), Some(&op), Some("1.81"));
     assert_eq!((real.0, fake.0), (400, 400), "real {real:?}\nfake {fake:?}");
 }
+
+/// What processing writes (node patch with properties and capabilities, ports with their fields, port patches,
+/// traits, a discovered node), through ironguard's client, against both: the same outcomes and refusals.
+#[test]
+fn the_fake_takes_processing_writes_as_the_real_ironic_does() {
+    let b = Both::new();
+    let cfg = IronicConfig { retries: 0, ..Default::default() };
+    let (real, fake) = b.both(cfg, |c, nodes| {
+        Box::pin(async move {
+            let n = &nodes[0];
+            let mut out: Vec<String> = vec![];
+            let mut note = |what: &str, r: Result<String, IronicError>| {
+                out.push(match r {
+                    Ok(v) => format!("{what}: ok {v}"),
+                    Err(IronicError::Http { status, .. }) => format!("{what}: {status}"),
+                    Err(e) => format!("{what}: {}", e.to_string().split(':').next().unwrap_or_default()),
+                })
+            };
+            let props = json!([{"op": "add", "path": "/properties/cpus", "value": "4"},
+                               {"op": "add", "path": "/properties/capabilities", "value": "cpu_vt:true,boot_mode:bios"}]);
+            note("patch properties", c.patch_node_with(n, &props, None).await.map(|_| String::new()));
+            let reset = json!([{"op": "add", "path": "/extra/x", "value": "1"}]);
+            note("reset_interfaces without a driver change", c.patch_node_with(n, &reset, Some(true)).await.map(|_| String::new()));
+            let full = c.get_node_full(n).await.unwrap();
+            note("properties read back", Ok(format!("{} {}", full["properties"]["cpus"], full["properties"]["capabilities"])));
+            note("traits listed", Ok(full["traits"].to_string()));
+            let port = json!({"node_uuid": n, "address": "52:54:00:c0:01:01", "pxe_enabled": false,
+                              "extra": {"client-id": "ff:00:00:00:00:00:02:00:00:02:c9:00"},
+                              "local_link_connection": {"switch_id": "aa:bb:cc:dd:ee:ff", "port_id": "Eth1/1"}});
+            let created = c.create_port_with(&port).await;
+            let port_uuid = created.as_ref().ok().and_then(|p| p["uuid"].as_str().map(String::from)).unwrap_or_default();
+            note("create port", created.map(|p| format!("{} {} {}", p["pxe_enabled"], p["extra"], p["local_link_connection"])));
+            note("create the same port again", c.create_port_with(&port).await.map(|_| String::new()));
+            let bad_mac = json!({"node_uuid": n, "address": "not-a-mac"});
+            note("create a port with a bad MAC", c.create_port_with(&bad_mac).await.map(|_| String::new()));
+            let ops = json!([{"op": "replace", "path": "/pxe_enabled", "value": true},
+                             {"op": "add", "path": "/local_link_connection/port_id", "value": "Eth1/2"},
+                             {"op": "add", "path": "/physical_network", "value": "physnet1"}]);
+            note("patch port", c.patch_port(&port_uuid, &ops).await.map(|_| String::new()));
+            let bad = json!([{"op": "add", "path": "/local_link_connection/colour", "value": "blue"}]);
+            note("patch port with an unknown local_link_connection key", c.patch_port(&port_uuid, &bad).await.map(|_| String::new()));
+            let detail = c.list_ports_detail(n).await.unwrap();
+            let p = detail.iter().find(|p| p["uuid"] == port_uuid.as_str()).cloned().unwrap_or_default();
+            note("port read back", Ok(format!("{} {} {}", p["pxe_enabled"], p["local_link_connection"], p["physical_network"])));
+            note("port by address", c.ports_by_address("52:54:00:c0:01:01").await.map(|v| v.len().to_string()));
+            note("add trait", c.add_trait(n, "CUSTOM_CONTRACT").await.map(|_| String::new()));
+            note("add a bad trait", c.add_trait(n, "lower").await.map(|_| String::new()));
+            note("remove a trait the node lacks", c.remove_trait(n, "CUSTOM_ABSENT").await.map(|_| String::new()));
+            note("traits after", c.get_node_full(n).await.map(|v| v["traits"].to_string()));
+            let node = json!({"driver": "fake-hardware", "driver_info": {"ipmi_address": "10.2.9.9"}, "resource_class": "discovered"});
+            let created = c.create_node(&node).await;
+            note("enroll a node", created.as_ref().map(|_| String::new()).map_err(|e| IronicError::Protocol { op: String::new(), detail: e.to_string() }));
+            if let Ok(uuid) = created {
+                let v = c.get_node_full(&uuid).await.unwrap();
+                note("enrolled node", Ok(format!("{} {} {}", v["provision_state"], v["driver_info"]["ipmi_address"], v["resource_class"])));
+            }
+            let unknown = json!({"driver": "fake-hardware", "colour": "blue"});
+            note("enroll a node with an unknown field", c.create_node(&unknown).await.map(|_| String::new()));
+            let bmcs = c.nodes_with_driver_info().await.unwrap();
+            note("BMC addresses listed", Ok(bmcs.iter().any(|n| n.bmc_addresses().contains(&"10.2.9.9".to_string())).to_string()));
+            out
+        })
+    });
+    for (r, f) in real.iter().zip(&fake) {
+        assert_eq!(r, f, "real Ironic vs the fake");
+    }
+    eprintln!("{}", real.join("\n"));
+    assert_eq!(real.len(), fake.len());
+    assert!(real.iter().any(|l| l == "create the same port again: 409"), "{real:?}");
+    assert!(real.iter().any(|l| l == "add a bad trait: 400"), "{real:?}");
+}
