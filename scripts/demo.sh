@@ -6,7 +6,8 @@
 # denied, the ironic-inspector API on the PXE network) and ironguard's agent. Four machines (ig-demo-node1..3 and
 # ig-demo-stranger) run real DHCP clients. The demo then shows, checking every outcome and exiting non-zero on any
 # surprise:
-#   1. Nobody gets DHCP: Ironic's ports are denied, a stranger is unknown.
+#   1. Nobody gets DHCP: Ironic's ports are denied, a stranger is unknown; ironguardctl without the operator's
+#      certificate cannot open DHCP (gRPC is TLS with client certificates made by scripts/make-certs.sh).
 #   2. `ironguardctl inspect start node1`: ironguard sets PXE and powers node1 on through Ironic; only node1 gets a
 #      lease; the ramdisk's data (posted with ironic-python-agent's own code from node1) is processed with
 #      ironic-inspector's default hooks: node1's cpus, memory_mb, cpu_arch, local_gb and capabilities are set in
@@ -58,7 +59,7 @@ WORK=$(mktemp -d /tmp/ig-demo.XXXXXX)
 chmod 755 "$WORK"
 
 in_pxe() { ip netns exec "$PXE" "$@"; }
-ctl() { in_pxe "$BIN/ironguardctl" --controlplane http://127.0.0.1:9100 "$@"; }
+ctl() { in_pxe "$BIN/ironguardctl" "$@"; }
 baremetal() { in_pxe "$VENV/bin/baremetal" --os-endpoint "$IRONIC" --os-auth-type none "$@"; }
 wait_until() { # seconds, description, command...
   local t=$1 what=$2; shift 2
@@ -169,9 +170,19 @@ baremetal node list --fields name provision_state power_state
 
 echo
 echo "== 0. ironguard: control plane (embedded store, unknown MACs denied) and agent on the PXE host"
+echo "   certificates (openssl): a CA, the control plane's, the agent's (its name is its id) and the operator's"
+for cert in "ca" "server controlplane.demo IP:127.0.0.1" "client demo-pxe-host" "client operator"; do
+  # shellcheck disable=SC2086
+  scripts/make-certs.sh "$WORK/tls" $cert | sed 's/^/   /'
+done
 cat >"$WORK/controlplane.toml" <<T
 [server]
 grpc_listen = "127.0.0.1:9100"
+[grpc]                                # TLS; agents and operators prove who they are with certificates
+tls_cert_file = "$WORK/tls/controlplane.demo.pem"
+tls_key_file = "$WORK/tls/controlplane.demo.key"
+client_ca_file = "$WORK/tls/ca.pem"
+operator_names = ["operator"]
 admin_listen = "127.0.0.1:9101"
 inspector_listen = "10.77.0.1:5050"   # ironic-inspector's API, for the ramdisk and openstack baremetal introspection
 [store]
@@ -192,29 +203,50 @@ id = "demo-pxe-host"
 network = "demo"
 state_dir = "$WORK"
 [controlplane]
-endpoints = ["http://127.0.0.1:9100"]
+endpoints = ["https://127.0.0.1:9100"]
+ca_file = "$WORK/tls/ca.pem"
+cert_file = "$WORK/tls/demo-pxe-host.pem"
+key_file = "$WORK/tls/demo-pxe-host.key"
+server_name = "controlplane.demo"
 [admin]
 listen = "127.0.0.1:9181"
 [dataplane]
 interfaces = ["br0"]
 T
+# ironguardctl, as the operator (its configuration file; flags and IRONGUARD_* variables work as well).
+cat >"$WORK/ctl.toml" <<T
+controlplane = "https://127.0.0.1:9100"
+ca_file = "$WORK/tls/ca.pem"
+cert_file = "$WORK/tls/operator.pem"
+key_file = "$WORK/tls/operator.key"
+server_name = "controlplane.demo"
+T
+export IRONGUARD_CTL_CONFIG="$WORK/ctl.toml"
 # `ip netns exec` execs the agent, so $! is the agent's own pid (for step 4).
 ip netns exec "$PXE" "$BIN/ironguard-agent" --config "$WORK/agent.toml" run >"$WORK/agent.log" 2>&1 &
 AGENT=$!
 wait_until 20 "the agent leads" sh -c "'$BIN/ironguardctl' chains --netns $PXE | grep -q 'verdict: LEADER'"
-wait_until 20 "Ironic's ports denied" sh -c "ip netns exec $PXE '$BIN/ironguardctl' --controlplane http://127.0.0.1:9100 filters show | grep -c ironic | grep -q 3"
+wait_until 20 "Ironic's ports denied" sh -c "ip netns exec $PXE '$BIN/ironguardctl' filters show | grep -c ironic | grep -q 3"
 "$BIN/ironguardctl" chains --netns "$PXE" | tail -n 1
 
 echo
 echo "== 1. nothing is inspected: nobody gets DHCP (Ironic's machines are denied, the stranger is unknown)"
 dhcp_expect 0:no 1:no 2:no 3:no
 ctl filters show
+echo "   without the operator's certificate, opening DHCP to the stranger is refused (and changes nothing):"
+if in_pxe env IRONGUARD_CTL_CONFIG=/dev/null "$BIN/ironguardctl" --controlplane https://127.0.0.1:9100 \
+  --ca-file "$WORK/tls/ca.pem" --tls-server-name controlplane.demo filters allow "${MACS[3]}" >"$WORK/refused.txt" 2>&1; then
+  fail "an unauthenticated ironguardctl opened DHCP: $(cat "$WORK/refused.txt")"
+fi
+sed 's/^/   /' "$WORK/refused.txt"
+grep -q "without valid credentials" "$WORK/refused.txt" || fail "unexpected refusal: $(cat "$WORK/refused.txt")"
+dhcp_expect 3:no
 
 echo
 echo "== 2. ironguard inspects node1: ironguardctl inspect start node1"
 ctl inspect start node1
 UUID1=$(baremetal node show node1 -f value -c uuid)
-wait_until 30 "node1 waiting for its ramdisk" sh -c "ip netns exec $PXE '$BIN/ironguardctl' --controlplane http://127.0.0.1:9100 inspect status $UUID1 | grep -q 'state: waiting'"
+wait_until 30 "node1 waiting for its ramdisk" sh -c "ip netns exec $PXE '$BIN/ironguardctl' inspect status $UUID1 | grep -q 'state: waiting'"
 echo "-- Ironic: node1 is powered on (PXE boot device set first)"
 baremetal node show node1 --fields name provision_state power_state
 [ "$(baremetal node show node1 -f value -c power_state)" = "power on" ] || fail "ironguard did not power node1 on through Ironic"
@@ -259,7 +291,7 @@ echo "== 3. Ironic inspects node2 itself (baremetal node inspect), ironguard as 
 baremetal node inspect node2
 wait_until 30 "node2 in inspect wait" sh -c "[ \"\$(ip netns exec $PXE '$VENV/bin/baremetal' --os-endpoint $IRONIC --os-auth-type none node show node2 -f value -c provision_state 2>/dev/null)\" = 'inspect wait' ]"
 baremetal node show node2 --fields name provision_state power_state
-wait_until 10 "node2's port allowed" sh -c "ip netns exec $PXE '$BIN/ironguardctl' --controlplane http://127.0.0.1:9100 filters show --mac ${MACS[1]} | grep -q ironic-inspection"
+wait_until 10 "node2's port allowed" sh -c "ip netns exec $PXE '$BIN/ironguardctl' filters show --mac ${MACS[1]} | grep -q ironic-inspection"
 echo "-- DHCP: only node2 boots"
 dhcp_expect 0:no 1:yes 2:no 3:no
 echo "-- the ramdisk on node2 reports to Ironic's $IRONIC/v1/continue_inspection"
@@ -269,7 +301,7 @@ ip netns exec "${NODES[1]}" "$VENV/bin/python" tests/ironic/ipa_callback.py "$WO
   --inspection_callback_url "$IRONIC/v1/continue_inspection" >/dev/null || fail "Ironic refused node2's data"
 wait_until 30 "node2 manageable again" sh -c "[ \"\$(ip netns exec $PXE '$VENV/bin/baremetal' --os-endpoint $IRONIC --os-auth-type none node show node2 -f value -c provision_state 2>/dev/null)\" = 'manageable' ]"
 baremetal node show node2 --fields name provision_state properties
-wait_until 10 "node2's allow removed" sh -c "! ip netns exec $PXE '$BIN/ironguardctl' --controlplane http://127.0.0.1:9100 filters show --mac ${MACS[1]} | grep -q ironic-inspection"
+wait_until 10 "node2's allow removed" sh -c "! ip netns exec $PXE '$BIN/ironguardctl' filters show --mac ${MACS[1]} | grep -q ironic-inspection"
 echo "-- DHCP: closed again"
 dhcp_expect 0:no 1:no 2:no 3:no
 
@@ -277,7 +309,7 @@ echo
 echo "== 4. node3 is being inspected when the agent dies (SIGKILL): the kernel drops its table, the guard closes DHCP"
 ctl inspect start node3
 UUID3=$(baremetal node show node3 -f value -c uuid)
-wait_until 30 "node3 waiting" sh -c "ip netns exec $PXE '$BIN/ironguardctl' --controlplane http://127.0.0.1:9100 inspect status $UUID3 | grep -q 'state: waiting'"
+wait_until 30 "node3 waiting" sh -c "ip netns exec $PXE '$BIN/ironguardctl' inspect status $UUID3 | grep -q 'state: waiting'"
 dhcp_expect 2:yes
 kill -9 "$AGENT"; wait "$AGENT" 2>/dev/null || true
 "$BIN/ironguardctl" chains --netns "$PXE" | tail -n 1

@@ -99,6 +99,29 @@ pub struct ControlPlaneSection {
     pub report_interval_ms: u64,
     /// Longest pause between reconnection attempts, in milliseconds.
     pub max_backoff_ms: u64,
+    /// PEM CA that signed the control plane's certificate (`https://` endpoints).
+    pub ca_file: std::path::PathBuf,
+    /// PEM client certificate: the agent's identity; its name (DNS SAN, else CN) must be `[agent] id`.
+    pub cert_file: std::path::PathBuf,
+    /// PEM private key of `cert_file`.
+    pub key_file: std::path::PathBuf,
+    /// The name the control plane's certificate carries, when the endpoints use another host (e.g. an IP).
+    pub server_name: String,
+    /// Allow `http://` endpoints: plaintext, no identity. Only for a control plane with `[grpc] insecure = true`.
+    pub insecure: bool,
+}
+
+impl ControlPlaneSection {
+    /// TLS files and server name, as the gRPC client takes them (re-read at every connection).
+    pub fn client_auth(&self) -> ironguard_proto::client::ClientAuth {
+        ironguard_proto::client::ClientAuth {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            server_name: self.server_name.clone(),
+            token_file: Default::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +194,11 @@ impl Default for ControlPlaneSection {
             silence_timeout_secs: 10,
             report_interval_ms: 2000,
             max_backoff_ms: 5000,
+            ca_file: Default::default(),
+            cert_file: Default::default(),
+            key_file: Default::default(),
+            server_name: String::new(),
+            insecure: false,
         }
     }
 }
@@ -226,9 +254,33 @@ impl AgentConfig {
         if self.controlplane.endpoints.is_empty() {
             anyhow::bail!("[controlplane] endpoints is empty: the agent needs at least one control-plane endpoint");
         }
-        for e in &self.controlplane.endpoints {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                anyhow::bail!("[controlplane] endpoint {e:?} must start with http:// or https://");
+        let cp = &self.controlplane;
+        for e in &cp.endpoints {
+            if e.starts_with("https://") {
+                let missing: Vec<&str> =
+                    [("ca_file", &cp.ca_file), ("cert_file", &cp.cert_file), ("key_file", &cp.key_file)]
+                        .iter()
+                        .filter(|(_, p)| p.as_os_str().is_empty())
+                        .map(|(n, _)| *n)
+                        .collect();
+                if !missing.is_empty() {
+                    anyhow::bail!(
+                        "[controlplane] endpoint {e:?} is TLS: set {} (the control plane's CA, and the agent's \
+                         certificate and key, whose name is its id)",
+                        missing.join(", ")
+                    );
+                }
+            } else if e.starts_with("http://") {
+                if !cp.insecure {
+                    anyhow::bail!(
+                        "[controlplane] endpoint {e:?} is plaintext: use https:// with ca_file, cert_file and key_file, \
+                         or set insecure = true (only for a control plane with [grpc] insecure = true)"
+                    );
+                }
+            } else {
+                anyhow::bail!(
+                    "[controlplane] endpoint {e:?} must start with https:// (or http:// with insecure = true)"
+                );
             }
         }
         if self.controlplane.lost_after_secs == 0 {
@@ -270,20 +322,36 @@ mod tests {
 
     #[test]
     fn defaults_and_validation() {
-        let c = AgentConfig::default().finish().unwrap();
+        // The default endpoint is plaintext: refused unless asked for.
+        let e = AgentConfig::default().finish().unwrap_err().to_string();
+        assert!(e.contains("plaintext") && e.contains("insecure = true"), "{e}");
+        let mut tls = AgentConfig::default();
+        tls.controlplane.endpoints = vec!["https://cp.example:9100".into()];
+        tls.controlplane.ca_file = "/etc/ironguard/ca.pem".into();
+        let e = tls.clone().finish().unwrap_err().to_string();
+        assert!(e.contains("cert_file, key_file"), "{e}");
+        tls.controlplane.cert_file = "/etc/ironguard/agent.pem".into();
+        tls.controlplane.key_file = "/etc/ironguard/agent.key".into();
+        assert!(!tls.finish().unwrap().agent.id.is_empty());
+        let default = || {
+            let mut c = AgentConfig::default();
+            c.controlplane.insecure = true;
+            c
+        };
+        let c = default().finish().unwrap();
         assert!(!c.agent.id.is_empty());
-        let mut bad = AgentConfig::default();
+        let mut bad = default();
         bad.controlplane.endpoints = vec!["127.0.0.1:9100".into()];
-        assert!(bad.finish().unwrap_err().to_string().contains("http://"));
+        assert!(bad.finish().unwrap_err().to_string().contains("https://"));
         let err = toml::from_str::<AgentConfig>("[controlplane]\nendpoint = []\n").unwrap_err().to_string();
         assert!(err.contains("endpoint"), "{err}");
-        let mut bad = AgentConfig::default();
+        let mut bad = default();
         bad.election.margin_ms = 0;
         assert!(bad.finish().unwrap_err().to_string().contains("margin_ms must be > 0"));
-        let mut bad = AgentConfig::default();
+        let mut bad = default();
         bad.election.margin_ms = 2500;
         assert!(bad.finish().unwrap_err().to_string().contains("less than 2/3"));
-        let mut ok = AgentConfig::default();
+        let mut ok = default();
         ok.election.margin_ms = 1999;
         ok.finish().unwrap();
     }

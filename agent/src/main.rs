@@ -51,6 +51,21 @@ struct RunArgs {
     /// Control-plane gRPC endpoint (repeat; [controlplane] endpoints).
     #[arg(long = "controlplane", value_name = "URL", env = "IRONGUARD_CONTROLPLANE", value_delimiter = ',')]
     endpoints: Vec<String>,
+    /// CA of the control plane's certificate ([controlplane] ca_file).
+    #[arg(long, env = "IRONGUARD_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
+    /// The agent's certificate, whose name is its id ([controlplane] cert_file).
+    #[arg(long, env = "IRONGUARD_CERT_FILE")]
+    cert_file: Option<std::path::PathBuf>,
+    /// Its private key ([controlplane] key_file).
+    #[arg(long, env = "IRONGUARD_KEY_FILE")]
+    key_file: Option<std::path::PathBuf>,
+    /// The name in the control plane's certificate ([controlplane] server_name).
+    #[arg(long, env = "IRONGUARD_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
+    /// Allow plaintext http:// endpoints ([controlplane] insecure).
+    #[arg(long)]
+    insecure: bool,
     /// Agent id ([agent] id; default: host name).
     #[arg(long)]
     agent_id: Option<String>,
@@ -79,6 +94,21 @@ impl RunArgs {
         c.dataplane = self.ruleset.apply(c.dataplane)?;
         if !self.endpoints.is_empty() {
             c.controlplane.endpoints = self.endpoints.clone();
+        }
+        if let Some(v) = &self.ca_file {
+            c.controlplane.ca_file = v.clone();
+        }
+        if let Some(v) = &self.cert_file {
+            c.controlplane.cert_file = v.clone();
+        }
+        if let Some(v) = &self.key_file {
+            c.controlplane.key_file = v.clone();
+        }
+        if let Some(v) = &self.tls_server_name {
+            c.controlplane.server_name = v.clone();
+        }
+        if self.insecure {
+            c.controlplane.insecure = true;
         }
         if let Some(v) = &self.agent_id {
             c.agent.id = v.clone();

@@ -9,7 +9,7 @@ use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{AgentStatus, FilterEvent, WatchFiltersRequest};
 use rand::Rng as _;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::config::ControlPlaneSection;
@@ -33,8 +33,10 @@ pub struct Identity {
 }
 
 pub(crate) async fn connect(endpoint: &str, cfg: &ControlPlaneSection) -> Result<PxeFilterClient<Channel>, String> {
-    let ep = Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| format!("bad endpoint {endpoint:?}: {e}"))?
+    let ep = cfg
+        .client_auth()
+        .endpoint(endpoint)
+        .map_err(|e| e.to_string())?
         .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
         .http2_keep_alive_interval(Duration::from_secs(2))
         .keep_alive_timeout(Duration::from_secs(cfg.silence_timeout_secs.max(1)))

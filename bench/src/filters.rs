@@ -200,6 +200,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let cp = Command::new(&cp_bin)
         .args(["--grpc-listen", "10.98.0.1:9100", "--admin-listen", "127.0.0.1:9101", "--data-dir"])
         .arg(dir.join("cp"))
+        .args(ironguard_netns_tests::pki::pki().controlplane_args())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(cp_log)
@@ -220,8 +221,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         std::fs::write(
             &cfg,
             format!(
-                "[agent]\nid = \"bench-a{i}\"\nnetwork = \"bench\"\n[controlplane]\nendpoints = [\"http://10.98.0.1:9100\"]\n\
-                 [dhcp_health]\nudp_port = 0\n[admin]\nlisten = \"127.0.0.1:9181\"\n"
+                "[agent]\nid = \"bench-a{i}\"\nnetwork = \"bench\"\n[controlplane]\n{}endpoints = [\"https://10.98.0.1:9100\"]\n\
+                 [dhcp_health]\nudp_port = 0\n[admin]\nlisten = \"127.0.0.1:9181\"\n",
+                ironguard_netns_tests::pki::pki().agent_toml(&format!("bench-a{i}"))
             ),
         )?;
         let log = File::create(dir.join(format!("agent{i}.log")))?;
@@ -243,7 +245,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let client: PxeFilterClient<Channel> = rt.block_on(async {
         for _ in 0..100 {
-            if let Ok(c) = PxeFilterClient::connect("http://10.98.0.1:9100").await {
+            let ep = ironguard_netns_tests::pki::pki().operator_endpoint("https://10.98.0.1:9100");
+            if let Ok(ch) = ep.connect().await {
+                let c = PxeFilterClient::new(ch);
                 return Ok(c.max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -85,7 +85,7 @@ struct FaultResult {
 fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
     let mut site = HaSite::with_options(HaOptions { hosts: 3, nodes: 2, policy: "deny", lost_after_secs: 3 });
     site.wait_leader(None, Duration::from_secs(30)).context("no first leader")?;
-    let out = ctl(&site.mgmt, &["--controlplane", "http://10.90.0.1:9100", "filters", "allow", KNOWN]);
+    let out = ctl(&site.mgmt, &["--controlplane", "https://10.90.0.1:9100", "filters", "allow", KNOWN]);
     anyhow::ensure!(out.status.success(), "allowing the probe's MAC failed: {out:?}");
     wait_for(Duration::from_secs(10), || site.dhcp(0, mac(KNOWN))).context("the allowed MAC is not served")?;
     let watcher = Watcher::start_raw(&site.hosts);

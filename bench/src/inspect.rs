@@ -62,9 +62,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let cp = ControlPlane::start(&ns, &dir, 9100, 9101, &["--config", cfg.to_str().context("path")?]);
     let cp_pid = cp.proc.pid() as u32;
-    let agent_cfg = "[agent]\nid = \"bench\"\nnetwork = \"bench\"\n[controlplane]\nendpoints = [\"http://127.0.0.1:9100\"]\n\
-                     [dhcp_health]\nudp_port = 0\n[admin]\nlisten = \"127.0.0.1:9181\"\n";
-    let _agent = start_agent(&ns, &dir, agent_cfg, None);
+    let agent_cfg = format!(
+        "[agent]\nid = \"bench\"\nnetwork = \"bench\"\n[controlplane]\n{}endpoints = [\"{}\"]\n\
+         [dhcp_health]\nudp_port = 0\n[admin]\nlisten = \"127.0.0.1:9181\"\n",
+        ironguard_netns_tests::pki::pki().agent_toml("bench"),
+        cp.url()
+    );
+    let _agent = start_agent(&ns, &dir, &agent_cfg, None);
     wait_for(Duration::from_secs(20), || (verdict(&ns) == "LEADER").then_some(())).context("agent never led")?;
     let n = args.inspections.min(uuids.len());
     let targets: Vec<(String, ())> = uuids.iter().take(n).map(|u| (u.clone(), ())).collect();
@@ -72,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let results = in_netns(&ns, move || -> anyhow::Result<serde_json::Value> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         rt.block_on(async move {
-            let ch = tonic::transport::Endpoint::from_static("http://127.0.0.1:9100").connect().await?;
+            let ch = ironguard_netns_tests::pki::pki().operator_endpoint("https://127.0.0.1:9100").connect().await?;
             let mut filters = PxeFilterClient::new(ch.clone());
             // Ironic sync of all nodes/ports (measured from the control plane's start).
             loop {

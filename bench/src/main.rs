@@ -8,10 +8,13 @@
 //!   a burst of single-MAC updates, and memory of the agent and control plane (real binaries, namespaces).
 //! - `inspect`: inspections with the fake Ironic (200 at once, Continue throughput, Ironic sync of 10k nodes,
 //!   control-plane memory) — real control plane and agent processes in a namespace.
+//! - `callbacks`: ramdisk callbacks (`/v1/continue`) against the real Ironic 39 — reply latency, callback →
+//!   `finished`, and the Ironic requests each inspection's processing makes (Ironic's log and ironguard's count).
 //! - `ha`: failover gaps for SIGTERM, SIGKILL and partition over many rounds, dual-open instants (must be 0),
 //!   and recovery after etcd comes back (three PXE hosts, real etcd, namespaces).
 #![forbid(unsafe_code)]
 
+mod callbacks;
 mod dataplane;
 mod filters;
 mod ha;
@@ -35,6 +38,8 @@ enum Command {
     Dataplane(dataplane::Args),
     /// Filter service: UpdatePxeFilters -> kernel latency with 1 and 3 agents, bursts, memory.
     Filters(filters::Args),
+    /// Ramdisk callbacks against the real Ironic: reply latency, callback -> finished, Ironic requests per node.
+    Callbacks(callbacks::Args),
     /// High availability: failover gaps and dual-open instants over many rounds.
     Ha(ha::Args),
     /// Inspection engine: 200 inspections at once, Continue throughput, Ironic sync of 10k nodes, memory.
@@ -44,6 +49,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Callbacks(args) => callbacks::run(args),
         Command::Dataplane(args) => dataplane::run(args),
         Command::Filters(args) => filters::run(args),
         Command::Ha(args) => ha::run(args),

@@ -5,10 +5,12 @@ use std::path::PathBuf;
 
 use ironguard_coord::EtcdConfig;
 
+use crate::http_access::InspectorApiConfig;
 use crate::inspection::engine::{DiscoveryConfig, InspectionConfig};
 use crate::inspection::periodic::{PolicySetting, SyncConfig};
 use crate::inspection::processing::ProcessingConfig;
 use crate::ironic::IronicConfig;
+use crate::tls::GrpcConfig;
 use serde::{Deserialize, Serialize};
 
 /// Where the control plane looks for its configuration when `--config` is not given.
@@ -18,6 +20,8 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/ironguard/controlplane.toml";
 #[serde(default, deny_unknown_fields)]
 pub struct ControlPlaneConfig {
     pub server: ServerConfig,
+    /// The gRPC API's TLS and who may call what.
+    pub grpc: GrpcConfig,
     pub store: StoreConfig,
     pub filter: FilterConfig,
     pub agents: AgentsConfig,
@@ -34,13 +38,15 @@ pub struct ControlPlaneConfig {
     pub processing: ProcessingConfig,
     /// Data from a machine no inspection knows (ironic-inspector's `node_not_found_hook`).
     pub discovery: DiscoveryConfig,
+    /// The ironic-inspector v1 REST API's authentication, TLS and `/v1/continue` limits.
+    pub inspector_api: InspectorApiConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// gRPC (agents, ironguardctl, Ironic integrations).
-    pub grpc_listen: SocketAddr,
+    /// gRPC (agents, ironguardctl). Default: 0.0.0.0:9100 with TLS, 127.0.0.1:9100 without.
+    pub grpc_listen: Option<SocketAddr>,
     /// Admin HTTP: /metrics, /healthz, /readyz.
     pub admin_listen: SocketAddr,
     /// Seconds between heartbeats on an idle WatchFilters stream.
@@ -88,7 +94,7 @@ pub struct LogConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            grpc_listen: SocketAddr::from(([0, 0, 0, 0], 9100)),
+            grpc_listen: None,
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9101)),
             heartbeat_secs: 2,
             replica_id: String::new(),
@@ -122,6 +128,14 @@ impl Default for LogConfig {
 }
 
 impl ControlPlaneConfig {
+    /// Where gRPC listens: `[server] grpc_listen`, else every address with TLS and loopback without.
+    pub fn grpc_listen(&self) -> SocketAddr {
+        self.server.grpc_listen.unwrap_or_else(|| {
+            let ip = if self.grpc.tls() { [0, 0, 0, 0] } else { [127, 0, 0, 1] };
+            SocketAddr::from((ip, 9100))
+        })
+    }
+
     /// Reads `path`, or the default path if it exists, or the defaults.
     pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let (path, required) = match path {
@@ -145,12 +159,17 @@ impl ControlPlaneConfig {
             anyhow::bail!("store.change_log_length must be at least 1");
         }
         self.etcd.validate().map_err(|e| anyhow::anyhow!("[etcd]: {e}"))?;
+        self.grpc.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         self.ironic.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         if self.inspection.request_lease_ms < 1000 {
             anyhow::bail!("[inspection] request_lease_ms must be at least 1000");
         }
         self.processing.validate().map_err(|e| anyhow::anyhow!("[processing]: {e}"))?;
         self.discovery.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        // Its files are read only where the inspector API is served.
+        if self.server.inspector_listen.is_some() {
+            self.inspector_api.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             anyhow::bail!("log.format must be \"text\" or \"json\", not {:?}", self.log.format);
         }

@@ -1,23 +1,40 @@
 //! The ironic-inspector v1 REST API, so that ironic-python-agent (`POST /v1/continue`) and
 //! `openstack baremetal introspection ...` work against ironguard unchanged. A thin layer over the inspection
 //! engine; off unless `[server] inspector_listen` is set (ironic-inspector's port is 5050).
+//!
+//! Access follows ironic-inspector and Ironic standalone ([`crate::http_access`], `[inspector_api]`): `GET /`,
+//! `GET /v1` and `POST /v1/continue` are open to anyone; every other call is an operator call, checked by the
+//! configured `auth_strategy` before its handler runs (so a refused call reads no body and changes nothing).
+//! `POST /v1/continue` has a body limit (413), a per-source rate limit (429), and replies that name no node but
+//! the caller's own. [`InspectorListener`] binds the listener, with TLS when configured, and serves the router.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
+use futures::StreamExt as _;
 use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tracing::{debug, info, warn};
 
+use crate::http_access::rate_limit::RateLimiter;
+use crate::http_access::tls::TlsListener;
+use crate::http_access::{AccessError, AuthStrategy, Authenticator, InspectorApiConfig, Refusal};
 use crate::inspection::engine::{ApiError, Engine};
+use crate::inspection::lookup::LookupError;
 use crate::inspection::machine::State as IState;
 use crate::inspection::process::StoredData;
 use crate::inspection::records::NodeRecord;
-use crate::inspection::service::MAX_DATA_BYTES;
 
 /// The API version ironguard implements (ironic-inspector's last).
 pub const MAX_VERSION: &str = "1.18";
@@ -25,28 +42,172 @@ pub const MAX_VERSION: &str = "1.18";
 /// Largest introspection rule accepted.
 pub const MAX_RULE_BYTES: usize = 1 << 20;
 
+/// `POST /v1/continue` bodies read at once (each up to `continue_max_bytes`); more calls wait their turn.
+const CONTINUE_READS: usize = 16;
+/// After a body is found over its limit, this much more is read and dropped (for at most [`DRAIN_TIME`]) so that
+/// the client gets the 413 rather than a reset connection.
+const DRAIN_BYTES: usize = 32 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+
+/// The reply to a `/v1/continue` call whose node is not waiting for data: the same whatever the node's state, and
+/// naming no node.
+const NOT_WAITING: &str = "The following failures happened during running pre-processing hooks:\n\
+                           Look up error: No node is waiting for introspection data from this machine";
+
+/// How the API is guarded: authentication for operator calls, limits for `/v1/continue`.
+#[derive(Debug)]
+pub struct Access {
+    pub auth: Authenticator,
+    pub continue_max_bytes: usize,
+    pub continue_rate: RateLimiter,
+    continue_reads: Semaphore,
+}
+
+impl Access {
+    /// From `[inspector_api]`, reading the files it names.
+    pub fn new(cfg: &InspectorApiConfig) -> Result<Self, AccessError> {
+        Ok(Self {
+            auth: Authenticator::new(cfg)?,
+            continue_max_bytes: cfg.continue_max_bytes,
+            continue_rate: RateLimiter::new(cfg.continue_rate_per_minute, cfg.continue_rate_burst),
+            continue_reads: Semaphore::new(CONTINUE_READS),
+        })
+    }
+}
+
 #[derive(Clone)]
 struct Api {
     engine: Arc<Engine>,
+    access: Arc<Access>,
 }
 
-/// The router, mounted at `/`.
-pub fn router(engine: Arc<Engine>) -> Router {
-    Router::new()
-        .route("/", get(root))
-        .route("/v1", get(v1))
-        .route("/v1/", get(v1))
+/// The router, mounted at `/`. It needs the peer address ([`ConnectInfo`]) for `/v1/continue`'s rate limit:
+/// serve it with `into_make_service_with_connect_info::<SocketAddr>()`, as [`InspectorListener::serve`] does.
+pub fn router(engine: Arc<Engine>, access: Arc<Access>) -> Router {
+    let api = Api { engine, access };
+    let operator = Router::new()
         .route("/v1/introspection", get(list))
         .route("/v1/introspection/{node}", get(status).post(start))
         .route("/v1/introspection/{node}/abort", post(abort))
         .route("/v1/introspection/{node}/data", get(data))
         .route("/v1/introspection/{node}/data/unprocessed", get(unprocessed_data).post(reapply))
-        .route("/v1/continue", post(continue_))
         .route("/v1/rules", get(list_rules).post(create_rule).delete(delete_all_rules))
         .route("/v1/rules/{uuid}", get(get_rule).delete(delete_rule))
-        // One byte over the cap reaches `continue_`, which answers with a JSON error like every other.
-        .layer(DefaultBodyLimit::max(MAX_DATA_BYTES + 1))
-        .with_state(Api { engine })
+        // Around each route (405s included), before any handler or body extractor.
+        .route_layer(axum::middleware::from_fn_with_state(api.clone(), require_operator));
+    Router::new()
+        .route("/", get(root))
+        .route("/v1", get(v1))
+        .route("/v1/", get(v1))
+        .route("/v1/continue", post(continue_))
+        .merge(operator)
+        // Bodies are read with `read_limited` and its own limits; this bounds any other extractor.
+        .layer(DefaultBodyLimit::max(MAX_RULE_BYTES + 1))
+        .with_state(api)
+}
+
+/// The inspector API's listener, bound and configured ([`InspectorListener::bind`] fails on a bad
+/// `[inspector_api]`), ready to [`serve`](InspectorListener::serve).
+pub struct InspectorListener {
+    tcp: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    access: Arc<Access>,
+    local: SocketAddr,
+}
+
+impl std::fmt::Debug for InspectorListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InspectorListener").field("local", &self.local).field("tls", &self.tls.is_some()).finish()
+    }
+}
+
+/// The inspector API cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    #[error("binding the ironic-inspector API on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl InspectorListener {
+    /// Reads `[inspector_api]`'s files (htpasswd, certificate and key, Keystone CA) and binds `addr`.
+    pub async fn bind(addr: SocketAddr, cfg: &InspectorApiConfig) -> Result<Self, ListenError> {
+        let access = Arc::new(Access::new(cfg)?);
+        let tls = if cfg.tls() {
+            Some(
+                crate::http_access::tls::server_config(&cfg.tls_cert_file, &cfg.tls_key_file)
+                    .map_err(AccessError::from)?,
+            )
+        } else {
+            None
+        };
+        let tcp = TcpListener::bind(addr).await.map_err(|source| ListenError::Bind { addr, source })?;
+        let local = tcp.local_addr().map_err(|source| ListenError::Bind { addr, source })?;
+        Ok(Self { tcp, tls, access, local })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Serves the API until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        engine: Arc<Engine>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let strategy = self.access.auth.strategy();
+        if strategy == AuthStrategy::Noauth {
+            warn!(
+                addr = %self.local,
+                "ironic-inspector API with auth_strategy = noauth: anyone who can reach it may start, abort and read \
+                 inspections and change introspection rules; set [inspector_api] auth_strategy"
+            );
+        }
+        info!(addr = %self.local, tls = self.tls.is_some(), auth_strategy = strategy.as_str(), "ironic-inspector v1 API serving");
+        let app = router(engine, self.access).into_make_service_with_connect_info::<SocketAddr>();
+        match self.tls {
+            None => {
+                let tcp = self.tcp.tap_io(|s| {
+                    let _ = s.set_nodelay(true);
+                });
+                axum::serve(tcp, app).with_graceful_shutdown(shutdown).await
+            }
+            Some(cfg) => {
+                let tls = TlsListener::new(self.tcp, cfg)?.tap_io(|_| {});
+                axum::serve(tls, app).with_graceful_shutdown(shutdown).await
+            }
+        }
+    }
+}
+
+/// Lets an operator call through to its handler, or answers the refusal.
+async fn require_operator(State(api): State<Api>, req: Request, next: Next) -> Response {
+    match api.access.auth.check(req.headers()).await {
+        Ok(id) => {
+            let user = id.user.as_deref().unwrap_or("-");
+            if matches!(*req.method(), Method::GET | Method::HEAD) {
+                debug!(user, method = %req.method(), path = %req.uri().path(), "inspector API: operator call");
+            } else {
+                info!(user, method = %req.method(), path = %req.uri().path(), "inspector API: operator call");
+            }
+            next.run(req).await
+        }
+        Err(r) => refusal(r),
+    }
+}
+
+fn refusal(r: Refusal) -> Response {
+    let mut resp = error(r.status, r.message);
+    if let Some(c) = r.challenge {
+        resp.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, c);
+    }
+    resp
 }
 
 fn headers() -> HeaderMap {
@@ -259,20 +420,128 @@ async fn reapply(State(api): State<Api>, Path(node): Path<String>) -> Response {
 }
 
 /// `POST /v1/continue[?node_uuid=...]`: the ramdisk's data. `node_uuid` (as Ironic's `continue_inspection` takes
-/// it) restricts the lookup to that node.
-async fn continue_(State(api): State<Api>, Query(q): Query<HashMap<String, String>>, body: Bytes) -> Response {
-    if body.len() > MAX_DATA_BYTES {
-        let msg = format!("introspection data is over {MAX_DATA_BYTES} bytes");
-        return error(StatusCode::PAYLOAD_TOO_LARGE, msg);
+/// it) restricts the lookup to that node. Unauthenticated, as ironic-python-agent needs: rate-limited per source
+/// (429), bounded (413), and answered without naming any node but the one the data is accepted for.
+async fn continue_(
+    State(api): State<Api>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(wait) = api.access.continue_rate.check(peer.ip()) {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        info!(peer = %peer.ip(), "inspector API: /v1/continue over the rate limit");
+        let mut resp = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("Too many introspection data submissions from this address; retry in {secs} s"),
+        );
+        resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        return resp;
     }
+    let limit = api.access.continue_max_bytes;
+    let body = {
+        let Ok(_turn) = api.access.continue_reads.acquire().await else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+        };
+        match read_limited(body, &headers, limit).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                info!(peer = %peer.ip(), limit, "inspector API: /v1/continue body over the limit");
+                return error(StatusCode::PAYLOAD_TOO_LARGE, format!("introspection data is over {limit} bytes"));
+            }
+            Err(BodyError::Read(e)) => {
+                return error(StatusCode::BAD_REQUEST, format!("cannot read the introspection data: {e}"));
+            }
+        }
+    };
     let data: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("introspection data is not JSON: {e}")),
     };
     match api.engine.continue_inspection(data, q.get("node_uuid").cloned()).await {
         Ok(uuid) => reply(StatusCode::OK, json!({"uuid": uuid})),
-        Err(e) => api_error(e),
+        Err(e) => continue_error(e, peer),
     }
+}
+
+/// `/v1/continue`'s errors, without another node's UUID, MACs or BMC address: what the caller sent about itself
+/// (bad data, its pre-processing failures, "Could not find a node for attributes <its own>", a tie) is answered
+/// as ironic-inspector does; a node that is not waiting (finished, starting, processing, ...) gets one message
+/// whatever its state; refusals to enroll and internal failures are answered generically and logged.
+fn continue_error(e: ApiError, peer: SocketAddr) -> Response {
+    match &e {
+        ApiError::BadData(_)
+        | ApiError::PreProcessing(_)
+        | ApiError::Lookup(LookupError::NotFound(_) | LookupError::Tie { .. }) => api_error(e),
+        ApiError::Lookup(LookupError::Finished { node }) | ApiError::Illegal { node, .. } => {
+            info!(peer = %peer.ip(), node = %node, error = %e, "inspector API: introspection data refused: not waiting");
+            error(StatusCode::BAD_REQUEST, NOT_WAITING)
+        }
+        ApiError::Discovery(_) => {
+            info!(peer = %peer.ip(), error = %e, "inspector API: introspection data refused: not enrolled");
+            error(
+                StatusCode::BAD_REQUEST,
+                "The following failures happened during running pre-processing hooks:\n\
+                 Look up error: this machine cannot be enrolled: one of its MAC or BMC addresses already belongs \
+                 to an Ironic node",
+            )
+        }
+        ApiError::NoIronic | ApiError::Ironic(_) => {
+            warn!(peer = %peer.ip(), error = %e, "inspector API: introspection data not accepted: Ironic failed");
+            error(StatusCode::SERVICE_UNAVAILABLE, "Ironic is unavailable; the data was not accepted, try again")
+        }
+        ApiError::Store(_) => {
+            warn!(peer = %peer.ip(), error = %e, "inspector API: introspection data not accepted: store failed");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "the data was not accepted; see the control plane's log")
+        }
+        _ => {
+            info!(peer = %peer.ip(), error = %e, "inspector API: introspection data refused");
+            error(StatusCode::BAD_REQUEST, NOT_WAITING)
+        }
+    }
+}
+
+#[derive(Debug)]
+enum BodyError {
+    TooLarge,
+    Read(String),
+}
+
+/// The body if it is at most `limit` bytes. A larger one (by `Content-Length` or as it arrives) is read on and
+/// dropped for a while, keeping nothing, so that the client reads the 413 instead of a reset.
+async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    if declared.is_none_or(|n| n <= limit as u64) {
+        if let Some(n) = declared {
+            buf.reserve(n as usize);
+        }
+        loop {
+            match stream.next().await {
+                None => return Ok(Bytes::from(buf)),
+                Some(Err(e)) => return Err(BodyError::Read(e.to_string())),
+                Some(Ok(chunk)) if buf.len() + chunk.len() <= limit => buf.extend_from_slice(&chunk),
+                Some(Ok(_)) => break,
+            }
+        }
+    }
+    drop(buf);
+    let drain = async {
+        let mut drained = 0usize;
+        while let Some(Ok(chunk)) = stream.next().await {
+            drained += chunk.len();
+            if drained > DRAIN_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+    Err(BodyError::TooLarge)
 }
 
 fn rule_links(mut v: Value) -> Value {
@@ -283,14 +552,18 @@ fn rule_links(mut v: Value) -> Value {
 
 /// `POST /v1/rules`: 201 with the rule (200 below API 1.6, as ironic-inspector), 400 for an invalid rule,
 /// 409 for a uuid taken.
-async fn create_rule(State(api): State<Api>, h: HeaderMap, body: Bytes) -> Response {
+async fn create_rule(State(api): State<Api>, h: HeaderMap, body: Body) -> Response {
     let version = match requested_version(&h) {
         Ok(v) => v,
         Err((code, msg)) => return error(code, msg),
     };
-    if body.len() > MAX_RULE_BYTES {
-        return error(StatusCode::PAYLOAD_TOO_LARGE, format!("a rule is at most {MAX_RULE_BYTES} bytes"));
-    }
+    let body = match read_limited(body, &h, MAX_RULE_BYTES).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => {
+            return error(StatusCode::PAYLOAD_TOO_LARGE, format!("a rule is at most {MAX_RULE_BYTES} bytes"));
+        }
+        Err(BodyError::Read(e)) => return error(StatusCode::BAD_REQUEST, format!("cannot read the rule: {e}")),
+    };
     let body: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("the rule is not JSON: {e}")),

@@ -23,7 +23,7 @@ pub struct IronicConfig {
     /// `noauth`, `http_basic` or `password` (Keystone v3).
     pub auth_type: String,
     pub username: String,
-    pub password: String,
+    pub password: ironguard_coord::Secret,
     pub password_file: String,
     /// Keystone (password auth): identity endpoint, e.g. `https://keystone.example:5000/v3`.
     pub auth_url: String,
@@ -47,7 +47,7 @@ impl Default for IronicConfig {
             url: String::new(),
             auth_type: "noauth".into(),
             username: String::new(),
-            password: String::new(),
+            password: ironguard_coord::Secret::default(),
             password_file: String::new(),
             auth_url: String::new(),
             project_name: String::new(),
@@ -92,7 +92,7 @@ impl IronicConfig {
 
     fn password(&self) -> Result<String, IronicError> {
         if self.password_file.is_empty() {
-            return Ok(self.password.clone());
+            return Ok(self.password.expose().to_string());
         }
         let text = std::fs::read_to_string(&self.password_file)
             .map_err(|e| IronicError::Config(format!("cannot read {}: {e}", self.password_file)))?;
@@ -212,6 +212,24 @@ fn error_message(body: &str) -> String {
         .map(str::to_string)
         .or_else(|| inner.as_str().map(str::to_string))
         .unwrap_or_else(|| body.chars().take(300).collect())
+}
+
+/// `id` (a node or port UUID or name, a trait) as one segment of a URL path. Percent-encoded, so that a `/`, `?`,
+/// `#` or `%` in it cannot reach another endpoint (`x/../<uuid>` used to fetch node `<uuid>`); `""`, `.` and `..`,
+/// which every URL parser resolves away, name nothing and are refused as not found.
+fn segment(id: &str) -> Result<String, IronicError> {
+    if matches!(id, "" | "." | "..") {
+        return Err(IronicError::NotFound { what: format!("{id:?} (not a usable identifier)") });
+    }
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Ok(out)
 }
 
 impl Ironic {
@@ -453,8 +471,9 @@ impl Ironic {
     /// A node with only the fields ironguard reads.
     pub async fn get_node(&self, id: &str) -> Result<Node, IronicError> {
         let url = format!(
-            "{}/v1/nodes/{id}?fields=uuid,name,provision_state,power_state,inspect_interface,driver_info,maintenance",
-            self.base()
+            "{}/v1/nodes/{}?fields=uuid,name,provision_state,power_state,inspect_interface,driver_info,maintenance",
+            self.base(),
+            segment(id)?
         );
         self.send_json(&format!("GET node {id}"), reqwest::Method::GET, &url, None, true).await
     }
@@ -513,7 +532,7 @@ impl Ironic {
             .send_json(
                 &format!("validate node {uuid}"),
                 reqwest::Method::GET,
-                &format!("{}/v1/nodes/{uuid}/validate", self.base()),
+                &format!("{}/v1/nodes/{}/validate", self.base(), segment(uuid)?),
                 None,
                 true,
             )
@@ -527,7 +546,7 @@ impl Ironic {
         self.send(
             &format!("set boot device of {uuid}"),
             reqwest::Method::PUT,
-            &format!("{}/v1/nodes/{uuid}/management/boot_device", self.base()),
+            &format!("{}/v1/nodes/{}/management/boot_device", self.base(), segment(uuid)?),
             Some(&body),
             true,
         )
@@ -541,7 +560,7 @@ impl Ironic {
         self.send(
             &format!("{target} {uuid}"),
             reqwest::Method::PUT,
-            &format!("{}/v1/nodes/{uuid}/states/power", self.base()),
+            &format!("{}/v1/nodes/{}/states/power", self.base(), segment(uuid)?),
             Some(&body),
             true,
         )
@@ -554,7 +573,7 @@ impl Ironic {
         self.send(
             &format!("PATCH node {uuid}"),
             reqwest::Method::PATCH,
-            &format!("{}/v1/nodes/{uuid}", self.base()),
+            &format!("{}/v1/nodes/{}", self.base(), segment(uuid)?),
             Some(ops),
             true,
         )
@@ -565,7 +584,7 @@ impl Ironic {
     /// The whole node as Ironic returns it (properties, extra, driver_info, traits, ...): what processing hooks
     /// and introspection rules read.
     pub async fn get_node_full(&self, id: &str) -> Result<Value, IronicError> {
-        let url = format!("{}/v1/nodes/{id}", self.base());
+        let url = format!("{}/v1/nodes/{}", self.base(), segment(id)?);
         self.send_json(&format!("GET node {id}"), reqwest::Method::GET, &url, None, true).await
     }
 
@@ -598,7 +617,7 @@ impl Ironic {
         ops: &Value,
         reset_interfaces: Option<bool>,
     ) -> Result<(), IronicError> {
-        let mut url = format!("{}/v1/nodes/{uuid}", self.base());
+        let mut url = format!("{}/v1/nodes/{}", self.base(), segment(uuid)?);
         if let Some(r) = reset_interfaces {
             url.push_str(&format!("?reset_interfaces={r}"));
         }
@@ -623,7 +642,7 @@ impl Ironic {
         self.send(
             &format!("PATCH port {uuid}"),
             reqwest::Method::PATCH,
-            &format!("{}/v1/ports/{uuid}", self.base()),
+            &format!("{}/v1/ports/{}", self.base(), segment(uuid)?),
             Some(ops),
             true,
         )
@@ -636,7 +655,7 @@ impl Ironic {
         self.send(
             &format!("add trait {name} to {uuid}"),
             reqwest::Method::PUT,
-            &format!("{}/v1/nodes/{uuid}/traits/{name}", self.base()),
+            &format!("{}/v1/nodes/{}/traits/{}", self.base(), segment(uuid)?, segment(name)?),
             None,
             true,
         )
@@ -650,7 +669,7 @@ impl Ironic {
             .send(
                 &format!("remove trait {name} from {uuid}"),
                 reqwest::Method::DELETE,
-                &format!("{}/v1/nodes/{uuid}/traits/{name}", self.base()),
+                &format!("{}/v1/nodes/{}/traits/{}", self.base(), segment(uuid)?, segment(name)?),
                 None,
                 true,
             )
@@ -694,7 +713,7 @@ impl Ironic {
         self.send(
             &format!("delete port {uuid}"),
             reqwest::Method::DELETE,
-            &format!("{}/v1/ports/{uuid}", self.base()),
+            &format!("{}/v1/ports/{}", self.base(), segment(uuid)?),
             None,
             true,
         )

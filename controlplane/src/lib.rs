@@ -8,6 +8,7 @@
 //! - [`inspection`]: the inspection engine (state machine, work queue, workers, tasks, gRPC `Inspection`).
 //! - [`ironic`]: the Ironic REST client.
 //! - [`inspector_api`]: the ironic-inspector v1 REST API (for ironic-python-agent and the OpenStack CLI).
+//! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, TLS, rate limits).
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`config`]: TOML + environment + flags.
 //!
@@ -17,8 +18,10 @@
 
 pub mod admin;
 pub mod agents;
+pub mod authz;
 pub mod config;
 pub mod filter;
+pub mod http_access;
 pub mod inspection;
 pub mod inspector_api;
 pub mod ironic;
@@ -26,6 +29,7 @@ pub mod metrics;
 pub mod service;
 pub mod singleton;
 pub mod store;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,8 +40,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ironguard_proto::v1::pxe_filter_server::PxeFilterServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use config::ControlPlaneConfig;
 
@@ -60,7 +63,7 @@ pub struct Server {
     pub engine: Arc<Engine>,
     /// The ironic-inspector v1 REST API's address, when enabled.
     pub inspector_addr: Option<SocketAddr>,
-    inspector: Option<TcpListener>,
+    inspector: Option<inspector_api::InspectorListener>,
     periodic: Vec<singleton::PeriodicTask>,
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
@@ -71,6 +74,8 @@ pub struct Server {
     replica: String,
     leading_tx: tokio::sync::watch::Sender<bool>,
     grpc: TcpListener,
+    grpc_tls: Option<tls::ServerTls>,
+    authz: Arc<authz::Authz>,
     admin: TcpListener,
     service: PxeFilterService,
     metrics: Arc<Metrics>,
@@ -113,9 +118,11 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     };
     store.apply(vec![], Some(initial_policy)).await.context("recording the unknown-MAC policy")?;
     let metrics = Arc::new(Metrics::new());
-    let grpc = TcpListener::bind(config.server.grpc_listen)
+    let grpc_tls = if config.grpc.tls() { Some(tls::ServerTls::new(&config.grpc)?) } else { None };
+    let authz = authz::Authz::new(&config.grpc)?;
+    let grpc = TcpListener::bind(config.grpc_listen())
         .await
-        .with_context(|| format!("binding the gRPC listener on {}", config.server.grpc_listen))?;
+        .with_context(|| format!("binding the gRPC listener on {}", config.grpc_listen()))?;
     let admin = TcpListener::bind(config.server.admin_listen)
         .await
         .with_context(|| format!("binding the admin listener on {}", config.server.admin_listen))?;
@@ -139,7 +146,9 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         crash: CrashPoint::from_env(),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let authz = Arc::new(authz);
     let service = PxeFilterService {
+        authz: authz.clone(),
         stopping: stop_rx,
         store: store.clone(),
         agents,
@@ -151,15 +160,10 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     metrics.allowed.set(counts.allow as i64);
     metrics.denied.set(counts.deny as i64);
     let inspector = match config.server.inspector_listen {
-        Some(a) => {
-            Some(TcpListener::bind(a).await.with_context(|| format!("binding the ironic-inspector API on {a}"))?)
-        }
+        Some(a) => Some(inspector_api::InspectorListener::bind(a, &config.inspector_api).await?),
         None => None,
     };
-    let inspector_addr = match &inspector {
-        Some(l) => Some(l.local_addr()?),
-        None => None,
-    };
+    let inspector_addr = inspector.as_ref().map(|l| l.local_addr());
     let grpc_addr = grpc.local_addr()?;
     let replica = if config.server.replica_id.is_empty() {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -185,6 +189,8 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         admin_addr: admin.local_addr()?,
         store,
         grpc,
+        grpc_tls,
+        authz,
         admin,
         service,
         metrics,
@@ -217,20 +223,34 @@ impl Server {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(PxeFilterServer::new(self.service))
-            .add_service(InspectionServer::new(InspectionService { engine: self.engine.clone() }))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.grpc), async move {
+            .add_service(InspectionServer::new(InspectionService {
+                engine: self.engine.clone(),
+                authz: self.authz.clone(),
+            }))
+            .serve_with_incoming_shutdown(tls::incoming(self.grpc, self.grpc_tls.clone()), async move {
                 let _ = grpc_stop.wait_for(|v| *v).await;
             });
+        match &self.grpc_tls {
+            Some(t) => {
+                info!(grpc = %self.grpc_addr, "gRPC over TLS; SIGHUP reloads its certificate, key and client CA");
+                tokio::spawn(reload_on_sighup(t.clone()));
+            }
+            None => warn!(
+                grpc = %self.grpc_addr,
+                operator_calls_open = self.authz.operator_calls_open(),
+                "gRPC IN PLAINTEXT ([grpc] insecure = true): anyone who reaches this port can pose as any agent{}",
+                if self.authz.operator_calls_open() { " and change the filter, power nodes on and manage rules" } else { "" }
+            ),
+        }
         info!(grpc = %self.grpc_addr, admin = %self.admin_addr, coordination = self.coord.backend(), "control plane serving");
         self.ready.store(true, Ordering::Relaxed);
         let tasks_stop = tokio_util::sync::CancellationToken::new();
         if let Some(l) = self.inspector {
-            let app = inspector_api::router(self.engine.clone());
             let mut stop = stop_tx.subscribe();
-            info!(addr = ?self.inspector_addr, "ironic-inspector v1 API serving");
+            let engine = self.engine.clone();
             tokio::spawn(async move {
-                let r = axum::serve(l, app)
-                    .with_graceful_shutdown(async move {
+                let r = l
+                    .serve(engine, async move {
                         let _ = stop.wait_for(|v| *v).await;
                     })
                     .await;
@@ -278,6 +298,24 @@ impl Server {
             _ = deadline => tracing::warn!("connections still open 5 s after shutdown; stopping anyway"),
         }
         Ok(())
+    }
+}
+
+/// Re-reads the gRPC certificate, key and client CA on every SIGHUP; a failed reload keeps the previous ones.
+async fn reload_on_sighup(tls: tls::ServerTls) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        warn!("no SIGHUP handler: certificates are reloaded only on restart");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match tls.reload() {
+            Ok(()) => info!("SIGHUP: gRPC certificate, key and client CA reloaded (open connections keep theirs)"),
+            Err(e) => tracing::error!(
+                error = format!("{e:#}"),
+                "SIGHUP: reloading the gRPC certificates failed; the previous ones stay in use"
+            ),
+        }
     }
 }
 

@@ -19,6 +19,24 @@ struct Cli {
     /// gRPC listen address (server.grpc_listen).
     #[arg(long, env = "IRONGUARD_CP_GRPC_LISTEN")]
     grpc_listen: Option<SocketAddr>,
+    /// gRPC server certificate, PEM (grpc.tls_cert_file).
+    #[arg(long, env = "IRONGUARD_CP_GRPC_TLS_CERT")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// Its private key, PEM (grpc.tls_key_file).
+    #[arg(long, env = "IRONGUARD_CP_GRPC_TLS_KEY")]
+    grpc_tls_key: Option<PathBuf>,
+    /// CA of the agents' and operators' client certificates, PEM (grpc.client_ca_file).
+    #[arg(long, env = "IRONGUARD_CP_GRPC_CLIENT_CA")]
+    grpc_client_ca: Option<PathBuf>,
+    /// A certificate name that is an operator (repeat, or comma-separated; grpc.operator_names).
+    #[arg(long = "grpc-operator", env = "IRONGUARD_CP_GRPC_OPERATORS", value_delimiter = ',')]
+    grpc_operators: Vec<String>,
+    /// File holding the operators' bearer token (grpc.operator_token_file).
+    #[arg(long, env = "IRONGUARD_CP_GRPC_OPERATOR_TOKEN_FILE")]
+    grpc_operator_token_file: Option<PathBuf>,
+    /// Serve gRPC in plaintext, without identities (grpc.insecure). Logged as a warning at every start.
+    #[arg(long, env = "IRONGUARD_CP_GRPC_INSECURE")]
+    grpc_insecure: bool,
     /// Admin HTTP listen address for /metrics, /healthz, /readyz (server.admin_listen).
     #[arg(long, env = "IRONGUARD_CP_ADMIN_LISTEN")]
     admin_listen: Option<SocketAddr>,
@@ -51,7 +69,25 @@ struct Cli {
 fn effective(cli: &Cli) -> anyhow::Result<ControlPlaneConfig> {
     let mut c = ControlPlaneConfig::load(cli.config.as_deref())?;
     if let Some(a) = cli.grpc_listen {
-        c.server.grpc_listen = a;
+        c.server.grpc_listen = Some(a);
+    }
+    if let Some(p) = &cli.grpc_tls_cert {
+        c.grpc.tls_cert_file = p.clone();
+    }
+    if let Some(p) = &cli.grpc_tls_key {
+        c.grpc.tls_key_file = p.clone();
+    }
+    if let Some(p) = &cli.grpc_client_ca {
+        c.grpc.client_ca_file = p.clone();
+    }
+    if !cli.grpc_operators.is_empty() {
+        c.grpc.operator_names = cli.grpc_operators.clone();
+    }
+    if let Some(p) = &cli.grpc_operator_token_file {
+        c.grpc.operator_token_file = p.clone();
+    }
+    if cli.grpc_insecure {
+        c.grpc.insecure = true;
     }
     if let Some(a) = cli.admin_listen {
         c.server.admin_listen = a;

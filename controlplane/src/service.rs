@@ -24,6 +24,8 @@ use crate::store::{FilterStore, Snapshot};
 
 /// Shared by every request handler.
 pub struct PxeFilterService {
+    /// Who may call what (checked first in every call).
+    pub authz: Arc<crate::authz::Authz>,
     pub store: Arc<dyn FilterStore>,
     pub agents: Arc<AgentRegistry>,
     pub metrics: Arc<Metrics>,
@@ -91,6 +93,7 @@ impl PxeFilter for PxeFilterService {
         request: Request<UpdatePxeFiltersRequest>,
     ) -> Result<Response<UpdatePxeFiltersResponse>, Status> {
         let started = Instant::now();
+        let operator = self.authz.operator(&request, "UpdatePxeFilters")?;
         let r = request.into_inner();
         let reason = if r.remove_reason.is_empty() { filter::API } else { r.remove_reason.as_str() };
         if reason != filter::API && r.remove.is_empty() {
@@ -119,6 +122,7 @@ impl PxeFilter for PxeFilterService {
             remove = r.remove.len(),
             reason,
             changed,
+            operator = %operator,
             "UpdatePxeFilters"
         );
         Ok(Response::new(UpdatePxeFiltersResponse { revision: applied.revision, changed }))
@@ -127,10 +131,11 @@ impl PxeFilter for PxeFilterService {
     type WatchFiltersStream = EventStream;
 
     async fn watch_filters(&self, request: Request<WatchFiltersRequest>) -> Result<Response<EventStream>, Status> {
-        let r = request.into_inner();
-        if r.agent_id.is_empty() {
+        if request.get_ref().agent_id.is_empty() {
             return Err(Status::invalid_argument("agent_id is required"));
         }
+        self.authz.agent(&request, "WatchFilters", &request.get_ref().agent_id)?;
+        let r = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<FilterEvent, Status>>(256);
         let store = self.store.clone();
         let metrics = self.metrics.clone();
@@ -213,10 +218,11 @@ impl PxeFilter for PxeFilterService {
     }
 
     async fn report_status(&self, request: Request<AgentStatus>) -> Result<Response<ReportStatusResponse>, Status> {
-        let s = request.into_inner();
-        if s.agent_id.is_empty() {
+        if request.get_ref().agent_id.is_empty() {
             return Err(Status::invalid_argument("agent_id is required"));
         }
+        self.authz.agent(&request, "ReportStatus", &request.get_ref().agent_id)?;
+        let s = request.into_inner();
         let current = *self.store.revision().borrow();
         let label = AgentLabel { agent: s.agent_id.clone(), network: s.network.clone() };
         self.metrics.agent_lag.get_or_create(&label).set(current.saturating_sub(s.applied_revision) as i64);
@@ -226,6 +232,7 @@ impl PxeFilter for PxeFilterService {
     }
 
     async fn get_filter_state(&self, request: Request<GetFilterStateRequest>) -> Result<Response<FilterState>, Status> {
+        self.authz.operator(&request, "GetFilterState")?;
         let r = request.into_inner();
         let macs = r
             .macs
@@ -251,7 +258,8 @@ impl PxeFilter for PxeFilterService {
         }))
     }
 
-    async fn list_agents(&self, _: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
+    async fn list_agents(&self, request: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
+        self.authz.operator(&request, "ListAgents")?;
         let current = *self.store.revision().borrow();
         let (agents, leaders) = self.agents.list(current).await;
         Ok(Response::new(ListAgentsResponse {

@@ -11,7 +11,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 fn config(tag: &str) -> ControlPlaneConfig {
     let mut c = ControlPlaneConfig::default();
-    c.server.grpc_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+    c.grpc.insecure = true;
     c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
     c.server.heartbeat_secs = 1;
     c.store.data_dir = std::env::temp_dir().join(format!("ig-cp-test-{tag}-{}", std::process::id()));
@@ -134,14 +135,15 @@ async fn health_reflection_admin_and_the_filter_contract() {
 fn print_config_shows_the_effective_configuration() {
     let exe = env!("CARGO_BIN_EXE_ironguard-controlplane");
     let out = std::process::Command::new(exe)
-        .args(["--print-config", "--grpc-listen", "127.0.0.1:7000", "--unknown-mac-policy", "deny"])
+        .args(["--print-config", "--grpc-listen", "127.0.0.1:7000", "--grpc-insecure", "--unknown-mac-policy", "deny"])
         .env("IRONGUARD_CP_DATA_DIR", "/tmp/from-env")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     let parsed: ControlPlaneConfig = toml::from_str(&text).unwrap();
-    assert_eq!(parsed.server.grpc_listen.to_string(), "127.0.0.1:7000");
+    assert_eq!(parsed.server.grpc_listen.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:7000"));
+    assert!(parsed.grpc.insecure);
     assert_eq!(parsed.store.data_dir.to_str(), Some("/tmp/from-env"));
     assert_eq!(parsed.filter.unknown_mac_policy, ironguard_controlplane::inspection::periodic::PolicySetting::Deny);
     // A bad configuration file is a clear error.

@@ -49,7 +49,8 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
     ironic.add_node(node(N1, "manageable", "10.0.0.1"));
     ironic.add_port(Port { address: MAC1.into(), node_uuid: N1.into(), ..Default::default() }).unwrap();
     let mut c = ControlPlaneConfig::default();
-    c.server.grpc_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+    c.grpc.insecure = true;
     c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
     c.server.inspector_listen = Some("127.0.0.1:0".parse().unwrap());
     c.server.heartbeat_secs = 1;
@@ -637,7 +638,7 @@ async fn the_ironic_inspector_v1_rest_api() {
     assert_eq!(r.status(), 400);
     let msg = r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().to_string();
     assert!(msg.contains("No suitable interfaces"), "{msg}");
-    let big = vec![b' '; ironguard_controlplane::inspection::service::MAX_DATA_BYTES + 1];
+    let big = vec![b' '; ironguard_controlplane::http_access::config::DEFAULT_CONTINUE_MAX_BYTES + 1];
     let r = http.post(u("/v1/continue")).body(big).send().await.unwrap();
     assert_eq!(r.status(), 413);
     assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("over"));

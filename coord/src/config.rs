@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::CoordError;
+use crate::{CoordError, Secret};
 
 /// How to reach etcd. With no endpoints, the embedded (local) backend is used.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,7 +20,7 @@ pub struct EtcdConfig {
     /// etcd user (role-based access control).
     pub username: String,
     /// Password for `username`; prefer `password_file`.
-    pub password: String,
+    pub password: Secret,
     /// File holding the password (first line).
     pub password_file: String,
     /// Connection (dial) timeout, milliseconds.
@@ -40,7 +40,7 @@ impl Default for EtcdConfig {
             cert_file: String::new(),
             key_file: String::new(),
             username: String::new(),
-            password: String::new(),
+            password: Secret::default(),
             password_file: String::new(),
             dial_timeout_ms: 2000,
             request_timeout_ms: 2000,
@@ -106,7 +106,7 @@ mod tests {
         assert!(bad(|c| c.endpoints = vec!["etcd:2379".into()]).contains("http://"));
         assert!(bad(|c| c.prefix = "ironguard".into()).contains("prefix"));
         assert!(bad(|c| c.cert_file = "c.pem".into()).contains("together"));
-        assert!(bad(|c| c.password = "x".into()).contains("username"));
+        assert!(bad(|c| c.password = Secret::new("x")).contains("username"));
         assert!(bad(|c| c.request_timeout_ms = 0).contains("positive"));
         let c = EtcdConfig { endpoints: vec!["https://e:2379".into()], ..Default::default() };
         assert!(c.tls() && c.enabled());

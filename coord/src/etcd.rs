@@ -76,7 +76,7 @@ impl EtcdCoordinator {
             .with_keep_alive_while_idle(true);
         if !cfg.username.is_empty() {
             let password = if cfg.password_file.is_empty() {
-                cfg.password.clone()
+                cfg.password.expose().to_string()
             } else {
                 String::from_utf8_lossy(&read(&cfg.password_file)?).lines().next().unwrap_or_default().to_string()
             };

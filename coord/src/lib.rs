@@ -17,6 +17,7 @@ pub mod amnesia;
 pub mod config;
 pub mod etcd;
 pub mod local;
+pub mod secret;
 mod session;
 
 use std::time::Duration;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use amnesia::{Amnesia, StoreMemory};
 pub use config::EtcdConfig;
+pub use secret::Secret;
 pub use session::{Expiry, Session};
 
 /// A coordination operation failed.

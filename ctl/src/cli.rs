@@ -13,23 +13,98 @@ use ironguard_nft::MacAddr;
 
 use crate::inspect::wait::WaitBounds;
 
-/// Where the control plane's gRPC API listens unless `--controlplane` or `IRONGUARD_CONTROLPLANE` says otherwise.
+/// Where the control plane's gRPC API listens unless `--controlplane` or `IRONGUARD_CONTROLPLANE` says otherwise:
+/// over TLS when a CA or a client certificate is configured, else in plaintext (a control plane with
+/// `insecure = true` on its default loopback address).
 pub const DEFAULT_CONTROLPLANE: &str = "http://127.0.0.1:9100";
+pub const DEFAULT_CONTROLPLANE_TLS: &str = "https://127.0.0.1:9100";
 
 #[derive(Debug, Parser)]
 #[command(name = "ironguardctl", version, about = "ironguard operator CLI")]
 pub struct Cli {
-    /// gRPC address of the control plane, for `filters`, `agents` and `inspect`.
-    #[arg(
-        long,
-        global = true,
-        value_name = "URL",
-        env = "IRONGUARD_CONTROLPLANE",
-        default_value = DEFAULT_CONTROLPLANE
-    )]
-    pub controlplane: String,
+    /// gRPC address of the control plane, for `filters`, `agents`, `inspect` and `rules` (default: the config
+    /// file's `controlplane`, else https://127.0.0.1:9100 when a CA or certificate is given, else
+    /// http://127.0.0.1:9100).
+    #[arg(long, global = true, value_name = "URL", env = "IRONGUARD_CONTROLPLANE")]
+    pub controlplane: Option<String>,
+    #[command(flatten)]
+    pub auth: AuthArgs,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// TLS and credentials for the control plane. Each falls back to the environment, then to the config file.
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuthArgs {
+    /// Configuration file (TOML: controlplane, ca_file, cert_file, key_file, token_file, server_name). Default:
+    /// /etc/ironguard/ctl.toml if it exists.
+    #[arg(long = "config", global = true, value_name = "FILE", env = "IRONGUARD_CTL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// CA that signed the control plane's certificate (https:// URLs).
+    #[arg(long, global = true, value_name = "FILE", env = "IRONGUARD_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Operator certificate (its name must be in the control plane's [grpc] operator_names).
+    #[arg(long, global = true, value_name = "FILE", env = "IRONGUARD_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// Private key of --cert-file.
+    #[arg(long, global = true, value_name = "FILE", env = "IRONGUARD_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// File holding the operator token (instead of, or besides, a certificate).
+    #[arg(long, global = true, value_name = "FILE", env = "IRONGUARD_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Name in the control plane's certificate, when the URL uses another host (e.g. an IP address).
+    #[arg(long, global = true, value_name = "NAME", env = "IRONGUARD_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+/// Where `ironguardctl` looks for its configuration when `--config` is not given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/ironguard/ctl.toml";
+
+/// `ironguardctl`'s configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CtlConfig {
+    pub controlplane: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
+    pub server_name: Option<String>,
+}
+
+impl CtlConfig {
+    /// `path`, or the default path if it exists, or nothing.
+    pub fn load(path: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        let (path, required) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("{} is not a valid ironguardctl configuration: {e}", path.display())),
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        }
+    }
+}
+
+impl Cli {
+    /// The control plane to talk to and how: flags and environment first, then the configuration file.
+    pub fn target(&self) -> anyhow::Result<crate::controlplane::Target> {
+        let file = CtlConfig::load(self.auth.config.as_deref())?;
+        let url = self.controlplane.clone().or(file.controlplane);
+        let pick = |a: &Option<PathBuf>, b: Option<PathBuf>| a.clone().or(b).unwrap_or_default();
+        let auth = ironguard_proto::client::ClientAuth {
+            ca_file: pick(&self.auth.ca_file, file.ca_file),
+            cert_file: pick(&self.auth.cert_file, file.cert_file),
+            key_file: pick(&self.auth.key_file, file.key_file),
+            token_file: pick(&self.auth.token_file, file.token_file),
+            server_name: self.auth.tls_server_name.clone().or(file.server_name).unwrap_or_default(),
+        };
+        let tls = !auth.ca_file.as_os_str().is_empty() || !auth.cert_file.as_os_str().is_empty();
+        let url = url.unwrap_or_else(|| if tls { DEFAULT_CONTROLPLANE_TLS } else { DEFAULT_CONTROLPLANE }.to_string());
+        Ok(crate::controlplane::Target { auth, ..crate::controlplane::Target::new(url) })
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -340,13 +415,48 @@ mod tests {
     #[test]
     fn controlplane_defaults_and_is_accepted_after_the_subcommand() {
         // The environment may set IRONGUARD_CONTROLPLANE; only check the default when it does not.
-        if std::env::var_os("IRONGUARD_CONTROLPLANE").is_none() {
-            assert_eq!(parse(&["agents"]).unwrap().controlplane, DEFAULT_CONTROLPLANE);
+        if std::env::var_os("IRONGUARD_CONTROLPLANE").is_none() && std::env::var_os("IRONGUARD_CTL_CONFIG").is_none() {
+            let cli = parse(&["--config", "/dev/null", "agents"]).unwrap();
+            if std::env::var_os("IRONGUARD_CA_FILE").is_none() && std::env::var_os("IRONGUARD_CERT_FILE").is_none() {
+                assert_eq!(cli.target().unwrap().url, DEFAULT_CONTROLPLANE);
+            }
+            let cli = parse(&["--config", "/dev/null", "--ca-file", "/f/ca.pem", "agents"]).unwrap();
+            assert_eq!(cli.target().unwrap().url, DEFAULT_CONTROLPLANE_TLS, "a CA means TLS");
         }
         let cli = parse(&["agents", "--json", "--controlplane", "http://cp.example:9100"]).unwrap();
-        assert_eq!(cli.controlplane, "http://cp.example:9100");
+        assert_eq!(cli.controlplane.as_deref(), Some("http://cp.example:9100"));
         let cli = parse(&["--controlplane", "http://10.0.0.1:9100", "filters", "show"]).unwrap();
-        assert_eq!(cli.controlplane, "http://10.0.0.1:9100");
+        assert_eq!(cli.controlplane.as_deref(), Some("http://10.0.0.1:9100"));
+    }
+
+    #[test]
+    fn credentials_come_from_flags_then_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("ig-ctl-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("ctl.toml");
+        std::fs::write(
+            &file,
+            "controlplane = \"https://cp.example:9100\"\nca_file = \"/f/ca.pem\"\ncert_file = \"/f/op.pem\"\n\
+             key_file = \"/f/op.key\"\ntoken_file = \"/f/token\"\nserver_name = \"cp.example\"\n",
+        )
+        .unwrap();
+        let f = file.to_str().unwrap();
+        let t = parse(&["--config", f, "agents"]).unwrap().target().unwrap();
+        if std::env::var_os("IRONGUARD_CONTROLPLANE").is_none() {
+            assert_eq!(t.url, "https://cp.example:9100");
+        }
+        if std::env::var_os("IRONGUARD_CA_FILE").is_none() {
+            assert_eq!(t.auth.ca_file, PathBuf::from("/f/ca.pem"));
+        }
+        assert_eq!(t.auth.server_name, "cp.example");
+        let t = parse(&["--config", f, "--ca-file", "/g/ca.pem", "agents"]).unwrap().target().unwrap();
+        assert_eq!(t.auth.ca_file, PathBuf::from("/g/ca.pem"), "a flag wins over the file");
+        std::fs::write(&file, "cert = \"x\"\n").unwrap();
+        let e = parse(&["--config", f, "agents"]).unwrap().target().unwrap_err().to_string();
+        assert!(e.contains("not a valid ironguardctl configuration"), "{e}");
+        let e = parse(&["--config", "/nonexistent/ctl.toml", "agents"]).unwrap().target().unwrap_err().to_string();
+        assert!(e.contains("cannot read /nonexistent/ctl.toml"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct Target {
     pub connect_timeout: Duration,
     /// Bound on each call once connected.
     pub rpc_timeout: Duration,
+    /// TLS files and the operator token.
+    pub auth: ironguard_proto::client::ClientAuth,
 }
 
 impl Target {
@@ -30,7 +32,12 @@ impl Target {
 
     /// The control plane at `url`, with the default timeouts.
     pub fn new(url: impl Into<String>) -> Self {
-        Self { url: url.into(), connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT, rpc_timeout: Self::DEFAULT_RPC_TIMEOUT }
+        Self {
+            url: url.into(),
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            rpc_timeout: Self::DEFAULT_RPC_TIMEOUT,
+            auth: Default::default(),
+        }
     }
 }
 
@@ -39,6 +46,20 @@ impl Target {
 pub enum ControlPlaneError {
     #[error("{url:?} is not a valid control plane URL: {reason} (e.g. {example})", example = crate::cli::DEFAULT_CONTROLPLANE)]
     InvalidUrl { url: String, reason: String },
+    /// The TLS files or the token cannot be used (unreadable, mismatched, missing).
+    #[error("cannot set up the connection to {url}: {message}")]
+    Credentials { url: String, message: String },
+    /// The TLS handshake failed on a certificate: an unknown CA, a wrong server name, a refused client certificate.
+    #[error("the TLS handshake with the control plane at {url} failed: {message} ({hint})")]
+    Tls { url: String, message: String, hint: &'static str },
+    /// The server answered UNAUTHENTICATED: no credentials, or wrong ones.
+    #[error(
+        "the control plane at {url} refused {rpc} without valid credentials: {message} (give an operator certificate with --cert-file/--key-file, or --token-file)"
+    )]
+    Unauthenticated { url: String, rpc: &'static str, message: String },
+    /// The server answered PERMISSION_DENIED: the identity is known but not allowed.
+    #[error("the control plane at {url} does not allow {rpc} for these credentials: {message}")]
+    Forbidden { url: String, rpc: &'static str, message: String },
     #[error("cannot reach the control plane at {url}")]
     Unreachable {
         url: String,
@@ -71,6 +92,8 @@ impl ControlPlaneError {
             Code::InvalidArgument => Self::Rejected { url, rpc, message },
             Code::NotFound => Self::NotFound { url, rpc, message },
             Code::FailedPrecondition => Self::Refused { url, rpc, message },
+            Code::Unauthenticated => Self::Unauthenticated { url, rpc, message },
+            Code::PermissionDenied => Self::Forbidden { url, rpc, message },
             _ => Self::Failed { url, rpc, status },
         }
     }
@@ -90,8 +113,8 @@ fn status_text(status: &Status) -> String {
     text
 }
 
-/// The endpoint for `url`, which must be `http://` or `https://` and name a host.
-fn endpoint(url: &str) -> Result<Endpoint, ControlPlaneError> {
+/// The endpoint for `url`, which must be `http://` or `https://` and name a host; TLS for `https://`.
+fn endpoint(url: &str, auth: &ironguard_proto::client::ClientAuth) -> Result<Endpoint, ControlPlaneError> {
     let invalid = |reason: String| ControlPlaneError::InvalidUrl { url: url.to_string(), reason };
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(invalid("it must start with http:// or https://".to_string()));
@@ -103,8 +126,51 @@ fn endpoint(url: &str) -> Result<Endpoint, ControlPlaneError> {
     if endpoint.uri().host().is_none_or(str::is_empty) {
         return Err(invalid("it names no host".to_string()));
     }
-    Ok(endpoint)
+    auth.endpoint(url).map_err(|e| ControlPlaneError::Credentials { url: url.to_string(), message: e.to_string() })
 }
+
+/// A failed connection: a certificate problem, said plainly with what to check, or the transport error.
+fn connect_error(url: &str, source: tonic::transport::Error) -> ControlPlaneError {
+    let mut chain = vec![];
+    let mut cur: Option<&dyn std::error::Error> = Some(&source);
+    while let Some(e) = cur {
+        chain.push(e.to_string());
+        cur = e.source();
+    }
+    let text = chain.join(": ");
+    let hint = if text.contains("UnknownIssuer") || text.contains("unknown issuer") {
+        Some("the control plane's certificate is not signed by the CA of --ca-file")
+    } else if text.contains("NotValidForName") || text.contains("not valid for name") {
+        Some("the control plane's certificate does not carry this host name; see --tls-server-name")
+    } else if text.contains("Expired") || text.contains("expired") {
+        Some("a certificate has expired")
+    } else if text.contains("certificate") || text.contains("CertificateRequired") || text.contains("BadCertificate") {
+        Some("check --ca-file, --cert-file and --key-file")
+    } else {
+        None
+    };
+    match hint {
+        Some(hint) => {
+            ControlPlaneError::Tls { url: url.to_string(), message: chain.last().cloned().unwrap_or_default(), hint }
+        }
+        None => ControlPlaneError::Unreachable { url: url.to_string(), source },
+    }
+}
+
+/// Adds the operator's bearer token, if any, to every call.
+#[derive(Debug, Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Authed = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
 
 /// Largest answer accepted from the control plane. tonic's default (4 MiB) is below what `GetData` may return:
 /// the server accepts 2 MiB of introspection data and its processing hooks may add to it.
@@ -115,25 +181,32 @@ const MAX_ANSWER_BYTES: usize = 16 << 20;
 pub struct ControlPlane {
     url: String,
     rpc_timeout: Duration,
-    client: PxeFilterClient<Channel>,
-    inspection: InspectionClient<Channel>,
+    client: PxeFilterClient<Authed>,
+    inspection: InspectionClient<Authed>,
 }
 
 impl ControlPlane {
     /// Connects now, so that an unreachable control plane is reported as such, not as a failed call.
     pub async fn connect(target: &Target) -> Result<Self, ControlPlaneError> {
         let url = target.url.clone();
-        let endpoint = endpoint(&url)?.connect_timeout(target.connect_timeout).timeout(target.rpc_timeout);
+        let endpoint =
+            endpoint(&url, &target.auth)?.connect_timeout(target.connect_timeout).timeout(target.rpc_timeout);
+        let bearer = Bearer(
+            target
+                .auth
+                .bearer()
+                .map_err(|e| ControlPlaneError::Credentials { url: url.clone(), message: e.to_string() })?,
+        );
         // `connect_timeout` bounds the TCP connect; the outer bound also covers name resolution and the handshake.
         let channel = tokio::time::timeout(target.connect_timeout, endpoint.connect())
             .await
             .map_err(|_| ControlPlaneError::ConnectTimeout { url: url.clone(), timeout: target.connect_timeout })?
-            .map_err(|source| ControlPlaneError::Unreachable { url: url.clone(), source })?;
+            .map_err(|source| connect_error(&url, source))?;
         Ok(Self {
             url,
             rpc_timeout: target.rpc_timeout,
-            client: PxeFilterClient::new(channel.clone()),
-            inspection: InspectionClient::new(channel).max_decoding_message_size(MAX_ANSWER_BYTES),
+            client: PxeFilterClient::with_interceptor(channel.clone(), bearer.clone()),
+            inspection: InspectionClient::with_interceptor(channel, bearer).max_decoding_message_size(MAX_ANSWER_BYTES),
         })
     }
 
@@ -326,7 +399,7 @@ mod tests {
             ("cp.example:9100", "it must start with http:// or https://"),
             ("http://:9100", "it names no host"),
         ] {
-            let err = endpoint(url).unwrap_err();
+            let err = endpoint(url, &Default::default()).unwrap_err();
             assert!(matches!(err, ControlPlaneError::InvalidUrl { .. }), "{url}: {err:?}");
             assert_eq!(
                 err.to_string(),
@@ -334,11 +407,22 @@ mod tests {
             );
         }
         for url in ["http://", "http://a b:9100"] {
-            let err = endpoint(url).unwrap_err();
+            let err = endpoint(url, &Default::default()).unwrap_err();
             assert!(err.to_string().starts_with(&format!("{url:?} is not a valid control plane URL: ")), "{err}");
         }
-        assert!(endpoint("http://cp.example:9100").is_ok());
-        assert!(endpoint("https://[::1]:9100").is_ok());
+        assert!(endpoint("http://cp.example:9100", &Default::default()).is_ok());
+        let err = endpoint("https://[::1]:9100", &Default::default()).unwrap_err();
+        assert!(matches!(err, ControlPlaneError::Credentials { .. }), "TLS needs a CA: {err}");
+        let dir = std::env::temp_dir().join(format!("ig-ctl-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_pem = params.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap().pem();
+        std::fs::write(dir.join("ca.pem"), ca_pem).unwrap();
+        let ca = ironguard_proto::client::ClientAuth { ca_file: dir.join("ca.pem"), ..Default::default() };
+        let r = endpoint("https://[::1]:9100", &ca);
+        assert!(r.is_ok(), "{:?}", r.err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

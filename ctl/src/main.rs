@@ -28,6 +28,11 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // `chains` reads the kernel only: it needs no control plane, and no configuration file.
+    let target = match cli.command {
+        Command::Chains { .. } => Err(anyhow::anyhow!("unused")),
+        _ => Ok(cli.target()?),
+    };
     match cli.command {
         Command::Chains { netns, json, elements } => {
             // No thread and no socket exists yet, so entering the namespace covers everything that follows.
@@ -43,10 +48,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Filters { command } => block_on(filters(Target::new(cli.controlplane), command)),
-        Command::Agents { json } => block_on(agents(Target::new(cli.controlplane), json)),
-        Command::Inspect { command } => block_on(inspect(Target::new(cli.controlplane), command)),
-        Command::Rules { command } => block_on(rules(Target::new(cli.controlplane), command)),
+        Command::Filters { command } => block_on(filters(target?, command)),
+        Command::Agents { json } => block_on(agents(target?, json)),
+        Command::Inspect { command } => block_on(inspect(target?, command)),
+        Command::Rules { command } => block_on(rules(target?, command)),
     }
 }
 

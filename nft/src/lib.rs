@@ -25,6 +25,8 @@ pub mod model;
 pub mod monitor;
 mod netlink;
 pub mod observe;
+#[cfg(test)]
+mod prop_tests;
 pub mod ruleset;
 pub mod script;
 

@@ -117,7 +117,7 @@ impl Monitor {
 }
 
 /// The first change of the guard table in one datagram of notifications, ignoring those made by `own_portid`.
-fn guard_event(datagram: &[u8], own_portid: u32) -> Result<Option<GuardEvent>, NftError> {
+pub(crate) fn guard_event(datagram: &[u8], own_portid: u32) -> Result<Option<GuardEvent>, NftError> {
     for msg in Messages::new(datagram) {
         let msg = msg?;
         if msg.ty >> 8 != NFNL_SUBSYS_NFTABLES || msg.ty & 0xff == NFT_MSG_NEWGEN {

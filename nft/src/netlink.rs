@@ -248,7 +248,7 @@ impl<'a> Iterator for Messages<'a> {
     }
 }
 
-fn parse_error(msg: &Message<'_>) -> Result<(i32, u32, Option<String>), NftError> {
+pub(crate) fn parse_error(msg: &Message<'_>) -> Result<(i32, u32, Option<String>), NftError> {
     let p = msg.payload;
     if p.len() < 4 + NLMSG_HDRLEN {
         return Err(NftError::Decode("short netlink error message".into()));

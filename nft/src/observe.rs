@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{DesiredState, Mode, UnknownMacPolicy};
 use crate::netlink::{
-    self, Attrs, DumpSocket, Dumped, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
+    self, Attrs, DumpSocket, Dumped, Message, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
     NFT_MSG_GETTABLE, be_u32, be_u64,
 };
 use crate::ruleset::{GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, comments, parse_comment};
@@ -361,7 +361,7 @@ pub fn set_members(set: &str) -> Result<BTreeSet<MacAddr>, NftError> {
 }
 
 /// The MAC key of one set element attribute, if it is a valid node MAC.
-fn element_key(elem: &[u8]) -> Option<MacAddr> {
+pub(crate) fn element_key(elem: &[u8]) -> Option<MacAddr> {
     Attrs::new(elem)
         .flatten()
         .find(|(t, _)| *t == 1)
@@ -370,23 +370,180 @@ fn element_key(elem: &[u8]) -> Option<MacAddr> {
         .and_then(|o| MacAddr::from_octets(o).ok())
 }
 
+// The decoders below turn one message of a dump into what the read-back keeps. They are pure (bytes in, values
+// out) so that they are tested on arbitrary and mangled kernel messages; a malformed message is an error, never a
+// panic.
+
+/// One table of an `NFT_MSG_GETTABLE` dump, without its contents.
+pub(crate) fn decode_table(m: &Message<'_>) -> Result<ObservedTable, NftError> {
+    let (mut name, mut flags, mut owner) = (String::new(), 0, None);
+    for a in m.nft_attrs()? {
+        let (ty, v) = a?;
+        match ty {
+            1 => name = netlink::string(v),
+            2 => flags = be_u32(v).unwrap_or(0),
+            7 => owner = be_u32(v),
+            _ => {}
+        }
+    }
+    let owner_portid = if flags & NFT_TABLE_F_OWNER != 0 { owner } else { None };
+    Ok(ObservedTable { name, flags, owner_portid, chains: vec![], sets: vec![] })
+}
+
+/// One chain of an `NFT_MSG_GETCHAIN` dump and the name of its table.
+pub(crate) fn decode_chain(m: &Message<'_>) -> Result<(String, ObservedChain), NftError> {
+    let (mut tname, mut name, mut hook, mut priority) = (String::new(), String::new(), None, None);
+    for a in m.nft_attrs()? {
+        let (ty, v) = a?;
+        match ty {
+            1 => tname = netlink::string(v),
+            3 => name = netlink::string(v),
+            4 => {
+                for h in Attrs::new(v) {
+                    let (hty, hv) = h?;
+                    match hty {
+                        1 => {
+                            hook = be_u32(hv).map(|n| match n {
+                                1 => "input".to_string(),
+                                2 => "forward".to_string(),
+                                n => format!("hook {n}"),
+                            })
+                        }
+                        2 => priority = be_u32(hv).map(|p| p as i32),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((tname, ObservedChain { name, hook, priority, rules: vec![] }))
+}
+
+/// One rule of an `NFT_MSG_GETRULE` dump and the names of its table and chain.
+pub(crate) fn decode_rule(m: &Message<'_>) -> Result<(String, String, ObservedRule), NftError> {
+    let mut chain = String::new();
+    let mut rule = ObservedRule { handle: 0, comment: None, expressions: vec![], packets: None, bytes: None };
+    let mut tname = String::new();
+    for a in m.nft_attrs()? {
+        let (ty, v) = a?;
+        match ty {
+            1 => tname = netlink::string(v),
+            2 => chain = netlink::string(v),
+            3 => rule.handle = be_u64(v).unwrap_or(0),
+            4 => {
+                for e in Attrs::new(v) {
+                    let (_, ev) = e?;
+                    let mut name = String::new();
+                    let mut data: &[u8] = &[];
+                    for ea in Attrs::new(ev) {
+                        let (ety, eval) = ea?;
+                        match ety {
+                            1 => name = netlink::string(eval),
+                            2 => data = eval,
+                            _ => {}
+                        }
+                    }
+                    if name == "counter" {
+                        for ca in Attrs::new(data) {
+                            let (cty, cv) = ca?;
+                            match cty {
+                                1 => rule.bytes = be_u64(cv),
+                                2 => rule.packets = be_u64(cv),
+                                _ => {}
+                            }
+                        }
+                    }
+                    rule.expressions.push(name);
+                }
+            }
+            7 => rule.comment = parse_comment(v),
+            _ => {}
+        }
+    }
+    Ok((tname, chain, rule))
+}
+
+/// One set of an `NFT_MSG_GETSET` dump (no elements yet) and the name of its table.
+pub(crate) fn decode_set(m: &Message<'_>) -> Result<(String, ObservedSet), NftError> {
+    let mut s = ObservedSet {
+        name: String::new(),
+        key_type: 0,
+        key_len: 0,
+        size: None,
+        elements: 0,
+        members: None,
+        invalid_members: 0,
+        expires_in_ms: None,
+    };
+    let mut tname = String::new();
+    for a in m.nft_attrs()? {
+        let (ty, v) = a?;
+        match ty {
+            1 => tname = netlink::string(v),
+            2 => s.name = netlink::string(v),
+            4 => s.key_type = be_u32(v).unwrap_or(0),
+            5 => s.key_len = be_u32(v).unwrap_or(0),
+            9 => {
+                for d in Attrs::new(v) {
+                    let (dty, dv) = d?;
+                    if dty == 1 {
+                        s.size = be_u32(dv);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((tname, s))
+}
+
+/// What the elements of one set add up to, over the messages of its `NFT_MSG_GETSETELEM` dump.
+#[derive(Debug, Default)]
+pub(crate) struct ElementTally {
+    pub(crate) count: usize,
+    pub(crate) invalid: usize,
+    /// The soonest expiry among the elements that have one, milliseconds.
+    pub(crate) expires: Option<u64>,
+    pub(crate) members: BTreeSet<MacAddr>,
+}
+
+impl ElementTally {
+    /// Adds the elements of one message; with `keys`, also their MAC keys (counting those that are not a node MAC).
+    pub(crate) fn add(&mut self, m: &Message<'_>, keys: bool) -> Result<(), NftError> {
+        for a in m.nft_attrs()? {
+            let (ty, v) = a?;
+            if ty != 3 {
+                continue;
+            }
+            for elem in Attrs::new(v) {
+                let (_, ev) = elem?;
+                self.count += 1;
+                if let Some(ms) = Attrs::new(ev).flatten().find(|(t, _)| *t == 5).and_then(|(_, x)| be_u64(x)) {
+                    self.expires = Some(self.expires.map_or(ms, |e| e.min(ms)));
+                }
+                if !keys {
+                    continue;
+                }
+                match element_key(ev) {
+                    Some(mac) => {
+                        self.members.insert(mac);
+                    }
+                    None => self.invalid += 1,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Reads only whether each table exists (cheap; for status checks).
 pub(crate) fn read_tables(sock: &DumpSocket) -> Result<Option<Vec<ObservedTable>>, NftError> {
     let mut tables = Vec::new();
     let done = sock.dump(NFT_MSG_GETTABLE, NFPROTO_INET, &[], &mut |m| {
-        let (mut name, mut flags, mut owner) = (String::new(), 0, None);
-        for a in m.nft_attrs()? {
-            let (ty, v) = a?;
-            match ty {
-                1 => name = netlink::string(v),
-                2 => flags = be_u32(v).unwrap_or(0),
-                7 => owner = be_u32(v),
-                _ => {}
-            }
-        }
-        if name == GUARD_TABLE || name == OWNED_TABLE {
-            let owner_portid = if flags & NFT_TABLE_F_OWNER != 0 { owner } else { None };
-            tables.push(ObservedTable { name, flags, owner_portid, chains: vec![], sets: vec![] });
+        let t = decode_table(m)?;
+        if t.name == GUARD_TABLE || t.name == OWNED_TABLE {
+            tables.push(t);
         }
         Ok(())
     })?;
@@ -398,33 +555,9 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
     let mut interrupted = false;
     let mut chains = Vec::new();
     let d = sock.dump(NFT_MSG_GETCHAIN, NFPROTO_INET, &[], &mut |m| {
-        let (mut tname, mut name, mut hook, mut priority) = (String::new(), String::new(), None, None);
-        for a in m.nft_attrs()? {
-            let (ty, v) = a?;
-            match ty {
-                1 => tname = netlink::string(v),
-                3 => name = netlink::string(v),
-                4 => {
-                    for h in Attrs::new(v) {
-                        let (hty, hv) = h?;
-                        match hty {
-                            1 => {
-                                hook = be_u32(hv).map(|n| match n {
-                                    1 => "input".to_string(),
-                                    2 => "forward".to_string(),
-                                    n => format!("hook {n}"),
-                                })
-                            }
-                            2 => priority = be_u32(hv).map(|p| p as i32),
-                            _ => {}
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
+        let (tname, chain) = decode_chain(m)?;
         if tname == table {
-            chains.push(ObservedChain { name, hook, priority, rules: vec![] });
+            chains.push(chain);
         }
         Ok(())
     })?;
@@ -432,45 +565,7 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
 
     let mut rules: Vec<(String, ObservedRule)> = Vec::new();
     let d = sock.dump(NFT_MSG_GETRULE, NFPROTO_INET, &[(1, table.as_str())], &mut |m| {
-        let mut chain = String::new();
-        let mut rule = ObservedRule { handle: 0, comment: None, expressions: vec![], packets: None, bytes: None };
-        let mut tname = String::new();
-        for a in m.nft_attrs()? {
-            let (ty, v) = a?;
-            match ty {
-                1 => tname = netlink::string(v),
-                2 => chain = netlink::string(v),
-                3 => rule.handle = be_u64(v).unwrap_or(0),
-                4 => {
-                    for e in Attrs::new(v) {
-                        let (_, ev) = e?;
-                        let mut name = String::new();
-                        let mut data: &[u8] = &[];
-                        for ea in Attrs::new(ev) {
-                            let (ety, eval) = ea?;
-                            match ety {
-                                1 => name = netlink::string(eval),
-                                2 => data = eval,
-                                _ => {}
-                            }
-                        }
-                        if name == "counter" {
-                            for ca in Attrs::new(data) {
-                                let (cty, cv) = ca?;
-                                match cty {
-                                    1 => rule.bytes = be_u64(cv),
-                                    2 => rule.packets = be_u64(cv),
-                                    _ => {}
-                                }
-                            }
-                        }
-                        rule.expressions.push(name);
-                    }
-                }
-                7 => rule.comment = parse_comment(v),
-                _ => {}
-            }
-        }
+        let (tname, chain, rule) = decode_rule(m)?;
         if tname == table {
             rules.push((chain, rule));
         }
@@ -486,84 +581,26 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
 
     let mut sets = Vec::new();
     let d = sock.dump(NFT_MSG_GETSET, NFPROTO_INET, &[(1, table.as_str())], &mut |m| {
-        let mut s = ObservedSet {
-            name: String::new(),
-            key_type: 0,
-            key_len: 0,
-            size: None,
-            elements: 0,
-            members: None,
-            invalid_members: 0,
-            expires_in_ms: None,
-        };
-        let mut tname = String::new();
-        for a in m.nft_attrs()? {
-            let (ty, v) = a?;
-            match ty {
-                1 => tname = netlink::string(v),
-                2 => s.name = netlink::string(v),
-                4 => s.key_type = be_u32(v).unwrap_or(0),
-                5 => s.key_len = be_u32(v).unwrap_or(0),
-                9 => {
-                    for d in Attrs::new(v) {
-                        let (dty, dv) = d?;
-                        if dty == 1 {
-                            s.size = be_u32(dv);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
+        let (tname, set) = decode_set(m)?;
         if tname == table {
-            sets.push(s);
+            sets.push(set);
         }
         Ok(())
     })?;
     interrupted |= matches!(d, Dumped::Interrupted);
     for s in &mut sets {
-        let mut members = BTreeSet::new();
-        let mut count = 0usize;
-        let mut invalid = 0usize;
-        let mut expires: Option<u64> = None;
+        let mut tally = ElementTally::default();
+        let keys = with_members && s.name != LEASE_SET;
         let d =
             sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, table.as_str()), (2, s.name.as_str())], &mut |m| {
-                for a in m.nft_attrs()? {
-                    let (ty, v) = a?;
-                    if ty != 3 {
-                        continue;
-                    }
-                    for elem in Attrs::new(v) {
-                        let (_, ev) = elem?;
-                        count += 1;
-                        if let Some(ms) = Attrs::new(ev).flatten().find(|(t, _)| *t == 5).and_then(|(_, x)| be_u64(x)) {
-                            expires = Some(expires.map_or(ms, |e: u64| e.min(ms)));
-                        }
-                        if !with_members || s.name == LEASE_SET {
-                            continue;
-                        }
-                        let key = Attrs::new(ev)
-                            .flatten()
-                            .find(|(t, _)| *t == 1)
-                            .and_then(|(_, kv)| Attrs::new(kv).flatten().find(|(t, _)| *t == 1))
-                            .and_then(|(_, data)| <[u8; 6]>::try_from(data.get(..6)?).ok())
-                            .and_then(|o| MacAddr::from_octets(o).ok());
-                        match key {
-                            Some(mac) => {
-                                members.insert(mac);
-                            }
-                            None => invalid += 1,
-                        }
-                    }
-                }
-                Ok(())
+                tally.add(m, keys)
             })?;
         interrupted |= matches!(d, Dumped::Interrupted);
-        s.elements = count;
-        s.invalid_members = invalid;
-        s.expires_in_ms = expires;
+        s.elements = tally.count;
+        s.invalid_members = tally.invalid;
+        s.expires_in_ms = tally.expires;
         if with_members {
-            s.members = Some(members);
+            s.members = Some(tally.members);
         }
     }
     t.sets = sets;

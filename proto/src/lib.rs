@@ -3,6 +3,9 @@
 //! - [`v1`]: messages, the `PxeFilter` client and server.
 //! - [`FILE_DESCRIPTOR_SET`]: for gRPC server reflection (so `grpcurl` works without the .proto files).
 //! - [`time`]: the calendar fields of the API's millisecond timestamps, for printing them.
+//! - [`client`]: how clients reach the API (plaintext or TLS, client certificates, the operator's bearer token).
+
+pub mod client;
 
 /// Generated code for `ironguard.v1`.
 #[allow(clippy::all, clippy::unwrap_used, missing_debug_implementations, unreachable_pub)]

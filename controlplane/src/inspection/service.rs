@@ -19,6 +19,8 @@ use super::records::NodeRecord;
 #[derive(Debug)]
 pub struct InspectionService {
     pub engine: Arc<Engine>,
+    /// Every call is an operator's.
+    pub authz: Arc<crate::authz::Authz>,
 }
 
 /// Largest introspection document accepted by `Continue`.
@@ -88,12 +90,14 @@ impl InspectionService {
 #[tonic::async_trait]
 impl Inspection for InspectionService {
     async fn start(&self, r: Request<StartRequest>) -> Result<Response<StartResponse>, Status> {
+        self.authz.operator(&r, "Inspection.Start")?;
         let r = r.into_inner();
         let (rec, id) = self.engine.start(node_arg(&r.node)?, r.manage_boot, r.maintenance_ok).await.map_err(status)?;
         Ok(Response::new(StartResponse { node: rec.uuid, request_id: id }))
     }
 
     async fn get(&self, r: Request<NodeRequest>) -> Result<Response<InspectionStatus>, Status> {
+        self.authz.operator(&r, "Inspection.Get")?;
         let node = self.resolve(&r.into_inner().node).await?;
         let rec = self
             .engine
@@ -106,6 +110,7 @@ impl Inspection for InspectionService {
     }
 
     async fn list(&self, r: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        self.authz.operator(&r, "Inspection.List")?;
         let r = r.into_inner();
         let size = match r.page_size {
             0 => 100,
@@ -132,12 +137,14 @@ impl Inspection for InspectionService {
     }
 
     async fn abort(&self, r: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
+        self.authz.operator(&r, "Inspection.Abort")?;
         let node = self.resolve(&r.into_inner().node).await?;
         let id = self.engine.abort(&node).await.map_err(status)?;
         Ok(Response::new(RequestAccepted { request_id: id }))
     }
 
     async fn r#continue(&self, r: Request<ContinueRequest>) -> Result<Response<ContinueResponse>, Status> {
+        self.authz.operator(&r, "Inspection.Continue")?;
         let r = r.into_inner();
         if r.data_json.len() > MAX_DATA_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -153,12 +160,14 @@ impl Inspection for InspectionService {
     }
 
     async fn reapply(&self, r: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
+        self.authz.operator(&r, "Inspection.Reapply")?;
         let node = self.resolve(&r.into_inner().node).await?;
         let id = self.engine.reapply(&node).await.map_err(status)?;
         Ok(Response::new(RequestAccepted { request_id: id }))
     }
 
     async fn get_data(&self, r: Request<DataRequest>) -> Result<Response<DataResponse>, Status> {
+        self.authz.operator(&r, "Inspection.GetData")?;
         let r = r.into_inner();
         let node = self.resolve(&r.node).await?;
         let data = self
@@ -174,6 +183,7 @@ impl Inspection for InspectionService {
     }
 
     async fn create_rule(&self, r: Request<Rule>) -> Result<Response<Rule>, Status> {
+        self.authz.operator(&r, "Inspection.CreateRule")?;
         let body = r.into_inner().rule_json;
         if body.len() > crate::inspector_api::MAX_RULE_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -187,7 +197,8 @@ impl Inspection for InspectionService {
         Ok(Response::new(Rule { rule_json: rule.full().to_string() }))
     }
 
-    async fn list_rules(&self, _r: Request<ListRulesRequest>) -> Result<Response<ListRulesResponse>, Status> {
+    async fn list_rules(&self, r: Request<ListRulesRequest>) -> Result<Response<ListRulesResponse>, Status> {
+        self.authz.operator(&r, "Inspection.ListRules")?;
         let rules = self.engine.list_rules().await.map_err(status)?;
         Ok(Response::new(ListRulesResponse {
             rules: rules.iter().map(|r| Rule { rule_json: r.full().to_string() }).collect(),
@@ -195,16 +206,19 @@ impl Inspection for InspectionService {
     }
 
     async fn get_rule(&self, r: Request<RuleRequest>) -> Result<Response<Rule>, Status> {
+        self.authz.operator(&r, "Inspection.GetRule")?;
         let rule = self.engine.get_rule(&r.into_inner().uuid).await.map_err(status)?;
         Ok(Response::new(Rule { rule_json: rule.full().to_string() }))
     }
 
     async fn delete_rule(&self, r: Request<RuleRequest>) -> Result<Response<DeleteRulesResponse>, Status> {
+        self.authz.operator(&r, "Inspection.DeleteRule")?;
         self.engine.delete_rule(&r.into_inner().uuid).await.map_err(status)?;
         Ok(Response::new(DeleteRulesResponse { deleted: 1 }))
     }
 
-    async fn delete_all_rules(&self, _r: Request<ListRulesRequest>) -> Result<Response<DeleteRulesResponse>, Status> {
+    async fn delete_all_rules(&self, r: Request<ListRulesRequest>) -> Result<Response<DeleteRulesResponse>, Status> {
+        self.authz.operator(&r, "Inspection.DeleteAllRules")?;
         let deleted = self.engine.delete_all_rules().await.map_err(status)?;
         Ok(Response::new(DeleteRulesResponse { deleted: deleted as u32 }))
     }

@@ -152,7 +152,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
                 let macs: Vec<String> = (0..4000u32)
                     .map(|i| format!("02:fa:{burst:02x}:{:02x}:{:02x}:{:02x}", i >> 16, (i >> 8) & 0xff, i & 0xff))
                     .collect();
-                let mut args = vec!["--controlplane", "http://10.90.0.1:9100", "filters", "deny"];
+                let mut args = vec!["--controlplane", "https://10.90.0.1:9100", "filters", "deny"];
                 args.extend(macs.iter().map(String::as_str));
                 let _ = crate::ctl(&site.mgmt, &args);
                 killed = wait_for(Duration::from_secs(3), || {

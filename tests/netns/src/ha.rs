@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use ironguard_nft::MacAddr;
 
 use crate::{
-    ControlPlane, Dnsmasq, EtcdProcess, Lease, Netns, Proc, TempDir, bin, dhcp, run_ok, start_agent, verdict, veth,
-    wait_for,
+    ControlPlane, Dnsmasq, EtcdProcess, Lease, Netns, Proc, TempDir, dhcp, run_ok, start_agent, verdict, veth, wait_for,
 };
 
 /// One PXE host of the site.
@@ -103,11 +102,12 @@ impl HaSite {
             let dnsmasq = Dnsmasq::start(&ns, &dir, "prov0", (&lo, &hi), &[]);
             let id = format!("pxe-{i}");
             let config = format!(
-                "[agent]\nid = \"{id}\"\nnetwork = \"prov\"\n\n[controlplane]\nendpoints = [\"http://10.90.0.1:9100\", \"http://10.90.0.1:9110\"]\n\
+                "[agent]\nid = \"{id}\"\nnetwork = \"prov\"\n\n[controlplane]\n{}endpoints = [\"https://10.90.0.1:9100\", \"https://10.90.0.1:9110\"]\n\
                  lost_after_secs = {}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n\
                  [etcd]\nendpoints = [\"http://10.90.0.1:2379\"]\ndial_timeout_ms = 500\nrequest_timeout_ms = 500\n\n\
                  [election]\nttl_secs = {TTL_SECS}\nmargin_ms = {MARGIN_MS}\n\n[dhcp_health]\ninterval_ms = 200\n\n\
                  [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\ninterfaces = [\"prov0\"]\n",
+                crate::pki::pki().agent_toml(&id),
                 o.lost_after_secs
             );
             hosts.push(PxeHost { ns, dnsmasq, agent: None, ip, id, config });
@@ -296,11 +296,6 @@ pub fn signal_agent(h: &mut PxeHost, sig: nix::sys::signal::Signal) -> Option<st
 
 /// `ironguardctl agents --json` from the management namespace.
 pub fn agents_json(site: &HaSite) -> serde_json::Value {
-    let out = run_ok(site.mgmt.cmd(bin("ironguardctl")).args([
-        "--controlplane",
-        "http://10.90.0.1:9100",
-        "agents",
-        "--json",
-    ]));
+    let out = run_ok(crate::ctl_cmd(&site.mgmt).args(["--controlplane", "https://10.90.0.1:9100", "agents", "--json"]));
     serde_json::from_slice(&out.stdout).expect("json")
 }

@@ -29,6 +29,8 @@ pub mod faults;
 pub mod ha;
 pub mod ironic;
 pub mod ironic_site;
+pub mod pki;
+pub mod secrets;
 pub use etcd::{EtcdProcess, TlsFiles};
 pub use ironic::{RealIronic, ipa_inventory};
 
@@ -284,6 +286,12 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
+        if !thread::panicking() {
+            // "No secret in any log line of the suite": every daemon's log is checked when it is dropped.
+            if let Some(found) = secrets::found_in(&self.log_text()) {
+                panic!("{} logged a secret ({found}); its log: {}", self.what, self.log.display());
+            }
+        }
         if thread::panicking() {
             eprintln!("---- log of {} ({}) ----\n{}", self.what, self.log.display(), self.log_text());
         }
@@ -531,7 +539,15 @@ pub fn metric(ns: &Netns, admin: &str, name: &str) -> Option<f64> {
 
 /// `ironguardctl ARGS` inside a namespace (so it reaches a control plane on that namespace's loopback).
 pub fn ctl(ns: &Netns, args: &[&str]) -> Output {
-    ns.cmd(bin("ironguardctl")).args(args).output().expect("run ironguardctl")
+    ctl_cmd(ns).args(args).output().expect("run ironguardctl")
+}
+
+/// `ironguardctl` in `ns` as the operator (the test PKI's operator certificate, by environment), talking to
+/// `https://127.0.0.1:9100` unless `--controlplane` says otherwise.
+pub fn ctl_cmd(ns: &Netns) -> Command {
+    let mut c = ns.cmd(bin("ironguardctl"));
+    c.envs(pki::pki().operator_env()).env("IRONGUARD_CONTROLPLANE", "https://127.0.0.1:9100");
+    c
 }
 
 /// Waits until a TCP port listens in the namespace.
@@ -604,8 +620,25 @@ impl ControlPlane {
     }
 
     /// `http://127.0.0.1:PORT`, as seen from the namespace.
+    /// `https://HOST:PORT`, as seen from the namespace (TLS with the test PKI; `--grpc-insecure` in the extra
+    /// arguments makes it `http://`).
     pub fn url(&self) -> String {
-        format!("http://{}:{}", self.host, self.grpc_port)
+        let scheme = if self.insecure() { "http" } else { "https" };
+        format!("{scheme}://{}:{}", self.host, self.grpc_port)
+    }
+
+    fn insecure(&self) -> bool {
+        self.extra.iter().any(|a| a == "--grpc-insecure")
+            || self.env.iter().any(|(k, v)| k == "IRONGUARD_CP_GRPC_INSECURE" && v == "true")
+    }
+
+    /// The test PKI's TLS arguments, unless the extra arguments bring their own (or ask for plaintext).
+    fn tls_args(&self) -> Vec<String> {
+        if self.insecure() || self.extra.iter().any(|a| a == "--grpc-tls-cert") {
+            vec![]
+        } else {
+            pki::pki().controlplane_args()
+        }
     }
 
     pub fn admin(&self) -> String {
@@ -621,6 +654,7 @@ impl ControlPlane {
             .arg(format!("127.0.0.1:{}", self.admin_port))
             .arg("--data-dir")
             .arg(&self.data_dir)
+            .args(self.tls_args())
             .args(&self.extra)
             .env("RUST_LOG", "info");
         for (k, v) in &self.env {
@@ -693,8 +727,9 @@ pub fn start_agent_env(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[
 
 /// A minimal agent configuration for tests: the control plane at `cp_url`, filtering `iface`, admin on `admin`.
 pub fn agent_toml(id: &str, cp_url: &str, iface: &str, admin: &str, lost_after_secs: u64) -> String {
+    let tls = if cp_url.starts_with("https://") { pki::pki().agent_toml(id) } else { "insecure = true\n".into() };
     format!(
-        "[agent]\nid = \"{id}\"\nnetwork = \"test\"\n\n[controlplane]\nendpoints = [\"{cp_url}\"]\nlost_after_secs = {lost_after_secs}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n[dhcp_health]\ninterval_ms = 200\n\n[reconcile]\ninterval_secs = 5\n\n[admin]\nlisten = \"{admin}\"\n\n[dataplane]\ninterfaces = [\"{iface}\"]\n"
+        "[agent]\nid = \"{id}\"\nnetwork = \"test\"\n\n[controlplane]\n{tls}endpoints = [\"{cp_url}\"]\nlost_after_secs = {lost_after_secs}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n[dhcp_health]\ninterval_ms = 200\n\n[reconcile]\ninterval_secs = 5\n\n[admin]\nlisten = \"{admin}\"\n\n[dataplane]\ninterfaces = [\"{iface}\"]\n"
     )
 }
 

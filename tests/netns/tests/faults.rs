@@ -23,7 +23,7 @@ fn rounds() -> usize {
 fn matrix(faults: &[Fault]) {
     let mut site = HaSite::with_options(HaOptions { hosts: 3, nodes: 2, policy: "deny", lost_after_secs: 3 });
     let (leader, _) = site.wait_leader(None, Duration::from_secs(20)).expect("a first leader");
-    let out = ctl(&site.mgmt, &["--controlplane", "http://10.90.0.1:9100", "filters", "allow", KNOWN]);
+    let out = ctl(&site.mgmt, &["--controlplane", "https://10.90.0.1:9100", "filters", "allow", KNOWN]);
     assert!(out.status.success(), "{out:?}");
     let lease = wait_for(Duration::from_secs(10), || site.dhcp(0, mac(KNOWN))).expect("the allowed MAC is served");
     assert_eq!(lease.server_id, site.hosts[leader].ip);

@@ -30,7 +30,8 @@ fn grpc<T: Send + 'static>(
     in_netns(ns, move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
-            let client = PxeFilterClient::connect(url).await.expect("connect to the control plane");
+            let channel = pki::pki().operator_endpoint(&url).connect().await.expect("connect to the control plane");
+            let client = PxeFilterClient::new(channel);
             f(client).await
         })
     })
@@ -71,7 +72,7 @@ impl Site {
     }
 
     fn ctl(&self, args: &[&str]) -> Output {
-        let mut full = vec!["--controlplane", "http://127.0.0.1:9100"];
+        let mut full = vec!["--controlplane", "https://127.0.0.1:9100"];
         full.extend_from_slice(args);
         ctl(&self.lan.pxe, &full)
     }

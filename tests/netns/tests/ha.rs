@@ -167,14 +167,14 @@ fn one_control_plane_replica_dies_and_agents_continue_from_the_other() {
         a.extend_from_slice(args);
         ctl(&site.mgmt, &a)
     };
-    assert!(ctl_on("http://10.90.0.1:9100", &["filters", "deny", NODE_MAC]).status.success());
+    assert!(ctl_on("https://10.90.0.1:9100", &["filters", "deny", NODE_MAC]).status.success());
     assert!(wait_for(Duration::from_secs(5), || site.dhcp(0, mac(NODE_MAC)).is_none().then_some(())).is_some());
     let snapshots =
         |i: usize| metric(&site.hosts[i].ns, "127.0.0.1:9181", "ironguard_agent_snapshots_applied").unwrap_or(-1.0);
     let before: Vec<f64> = (0..3).map(snapshots).collect();
     site.cps[0].kill9();
     // A change through the surviving replica reaches the agents, which moved to it without a full reload.
-    assert!(ctl_on("http://10.90.0.1:9110", &["filters", "allow", NODE_MAC]).status.success());
+    assert!(ctl_on("https://10.90.0.1:9110", &["filters", "allow", NODE_MAC]).status.success());
     let got = wait_for(Duration::from_secs(15), || site.dhcp(0, mac(NODE_MAC)));
     assert_eq!(got.expect("allowed via the other replica").server_id, site.hosts[leader].ip);
     let resumed = wait_for(Duration::from_secs(10), || {

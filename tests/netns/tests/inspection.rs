@@ -24,8 +24,8 @@ fn grpc<T: Send + 'static>(ns: &Netns, f: impl FnOnce(InspectionClient<Channel>)
         rt.block_on(async move {
             let mut last = None;
             for _ in 0..50 {
-                match InspectionClient::connect("http://127.0.0.1:9100").await {
-                    Ok(c) => return f(c).await,
+                match pki::pki().operator_endpoint("https://127.0.0.1:9100").connect().await {
+                    Ok(c) => return f(InspectionClient::new(c)).await,
                     Err(e) => last = Some(e),
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1,0 +1,208 @@
+//! The `[inspector_api]` section: authentication, TLS and the limits of `POST /v1/continue`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::Secret;
+use super::htpasswd;
+
+/// How operator calls to the inspector API are authenticated (Ironic standalone's `auth_strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthStrategy {
+    /// Anyone who can reach the listener may make operator calls (a warning is logged at start).
+    #[default]
+    Noauth,
+    /// HTTP basic authentication against an Apache htpasswd file of bcrypt entries.
+    HttpBasic,
+    /// `X-Auth-Token` validated against Keystone's `GET /v3/auth/tokens`.
+    Keystone,
+}
+
+impl AuthStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthStrategy::Noauth => "noauth",
+            AuthStrategy::HttpBasic => "http_basic",
+            AuthStrategy::Keystone => "keystone",
+        }
+    }
+}
+
+/// `[inspector_api]`: who may call the ironic-inspector v1 REST API (served when `[server] inspector_listen` is
+/// set) and how. `GET /`, `GET /v1` and `POST /v1/continue` (ironic-python-agent's call) are never authenticated;
+/// every other call is an operator call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InspectorApiConfig {
+    /// `noauth` (the default, for compatibility), `http_basic` or `keystone`.
+    pub auth_strategy: AuthStrategy,
+    /// `http_basic`: the Apache htpasswd file (`user:$2y$...` bcrypt lines, e.g. made with `htpasswd -B`). Read at
+    /// start (an invalid file stops the start) and again whenever its modification time, size or inode changes; a
+    /// file that becomes unreadable or invalid refuses every operator call until it is fixed.
+    pub http_basic_auth_user_file: String,
+    /// `keystone`: the identity endpoint, e.g. `https://keystone.example:5000` (`/v3` is added when missing).
+    pub keystone_url: String,
+    /// `keystone`: PEM CA bundle for Keystone's certificate (default: the system's roots).
+    pub keystone_ca_file: String,
+    /// `keystone`: the service user ironguard logs in as to validate tokens (Keystone's `GET /v3/auth/tokens`
+    /// needs a token of its own, with the `admin` or `service` role). Either this user with its password and
+    /// project, or `keystone_service_token_file`.
+    pub keystone_username: String,
+    /// The service user's password; shown as `<redacted>` by `--print-config`.
+    pub keystone_password: Secret,
+    /// A file whose first line is the service user's password (instead of `keystone_password`).
+    pub keystone_password_file: String,
+    pub keystone_user_domain_name: String,
+    /// The project the service user's token is scoped to.
+    pub keystone_project_name: String,
+    pub keystone_project_domain_name: String,
+    /// A file whose first line is a ready service token (instead of a service user); read again when Keystone
+    /// refuses the token it holds.
+    pub keystone_service_token_file: String,
+    /// A token is accepted only if it carries one of these roles (any of them, case-insensitively); empty: any
+    /// valid token. The default is ironic-inspector's `is_admin` rule.
+    pub keystone_roles: Vec<String>,
+    /// How long a validation result is cached, seconds (never past the token's `expires_at`).
+    pub keystone_cache_secs: u64,
+    /// Milliseconds to wait for Keystone.
+    pub keystone_timeout_ms: u64,
+    /// PEM certificate chain: with `tls_key_file`, the listener serves HTTPS only (rustls, TLS 1.2 and 1.3).
+    /// Read at start.
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1).
+    pub tls_key_file: String,
+    /// Largest `POST /v1/continue` body, bytes; larger ones are answered 413. The default leaves room for
+    /// ironic-python-agent's logs.
+    pub continue_max_bytes: usize,
+    /// `POST /v1/continue` calls each source address may make per minute on average (IPv6: per /64); more are
+    /// answered 429 with `Retry-After`.
+    pub continue_rate_per_minute: u32,
+    /// How many calls a source may make at once before the rate applies.
+    pub continue_rate_burst: u32,
+}
+
+/// 16 MiB: ironic-python-agent's data with its compressed logs.
+pub const DEFAULT_CONTINUE_MAX_BYTES: usize = 16 << 20;
+
+impl Default for InspectorApiConfig {
+    fn default() -> Self {
+        Self {
+            auth_strategy: AuthStrategy::Noauth,
+            http_basic_auth_user_file: "/etc/ironguard/htpasswd".into(),
+            keystone_url: String::new(),
+            keystone_ca_file: String::new(),
+            keystone_username: String::new(),
+            keystone_password: Secret::default(),
+            keystone_password_file: String::new(),
+            keystone_user_domain_name: "Default".into(),
+            keystone_project_name: String::new(),
+            keystone_project_domain_name: "Default".into(),
+            keystone_service_token_file: String::new(),
+            keystone_roles: vec!["admin".into(), "administrator".into(), "baremetal_admin".into()],
+            keystone_cache_secs: 60,
+            keystone_timeout_ms: 10_000,
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            continue_max_bytes: DEFAULT_CONTINUE_MAX_BYTES,
+            continue_rate_per_minute: 60,
+            continue_rate_burst: 10,
+        }
+    }
+}
+
+impl InspectorApiConfig {
+    /// True when the listener serves HTTPS.
+    pub fn tls(&self) -> bool {
+        !self.tls_cert_file.is_empty()
+    }
+
+    /// Rejects settings that cannot work, reading the files they name (the htpasswd file is parsed).
+    pub fn validate(&self) -> Result<(), String> {
+        match self.auth_strategy {
+            AuthStrategy::Noauth => {}
+            AuthStrategy::HttpBasic => {
+                if self.http_basic_auth_user_file.is_empty() {
+                    return Err("[inspector_api] http_basic needs http_basic_auth_user_file".into());
+                }
+                htpasswd::load(Path::new(&self.http_basic_auth_user_file))
+                    .map_err(|e| format!("[inspector_api] http_basic_auth_user_file: {e}"))?;
+            }
+            AuthStrategy::Keystone => self.validate_keystone()?,
+        }
+        match (self.tls_cert_file.is_empty(), self.tls_key_file.is_empty()) {
+            (true, true) => {}
+            (false, true) => return Err("[inspector_api] tls_cert_file is set but tls_key_file is not".into()),
+            (true, false) => return Err("[inspector_api] tls_key_file is set but tls_cert_file is not".into()),
+            (false, false) => {
+                readable("tls_cert_file", &self.tls_cert_file)?;
+                readable("tls_key_file", &self.tls_key_file)?;
+            }
+        }
+        if self.continue_max_bytes == 0 {
+            return Err("[inspector_api] continue_max_bytes must be positive".into());
+        }
+        if self.continue_rate_per_minute == 0 || self.continue_rate_burst == 0 {
+            return Err("[inspector_api] continue_rate_per_minute and continue_rate_burst must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    fn validate_keystone(&self) -> Result<(), String> {
+        if self.keystone_url.is_empty() {
+            return Err("[inspector_api] keystone needs keystone_url".into());
+        }
+        if !(self.keystone_url.starts_with("http://") || self.keystone_url.starts_with("https://")) {
+            return Err(format!(
+                "[inspector_api] keystone_url {:?} must start with http:// or https://",
+                self.keystone_url
+            ));
+        }
+        if !self.keystone_ca_file.is_empty() {
+            readable("keystone_ca_file", &self.keystone_ca_file)?;
+        }
+        let user = !self.keystone_username.is_empty();
+        let token_file = !self.keystone_service_token_file.is_empty();
+        match (user, token_file) {
+            (true, true) => {
+                return Err("[inspector_api] set keystone_username or keystone_service_token_file, not both".into());
+            }
+            (false, false) => {
+                return Err("[inspector_api] keystone needs a service identity to validate tokens with: \
+                            keystone_username (with keystone_password or keystone_password_file and \
+                            keystone_project_name) or keystone_service_token_file"
+                    .into());
+            }
+            (false, true) => readable("keystone_service_token_file", &self.keystone_service_token_file)?,
+            (true, false) => {
+                if self.keystone_project_name.is_empty() {
+                    return Err("[inspector_api] keystone_username needs keystone_project_name".into());
+                }
+                match (self.keystone_password.is_empty(), self.keystone_password_file.is_empty()) {
+                    (true, true) => {
+                        return Err("[inspector_api] keystone_username needs keystone_password or \
+                                    keystone_password_file"
+                            .into());
+                    }
+                    (false, false) => {
+                        return Err("[inspector_api] set keystone_password or keystone_password_file, not both".into());
+                    }
+                    (true, false) => readable("keystone_password_file", &self.keystone_password_file)?,
+                    (false, true) => {}
+                }
+            }
+        }
+        if self.keystone_cache_secs == 0 {
+            return Err("[inspector_api] keystone_cache_secs must be at least 1".into());
+        }
+        if self.keystone_timeout_ms == 0 {
+            return Err("[inspector_api] keystone_timeout_ms must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+fn readable(name: &str, path: &str) -> Result<(), String> {
+    std::fs::File::open(path).map(drop).map_err(|e| format!("[inspector_api] {name} {path}: {e}"))
+}
