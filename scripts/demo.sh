@@ -178,13 +178,13 @@ done
 cat >"$WORK/controlplane.toml" <<T
 [server]
 grpc_listen = "127.0.0.1:9100"
+admin_listen = "127.0.0.1:9101"
+inspector_listen = "10.77.0.1:5050"   # ironic-inspector's API, for the ramdisk and openstack baremetal introspection
 [grpc]                                # TLS; agents and operators prove who they are with certificates
 tls_cert_file = "$WORK/tls/controlplane.demo.pem"
 tls_key_file = "$WORK/tls/controlplane.demo.key"
 client_ca_file = "$WORK/tls/ca.pem"
 operator_names = ["operator"]
-admin_listen = "127.0.0.1:9101"
-inspector_listen = "10.77.0.1:5050"   # ironic-inspector's API, for the ramdisk and openstack baremetal introspection
 [store]
 data_dir = "$WORK/controlplane"
 [filter]
