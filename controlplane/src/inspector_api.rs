@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequestParts, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -93,6 +93,7 @@ pub fn router(engine: Arc<Engine>, access: Arc<Access>) -> Router {
         .route("/v1/introspection/{node}/data/unprocessed", get(unprocessed_data).post(reapply))
         .route("/v1/rules", get(list_rules).post(create_rule).delete(delete_all_rules))
         .route("/v1/rules/{uuid}", get(get_rule).delete(delete_rule))
+        .method_not_allowed_fallback(method_not_allowed)
         // Around each route (405s included), before any handler or body extractor.
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), require_operator));
     Router::new()
@@ -100,7 +101,10 @@ pub fn router(engine: Arc<Engine>, access: Arc<Access>) -> Router {
         .route("/v1", get(v1))
         .route("/v1/", get(v1))
         .route("/v1/continue", post(continue_))
+        .method_not_allowed_fallback(method_not_allowed)
         .merge(operator)
+        // No route: in ironic-inspector's error format too (axum's own is an empty body).
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "The requested URL was not found on the server") })
         // Bodies are read with `read_limited` and its own limits; this bounds any other extractor.
         .layer(DefaultBodyLimit::max(MAX_RULE_BYTES + 1))
         .with_state(api)
@@ -222,6 +226,26 @@ fn reply(code: StatusCode, body: Value) -> Response {
     (code, headers(), axum::Json(body)).into_response()
 }
 
+/// A route with another method: JSON, as every other error (axum's own 405 has an empty body).
+async fn method_not_allowed() -> Response {
+    error(StatusCode::METHOD_NOT_ALLOWED, "The method is not allowed for the requested URL")
+}
+
+/// One path parameter (a node or rule identifier). A rejection — a segment that decodes to invalid UTF-8 — is
+/// answered as every other error, in JSON.
+struct Param(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Param {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Response> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(p)) => Ok(Param(p)),
+            Err(e) => Err(error(StatusCode::BAD_REQUEST, format!("Invalid URL: {}", e.body_text()))),
+        }
+    }
+}
+
 fn error(code: StatusCode, msg: impl Into<String>) -> Response {
     reply(code, json!({"error": {"message": msg.into()}}))
 }
@@ -332,7 +356,7 @@ async fn uuid(api: &Api, node: &str) -> String {
     node.to_string()
 }
 
-async fn start(State(api): State<Api>, Path(node): Path<String>, Query(q): Query<HashMap<String, String>>) -> Response {
+async fn start(State(api): State<Api>, Param(node): Param, Query(q): Query<HashMap<String, String>>) -> Response {
     let manage_boot = match q.get("manage_boot").map(|s| s.to_ascii_lowercase()) {
         None => true,
         Some(v) if matches!(v.as_str(), "true" | "1" | "yes") => true,
@@ -345,7 +369,7 @@ async fn start(State(api): State<Api>, Path(node): Path<String>, Query(q): Query
     }
 }
 
-async fn status(State(api): State<Api>, Path(node): Path<String>) -> Response {
+async fn status(State(api): State<Api>, Param(node): Param) -> Response {
     let node = uuid(&api, &node).await;
     match record(&api, &node).await {
         Ok(r) => reply(StatusCode::OK, status_json(&r)),
@@ -381,7 +405,7 @@ async fn list(State(api): State<Api>, Query(q): Query<HashMap<String, String>>) 
     reply(StatusCode::OK, json!({"introspection": items.iter().map(|r| status_json(r)).collect::<Vec<_>>()}))
 }
 
-async fn abort(State(api): State<Api>, Path(node): Path<String>) -> Response {
+async fn abort(State(api): State<Api>, Param(node): Param) -> Response {
     let node = uuid(&api, &node).await;
     match api.engine.abort(&node).await {
         Ok(_) => (StatusCode::ACCEPTED, headers()).into_response(),
@@ -403,15 +427,15 @@ async fn stored_data(api: &Api, node: &str, unprocessed: bool) -> Response {
     }
 }
 
-async fn data(State(api): State<Api>, Path(node): Path<String>) -> Response {
+async fn data(State(api): State<Api>, Param(node): Param) -> Response {
     stored_data(&api, &node, false).await
 }
 
-async fn unprocessed_data(State(api): State<Api>, Path(node): Path<String>) -> Response {
+async fn unprocessed_data(State(api): State<Api>, Param(node): Param) -> Response {
     stored_data(&api, &node, true).await
 }
 
-async fn reapply(State(api): State<Api>, Path(node): Path<String>) -> Response {
+async fn reapply(State(api): State<Api>, Param(node): Param) -> Response {
     let node = uuid(&api, &node).await;
     match api.engine.reapply(&node).await {
         Ok(_) => (StatusCode::ACCEPTED, headers()).into_response(),
@@ -586,14 +610,14 @@ async fn list_rules(State(api): State<Api>) -> Response {
     }
 }
 
-async fn get_rule(State(api): State<Api>, Path(uuid): Path<String>) -> Response {
+async fn get_rule(State(api): State<Api>, Param(uuid): Param) -> Response {
     match api.engine.get_rule(&uuid).await {
         Ok(rule) => reply(StatusCode::OK, rule_links(rule.full())),
         Err(e) => api_error(e),
     }
 }
 
-async fn delete_rule(State(api): State<Api>, Path(uuid): Path<String>) -> Response {
+async fn delete_rule(State(api): State<Api>, Param(uuid): Param) -> Response {
     match api.engine.delete_rule(&uuid).await {
         Ok(()) => (StatusCode::NO_CONTENT, headers()).into_response(),
         Err(e) => api_error(e),

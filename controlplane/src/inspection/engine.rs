@@ -150,7 +150,7 @@ pub enum ApiError {
     BadRule(String),
     #[error("rule {0} already exists")]
     RuleExists(String),
-    #[error("rule {0} was not found")]
+    #[error("rule {} was not found", super::clip(.0, 64))]
     UnknownRule(String),
     #[error("node {0} has no stored introspection data to reapply")]
     NoData(String),
@@ -287,6 +287,9 @@ impl Engine {
         if !data.is_object() {
             return Err(ApiError::BadData("expected a JSON object".into()));
         }
+        // The ramdisk's `logs` (a base64 tarball, often megabytes) are never stored, neither with the processed nor
+        // with the unprocessed data: they would not fit an etcd value, and processing and reapply do not read them.
+        let data = process::without_logs(data);
         let unprocessed = data.clone();
         let mut data = data;
         let failures = self.pipeline.before_processing(&mut data);

@@ -30,7 +30,8 @@ impl Attributes {
 
     fn describe(&self) -> String {
         let macs: Vec<String> = self.macs.iter().map(|m| format!("'{m}'")).collect();
-        let bmcs: Vec<String> = self.bmc_addresses.iter().filter(|b| usable_bmc(b)).map(|b| format!("'{b}'")).collect();
+        let bmcs: Vec<String> =
+            self.bmc_addresses.iter().filter(|b| usable_bmc(b)).map(|b| format!("'{}'", super::clip(b, 64))).collect();
         let mut parts = vec![];
         if !bmcs.is_empty() {
             parts.push(format!("'bmc_address': [{}]", bmcs.join(", ")));
@@ -39,9 +40,10 @@ impl Attributes {
             parts.push(format!("'mac': [{}]", macs.join(", ")));
         }
         if let Some(u) = &self.node_uuid {
-            parts.push(format!("'uuid': '{u}'"));
+            parts.push(format!("'uuid': '{}'", super::clip(u, 64)));
         }
-        format!("{{{}}}", parts.join(", "))
+        // Bounded: it is echoed to the caller (a gRPC message travels in a header).
+        super::clip(&format!("{{{}}}", parts.join(", ")), 2000)
     }
 }
 

@@ -118,7 +118,10 @@ impl fmt::Display for Event {
 impl FromStr for State {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        State::ALL.into_iter().find(|x| x.as_str() == s).ok_or_else(|| format!("unknown introspection state {s:?}"))
+        State::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| format!("unknown introspection state {:?}", super::clip(s, 64)))
     }
 }
 

@@ -19,3 +19,23 @@ pub mod processing;
 pub mod records;
 pub mod rules;
 pub mod service;
+
+/// At most `max` characters of caller input quoted in an error message, with `…` when cut: a gRPC message travels
+/// in a header, and an echo of a 20 kB argument would break it (the caller would see INTERNAL, not the error).
+pub fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clip_cuts_at_a_character_boundary() {
+        assert_eq!(super::clip("abc", 2), "ab…");
+        assert_eq!(super::clip("abc", 3), "abc");
+        assert_eq!(super::clip("ééé", 2), "éé…");
+        assert_eq!(super::clip("", 0), "");
+    }
+}

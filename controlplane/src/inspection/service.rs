@@ -26,23 +26,26 @@ pub struct InspectionService {
 /// Largest introspection document accepted by `Continue`.
 pub const MAX_DATA_BYTES: usize = 2 << 20;
 
+/// The gRPC status of an engine error. Its message is bounded (it can quote the caller's data, e.g. a ramdisk's
+/// error text, and a gRPC message travels in a header: 1000 characters, at most 12 kB percent-encoded).
 fn status(e: ApiError) -> Status {
+    let msg = super::clip(&e.to_string(), 1000);
     match &e {
-        ApiError::UnknownNode(_) | ApiError::NoMatch(_) => Status::not_found(e.to_string()),
+        ApiError::UnknownNode(_) | ApiError::NoMatch(_) => Status::not_found(msg),
         ApiError::ProvisionState { .. }
         | ApiError::Maintenance(_)
         | ApiError::Illegal { .. }
         | ApiError::NoData(_)
-        | ApiError::NoIronic => Status::failed_precondition(e.to_string()),
-        ApiError::Lookup(super::lookup::LookupError::NotFound(_)) => Status::not_found(e.to_string()),
-        ApiError::Lookup(_) => Status::failed_precondition(e.to_string()),
+        | ApiError::NoIronic => Status::failed_precondition(msg),
+        ApiError::Lookup(super::lookup::LookupError::NotFound(_)) => Status::not_found(msg),
+        ApiError::Lookup(_) => Status::failed_precondition(msg),
         ApiError::BadData(_) | ApiError::PreProcessing(_) | ApiError::Discovery(_) | ApiError::BadRule(_) => {
-            Status::invalid_argument(e.to_string())
+            Status::invalid_argument(msg)
         }
-        ApiError::UnknownRule(_) => Status::not_found(e.to_string()),
-        ApiError::RuleExists(_) => Status::already_exists(e.to_string()),
-        ApiError::Ironic(_) => Status::unavailable(e.to_string()),
-        ApiError::Store(_) => Status::internal(e.to_string()),
+        ApiError::UnknownRule(_) => Status::not_found(msg),
+        ApiError::RuleExists(_) => Status::already_exists(msg),
+        ApiError::Ironic(_) => Status::unavailable(msg),
+        ApiError::Store(_) => Status::internal(msg),
     }
 }
 
@@ -62,7 +65,7 @@ fn to_pb(r: NodeRecord) -> InspectionStatus {
 
 fn node_arg(n: &str) -> Result<&str, Status> {
     if n.is_empty() || n.len() > 255 || n.contains('/') {
-        return Err(Status::invalid_argument(format!("{n:?} is not a node UUID or name")));
+        return Err(Status::invalid_argument(format!("{:?} is not a node UUID or name", super::clip(n, 64))));
     }
     Ok(n)
 }

@@ -15,6 +15,10 @@ use crate::store::{Backend, StoreError, embedded as backend};
 pub(super) const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("inspection_nodes");
 pub(super) const DATA: TableDefinition<&str, &[u8]> = TableDefinition::new("inspection_data");
 pub(super) const QUEUE: TableDefinition<u64, &[u8]> = TableDefinition::new("inspection_queue");
+/// The arguments of each queued request (a ramdisk's data can be megabytes), apart from its entry in [`QUEUE`], so
+/// that picking the next request reads the small entries only. An entry written before this table existed keeps
+/// its arguments inline.
+pub(super) const QUEUE_ARGS: TableDefinition<u64, &[u8]> = TableDefinition::new("inspection_queue_args");
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("inspection_meta");
 
 /// Inspections in redb.
@@ -40,6 +44,7 @@ impl EmbeddedInspections {
         w.open_table(NODES).map_err(backend("open nodes"))?;
         w.open_table(DATA).map_err(backend("open data"))?;
         w.open_table(QUEUE).map_err(backend("open the queue"))?;
+        w.open_table(QUEUE_ARGS).map_err(backend("open the queue"))?;
         w.open_table(META).map_err(backend("open meta"))?;
         w.commit().map_err(backend("commit"))?;
         Ok(Self { db, wake: watch::channel(0).0 })
@@ -84,6 +89,10 @@ impl EmbeddedInspections {
                     }
                     None => {
                         q.remove(id).map_err(backend("write the queue"))?;
+                        w.open_table(QUEUE_ARGS)
+                            .map_err(backend("open the queue"))?
+                            .remove(id)
+                            .map_err(backend("write the queue"))?;
                     }
                 }
             }
@@ -205,8 +214,9 @@ impl InspectionStore for EmbeddedInspections {
                     let mut meta = w.open_table(META).map_err(backend("open meta"))?;
                     id = meta.get("next_request").map_err(backend("read meta"))?.map(|v| v.value()).unwrap_or(1);
                     meta.insert("next_request", id + 1).map_err(backend("write meta"))?;
+                    let a = serde_json::to_vec(&args).map_err(corrupt)?;
                     let e = QueueEntry {
-                        request: Request { id, node, kind, args, enqueued_at: now_ms() },
+                        request: Request { id, node, kind, args: serde_json::Value::Null, enqueued_at: now_ms() },
                         worker: None,
                         lease_until: 0,
                         attempts: 0,
@@ -216,6 +226,10 @@ impl InspectionStore for EmbeddedInspections {
                     w.open_table(QUEUE)
                         .map_err(backend("open the queue"))?
                         .insert(id, v.as_slice())
+                        .map_err(backend("enqueue"))?;
+                    w.open_table(QUEUE_ARGS)
+                        .map_err(backend("open the queue"))?
+                        .insert(id, a.as_slice())
                         .map_err(backend("enqueue"))?;
                 }
                 w.commit().map_err(backend("commit"))?;
@@ -247,7 +261,16 @@ impl InspectionStore for EmbeddedInspections {
                 e.attempts += 1;
                 let v = serde_json::to_vec(&e).map_err(corrupt)?;
                 q.insert(e.request.id, v.as_slice()).map_err(backend("take a request"))?;
-                taken = Taken { request: e.request, attempt: e.attempts, worker, lease_until: e.lease_until };
+                let mut request = e.request;
+                if let Some(a) = w
+                    .open_table(QUEUE_ARGS)
+                    .map_err(backend("open the queue"))?
+                    .get(request.id)
+                    .map_err(backend("read the queue"))?
+                {
+                    request.args = serde_json::from_slice(a.value()).map_err(corrupt)?;
+                }
+                taken = Taken { request, attempt: e.attempts, worker, lease_until: e.lease_until };
             }
             w.commit().map_err(backend("commit"))?;
             Ok(Some(taken))
@@ -292,10 +315,15 @@ impl InspectionStore for EmbeddedInspections {
         self.blocking(|db| {
             let r = db.begin_read().map_err(backend("begin a read"))?;
             let q = r.open_table(QUEUE).map_err(backend("open the queue"))?;
+            let args = r.open_table(QUEUE_ARGS).map_err(backend("open the queue"))?;
             let mut out = Vec::new();
             for row in q.iter().map_err(backend("read the queue"))? {
                 let (_, v) = row.map_err(backend("read the queue"))?;
-                out.push(serde_json::from_slice::<QueueEntry>(v.value()).map_err(corrupt)?.request);
+                let mut request = serde_json::from_slice::<QueueEntry>(v.value()).map_err(corrupt)?.request;
+                if let Some(a) = args.get(request.id).map_err(backend("read the queue"))? {
+                    request.args = serde_json::from_slice(a.value()).map_err(corrupt)?;
+                }
+                out.push(request);
             }
             Ok(out)
         })
@@ -320,6 +348,44 @@ mod tests {
 
     fn open(d: &std::path::Path) -> EmbeddedInspections {
         EmbeddedInspections::open(Arc::new(Database::create(d.join("t.redb")).unwrap())).unwrap()
+    }
+
+    /// A request's arguments travel apart from its queue entry and come back whole when it is taken; an entry
+    /// written with inline arguments (before the arguments had their own table) is still delivered with them.
+    #[tokio::test]
+    async fn arguments_are_kept_apart_and_delivered_whole() {
+        let d = dir("args");
+        let s = open(&d);
+        let data = serde_json::json!({"data": {"inventory": {"interfaces": [{"mac_address": "52:54:00:12:34:56"}]}}});
+        let id = s.enqueue("n1", Kind::Process, data.clone()).await.unwrap();
+        {
+            let r = s.db.begin_read().unwrap();
+            let q = r.open_table(QUEUE).unwrap();
+            let e: QueueEntry = serde_json::from_slice(q.get(id).unwrap().unwrap().value()).unwrap();
+            assert!(e.request.args.is_null(), "the entry holds no arguments");
+        }
+        assert_eq!(s.pending().await.unwrap()[0].args, data);
+        let t = s.take("w1", Duration::from_secs(5)).await.unwrap().unwrap();
+        assert_eq!(t.request.args, data);
+        s.consume(&t).await.unwrap();
+        {
+            let r = s.db.begin_read().unwrap();
+            assert!(r.open_table(QUEUE_ARGS).unwrap().get(id).unwrap().is_none(), "consumed with its arguments");
+        }
+        // An old entry, arguments inline.
+        let old = QueueEntry {
+            request: Request { id: 99, node: "n2".into(), kind: Kind::Start, args: data.clone(), enqueued_at: 1 },
+            worker: None,
+            lease_until: 0,
+            attempts: 0,
+            available_at: 0,
+        };
+        let w = s.db.begin_write().unwrap();
+        w.open_table(QUEUE).unwrap().insert(99, serde_json::to_vec(&old).unwrap().as_slice()).unwrap();
+        w.commit().unwrap();
+        let t = s.take("w1", Duration::from_secs(5)).await.unwrap().unwrap();
+        assert_eq!((t.request.id, &t.request.args), (99, &data));
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 //! <prefix>/inspect/nodes/<uuid>     node record (compare-and-swap on its modification revision)
 //! <prefix>/inspect/data/<uuid>      ramdisk data
 //! <prefix>/inspect/queue/<id:020>   queued request and who holds it
+//! <prefix>/inspect/queue-args/<id:020>  its arguments (a ramdisk's data), apart: taking reads the entries only
 //! <prefix>/inspect/seq              the last request id
 //! ```
 //!
@@ -86,6 +87,18 @@ impl EtcdInspections {
         format!("{}queue/{id:020}", self.root)
     }
 
+    fn args_key(&self, id: u64) -> String {
+        format!("{}queue-args/{id:020}", self.root)
+    }
+
+    /// The request with its arguments (kept under their own key; inline in entries written before that).
+    async fn with_args(&self, mut request: Request) -> Result<Request, StoreError> {
+        if let Some((raw, _)) = self.get_raw(self.args_key(request.id)).await? {
+            request.args = serde_json::from_slice(&raw).map_err(corrupt)?;
+        }
+        Ok(request)
+    }
+
     async fn get_raw(&self, key: String) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let r = self
             .c
@@ -118,15 +131,15 @@ impl EtcdInspections {
     /// Rewrites one entry if it did not change since `rev` (false: it did, or it is gone).
     async fn cas_entry(&self, entry: Option<&QueueEntry>, id: u64, rev: i64) -> Result<bool, StoreError> {
         let key = self.queue_key(id);
-        let op = match entry {
-            Some(en) => TxnOp::put(key.clone(), serde_json::to_vec(en).map_err(corrupt)?, None),
-            None => TxnOp::delete(key.clone(), None),
+        let ops = match entry {
+            Some(en) => vec![TxnOp::put(key.clone(), serde_json::to_vec(en).map_err(corrupt)?, None)],
+            None => vec![TxnOp::delete(key.clone(), None), TxnOp::delete(self.args_key(id), None)],
         };
         let r = self
             .c
             .retry("update the queue", |mut cl| {
                 let txn =
-                    Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)]).and_then([op.clone()]);
+                    Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)]).and_then(ops.clone());
                 async move { cl.txn(txn).await }
             })
             .await
@@ -251,7 +264,13 @@ impl InspectionStore for EtcdInspections {
             };
             let id = last + 1;
             let entry = QueueEntry {
-                request: Request { id, node: node.to_string(), kind, args: args.clone(), enqueued_at: now_ms() },
+                request: Request {
+                    id,
+                    node: node.to_string(),
+                    kind,
+                    args: serde_json::Value::Null,
+                    enqueued_at: now_ms(),
+                },
                 worker: None,
                 lease_until: 0,
                 attempts: 0,
@@ -265,6 +284,7 @@ impl InspectionStore for EtcdInspections {
             let ops = vec![
                 TxnOp::put(seq.clone(), id.to_string(), None),
                 TxnOp::put(self.queue_key(id), serde_json::to_vec(&entry).map_err(corrupt)?, None),
+                TxnOp::put(self.args_key(id), serde_json::to_vec(&args).map_err(corrupt)?, None),
             ];
             let r = self
                 .c
@@ -294,7 +314,7 @@ impl InspectionStore for EtcdInspections {
             en.attempts += 1;
             if self.cas_entry(Some(&en), en.request.id, rev).await? {
                 return Ok(Some(Taken {
-                    request: en.request,
+                    request: self.with_args(en.request).await?,
                     attempt: en.attempts,
                     worker: worker.to_string(),
                     lease_until: en.lease_until,
@@ -330,7 +350,11 @@ impl InspectionStore for EtcdInspections {
     }
 
     async fn pending(&self) -> Result<Vec<Request>, StoreError> {
-        Ok(self.queue().await?.into_iter().map(|(e, _)| e.request).collect())
+        let mut out = Vec::new();
+        for (e, _) in self.queue().await? {
+            out.push(self.with_args(e.request).await?);
+        }
+        Ok(out)
     }
 
     fn wakeups(&self) -> watch::Receiver<u64> {
