@@ -300,7 +300,7 @@ impl Engine {
                 "no interface MAC (inventory.interfaces[].mac_address), no BMC address and no node_uuid".into(),
             ));
         }
-        let records = self.store.list().await?;
+        let records = self.store.lookup_candidates(&attrs).await?;
         let node = match lookup::lookup(&attrs, &records) {
             Ok(n) => n,
             Err(LookupError::NotFound(_)) if self.discovery.enroll() && failures.is_empty() => {

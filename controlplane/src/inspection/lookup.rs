@@ -28,6 +28,11 @@ impl Attributes {
         self.macs.is_empty() && self.bmc_addresses.is_empty() && self.node_uuid.is_none()
     }
 
+    /// The BMC addresses, normalised as they are compared.
+    pub fn normalised_bmcs(&self) -> Vec<String> {
+        self.bmc_addresses.iter().filter_map(|b| normalise_bmc(b)).collect()
+    }
+
     fn describe(&self) -> String {
         let macs: Vec<String> = self.macs.iter().map(|m| format!("'{m}'")).collect();
         let bmcs: Vec<String> =
@@ -99,19 +104,25 @@ pub fn normalise_bmc(value: &str) -> Option<String> {
 }
 
 /// The node `attributes` identify among `records`.
+/// How well `r` matches: one point per shared MAC, per shared BMC address (`bmcs`: the attributes' addresses,
+/// normalised) and for the node UUID; 0 when the attributes name another node.
+pub fn score(attributes: &Attributes, bmcs: &[String], r: &NodeRecord) -> usize {
+    if attributes.node_uuid.as_deref().is_some_and(|u| u != r.uuid) {
+        return 0;
+    }
+    let macs = r.macs.iter().filter(|m| attributes.macs.contains(m)).count();
+    let bmc = if bmcs.is_empty() {
+        0
+    } else {
+        r.bmc_addresses.iter().filter_map(|b| normalise_bmc(b)).filter(|b| bmcs.contains(b)).count()
+    };
+    macs + bmc + usize::from(attributes.node_uuid.is_some())
+}
+
 pub fn lookup(attributes: &Attributes, records: &[NodeRecord]) -> Result<String, LookupError> {
-    let bmcs: Vec<String> = attributes.bmc_addresses.iter().filter_map(|b| normalise_bmc(b)).collect();
-    let mut scored: Vec<(usize, &NodeRecord)> = records
-        .iter()
-        .filter(|r| attributes.node_uuid.as_deref().is_none_or(|u| u == r.uuid))
-        .map(|r| {
-            let macs = r.macs.iter().filter(|m| attributes.macs.contains(m)).count();
-            let bmc = r.bmc_addresses.iter().filter_map(|b| normalise_bmc(b)).filter(|b| bmcs.contains(b)).count();
-            let uuid = usize::from(attributes.node_uuid.is_some());
-            (macs + bmc + uuid, r)
-        })
-        .filter(|(score, _)| *score > 0)
-        .collect();
+    let bmcs = attributes.normalised_bmcs();
+    let mut scored: Vec<(usize, &NodeRecord)> =
+        records.iter().map(|r| (score(attributes, &bmcs, r), r)).filter(|(score, _)| *score > 0).collect();
     scored.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.uuid.cmp(&b.1.uuid)));
     let Some(&(best, winner)) = scored.first() else {
         return Err(LookupError::NotFound(attributes.describe()));

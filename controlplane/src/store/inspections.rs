@@ -60,6 +60,17 @@ pub(crate) fn pick(entries: &[QueueEntry], now: u64) -> Option<usize> {
 pub trait InspectionStore: Send + Sync + 'static {
     async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError>;
     async fn list(&self) -> Result<Vec<NodeRecord>, StoreError>;
+    /// The records `/v1/continue`'s lookup scores above zero (sharing a MAC or BMC address with `attrs`, or
+    /// named by it): [`lookup::lookup`](crate::inspection::lookup::lookup) over them decides as over every record.
+    async fn lookup_candidates(
+        &self,
+        attrs: &crate::inspection::lookup::Attributes,
+    ) -> Result<Vec<NodeRecord>, StoreError> {
+        let bmcs = attrs.normalised_bmcs();
+        let mut all = self.list().await?;
+        all.retain(|r| crate::inspection::lookup::score(attrs, &bmcs, r) > 0);
+        Ok(all)
+    }
     /// Saves `rec` if the stored version is still `rec.version` (0: absent), then increments `rec.version`.
     async fn save(&self, rec: &mut NodeRecord) -> Result<(), StoreError>;
     /// Removes a node's record and data.

@@ -1,13 +1,15 @@
 //! The embedded (redb) inspection store: node records, data and the work queue, in the control plane's database
 //! (shared with the filter state and the rules).
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
+use crate::inspection::lookup::{self, Attributes};
 use crate::inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
 use crate::store::inspections::{InspectionStore, QueueEntry, pick};
 use crate::store::{Backend, StoreError, embedded as backend};
@@ -22,9 +24,31 @@ pub(super) const QUEUE_ARGS: TableDefinition<u64, &[u8]> = TableDefinition::new(
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("inspection_meta");
 
 /// Inspections in redb.
+///
+/// Every node record is also held in memory ([`Records`]): this process is the database's only writer, so the copy
+/// is exact, and `/v1/continue`'s lookup reads it instead of decoding every record from disk for each callback.
 pub struct EmbeddedInspections {
     db: Arc<Database>,
     wake: watch::Sender<u64>,
+    records: Arc<Records>,
+}
+
+/// The node records as committed. A writer holds `write` from its transaction's start to the update of `map`, so
+/// the map changes in commit order; readers only take `map`, briefly.
+#[derive(Default)]
+struct Records {
+    write: Mutex<()>,
+    map: RwLock<BTreeMap<String, NodeRecord>>,
+}
+
+impl Records {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, NodeRecord>> {
+        self.map.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, NodeRecord>> {
+        self.map.write().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl std::fmt::Debug for EmbeddedInspections {
@@ -47,7 +71,17 @@ impl EmbeddedInspections {
         w.open_table(QUEUE_ARGS).map_err(backend("open the queue"))?;
         w.open_table(META).map_err(backend("open meta"))?;
         w.commit().map_err(backend("commit"))?;
-        Ok(Self { db, wake: watch::channel(0).0 })
+        let records = Arc::new(Records::default());
+        {
+            let r = db.begin_read().map_err(backend("begin a read"))?;
+            let t = r.open_table(NODES).map_err(backend("open nodes"))?;
+            let mut map = records.write();
+            for row in t.iter().map_err(backend("list nodes"))? {
+                let (k, v) = row.map_err(backend("list nodes"))?;
+                map.insert(k.value().to_string(), serde_json::from_slice(v.value()).map_err(corrupt)?);
+            }
+        }
+        Ok(Self { db, wake: watch::channel(0).0, records })
     }
 
     async fn blocking<T: Send + 'static>(
@@ -105,30 +139,16 @@ impl EmbeddedInspections {
 #[async_trait]
 impl InspectionStore for EmbeddedInspections {
     async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError> {
-        let node = node.to_string();
-        self.blocking(move |db| {
-            let r = db.begin_read().map_err(backend("begin a read"))?;
-            let t = r.open_table(NODES).map_err(backend("open nodes"))?;
-            match t.get(node.as_str()).map_err(backend("read a node"))? {
-                Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(corrupt)?)),
-                None => Ok(None),
-            }
-        })
-        .await
+        Ok(self.records.read().get(node).cloned())
     }
 
     async fn list(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        self.blocking(|db| {
-            let r = db.begin_read().map_err(backend("begin a read"))?;
-            let t = r.open_table(NODES).map_err(backend("open nodes"))?;
-            let mut out = Vec::new();
-            for row in t.iter().map_err(backend("list nodes"))? {
-                let (_, v) = row.map_err(backend("list nodes"))?;
-                out.push(serde_json::from_slice(v.value()).map_err(corrupt)?);
-            }
-            Ok(out)
-        })
-        .await
+        Ok(self.records.read().values().cloned().collect())
+    }
+
+    async fn lookup_candidates(&self, attrs: &Attributes) -> Result<Vec<NodeRecord>, StoreError> {
+        let bmcs = attrs.normalised_bmcs();
+        Ok(self.records.read().values().filter(|r| lookup::score(attrs, &bmcs, r) > 0).cloned().collect())
     }
 
     async fn save(&self, rec: &mut NodeRecord) -> Result<(), StoreError> {
@@ -137,7 +157,9 @@ impl InspectionStore for EmbeddedInspections {
         next.updated_at = now_ms();
         let expected = rec.version;
         let saved = next.clone();
+        let records = self.records.clone();
         self.blocking(move |db| {
+            let _writer = records.write.lock().unwrap_or_else(|e| e.into_inner());
             let w = db.begin_write().map_err(backend("begin a transaction"))?;
             {
                 let mut t = w.open_table(NODES).map_err(backend("open nodes"))?;
@@ -151,7 +173,9 @@ impl InspectionStore for EmbeddedInspections {
                 let v = serde_json::to_vec(&next).map_err(corrupt)?;
                 t.insert(next.uuid.as_str(), v.as_slice()).map_err(backend("write a node"))?;
             }
-            w.commit().map_err(backend("commit"))
+            w.commit().map_err(backend("commit"))?;
+            records.write().insert(next.uuid.clone(), next);
+            Ok(())
         })
         .await?;
         *rec = saved;
@@ -160,7 +184,9 @@ impl InspectionStore for EmbeddedInspections {
 
     async fn remove(&self, node: &str) -> Result<(), StoreError> {
         let node = node.to_string();
+        let records = self.records.clone();
         self.blocking(move |db| {
+            let _writer = records.write.lock().unwrap_or_else(|e| e.into_inner());
             let w = db.begin_write().map_err(backend("begin a transaction"))?;
             {
                 w.open_table(NODES)
@@ -172,7 +198,9 @@ impl InspectionStore for EmbeddedInspections {
                     .remove(node.as_str())
                     .map_err(backend("remove data"))?;
             }
-            w.commit().map_err(backend("commit"))
+            w.commit().map_err(backend("commit"))?;
+            records.write().remove(&node);
+            Ok(())
         })
         .await
     }
@@ -338,6 +366,7 @@ impl InspectionStore for EmbeddedInspections {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ironguard_nft::MacAddr;
 
     fn dir(tag: &str) -> std::path::PathBuf {
         let p = std::env::temp_dir().join(format!("ig-insp-{tag}-{}", std::process::id()));
@@ -385,6 +414,46 @@ mod tests {
         w.commit().unwrap();
         let t = s.take("w1", Duration::from_secs(5)).await.unwrap().unwrap();
         assert_eq!((t.request.id, &t.request.args), (99, &data));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The records in memory are the records on disk: after saves, a conflict and a removal, and after reopening;
+    /// the lookup's candidates are exactly the records the lookup scores.
+    #[tokio::test]
+    async fn records_in_memory_follow_every_commit() {
+        let d = dir("cache");
+        let (m1, m2): (MacAddr, MacAddr) = ("52:54:00:00:00:01".parse().unwrap(), "52:54:00:00:00:02".parse().unwrap());
+        {
+            let s = open(&d);
+            let mut a = NodeRecord::new("a");
+            a.macs = vec![m1];
+            a.bmc_addresses = vec!["10.0.0.1".into()];
+            s.save(&mut a).await.unwrap();
+            let mut b = NodeRecord::new("b");
+            b.macs = vec![m2];
+            s.save(&mut b).await.unwrap();
+            let mut stale = b.clone();
+            s.save(&mut b).await.unwrap();
+            assert!(s.save(&mut stale).await.is_err(), "conflict");
+            assert_eq!(s.get("b").await.unwrap().unwrap().version, 2, "the failed save left memory alone");
+            let mut c = NodeRecord::new("c");
+            s.save(&mut c).await.unwrap();
+            s.remove("c").await.unwrap();
+            assert!(s.get("c").await.unwrap().is_none());
+            let attrs = |macs: Vec<MacAddr>, bmcs: Vec<&str>| Attributes {
+                macs,
+                bmc_addresses: bmcs.into_iter().map(String::from).collect(),
+                node_uuid: None,
+            };
+            let uuids = |v: Vec<NodeRecord>| v.into_iter().map(|r| r.uuid).collect::<Vec<_>>();
+            assert_eq!(uuids(s.lookup_candidates(&attrs(vec![m2], vec![])).await.unwrap()), ["b"]);
+            assert_eq!(uuids(s.lookup_candidates(&attrs(vec![], vec!["10.0.0.1"])).await.unwrap()), ["a"]);
+            assert_eq!(uuids(s.lookup_candidates(&attrs(vec![m1, m2], vec![])).await.unwrap()), ["a", "b"]);
+            assert!(s.lookup_candidates(&attrs(vec![], vec!["10.9.9.9"])).await.unwrap().is_empty());
+        }
+        let s = open(&d);
+        let r = s.list().await.unwrap();
+        assert_eq!(r.iter().map(|r| (r.uuid.as_str(), r.version)).collect::<Vec<_>>(), [("a", 1), ("b", 2)]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

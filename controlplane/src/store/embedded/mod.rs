@@ -34,8 +34,9 @@ pub fn open(dir: &Path, log_len: usize) -> Result<Stores, StoreError> {
     // The filter mirror serves every read; redb's page cache only needs to hold what a commit touches.
     let db = Arc::new(Database::builder().set_cache_size(8 << 20).create(&path).map_err(|e| open_err(Box::new(e)))?);
     let filters = EmbeddedFilters::open(db.clone(), &path, log_len)?;
-    let inspections = EmbeddedInspections::open(db.clone())?;
+    // Before the inspection store opens: it reads every node record into its cache.
     migrate_old_inspections(dir, &db)?;
+    let inspections = EmbeddedInspections::open(db.clone())?;
     let rules = EmbeddedRules::open(db)?;
     Ok(Stores { filters: Arc::new(filters), inspections: Arc::new(inspections), rules: Arc::new(rules) })
 }
