@@ -31,6 +31,108 @@ pub struct EmbeddedInspections {
     db: Arc<Database>,
     wake: watch::Sender<u64>,
     records: Arc<Records>,
+    enqueues: Arc<Enqueues>,
+}
+
+/// Requests waiting to be enqueued. Callbacks arrive together (a rack of ramdisks posting at once): whoever finds
+/// no committer running becomes it and writes every waiting request in one transaction — one commit, one fsync —
+/// then the requests that came meanwhile, until none is left. Each caller gets its id once its request is durable.
+#[derive(Default)]
+struct Enqueues {
+    waiting: Mutex<Vec<Waiting>>,
+    committing: std::sync::atomic::AtomicBool,
+}
+
+struct Waiting {
+    node: String,
+    kind: Kind,
+    args: serde_json::Value,
+    done: tokio::sync::oneshot::Sender<Result<u64, StoreError>>,
+}
+
+impl Enqueues {
+    fn take(&self) -> Vec<Waiting> {
+        std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Commits batches until none is waiting (run on a blocking thread by the one committer).
+    fn commit_all(&self, db: &Database) {
+        use std::sync::atomic::Ordering;
+        // Should this thread unwind, the next enqueue becomes the committer (its batch's callers get `Closed`).
+        struct Unwinding<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+        }
+        let _unwinding = Unwinding(&self.committing);
+        loop {
+            let batch = self.take();
+            if batch.is_empty() {
+                self.committing.store(false, Ordering::Release);
+                // A request pushed after the take but before the flag dropped: commit it unless another took over.
+                let more = !self.waiting.lock().unwrap_or_else(|e| e.into_inner()).is_empty();
+                if more && !self.committing.swap(true, Ordering::AcqRel) {
+                    continue;
+                }
+                return;
+            }
+            match write_batch(db, &batch) {
+                Ok(first) => {
+                    for (i, w) in batch.into_iter().enumerate() {
+                        let _ = w.done.send(Ok(first + i as u64));
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    for w in batch {
+                        let _ = w.done.send(Err(StoreError::Backend {
+                            backend: Backend::Embedded,
+                            op: "enqueue",
+                            source: msg.clone().into(),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes `batch` in one transaction, with consecutive ids; returns the first.
+fn write_batch(db: &Database, batch: &[Waiting]) -> Result<u64, StoreError> {
+    let w = db.begin_write().map_err(backend("begin a transaction"))?;
+    let first;
+    {
+        let mut meta = w.open_table(META).map_err(backend("open meta"))?;
+        first = meta.get("next_request").map_err(backend("read meta"))?.map(|v| v.value()).unwrap_or(1);
+        meta.insert("next_request", first + batch.len() as u64).map_err(backend("write meta"))?;
+        let mut queue = w.open_table(QUEUE).map_err(backend("open the queue"))?;
+        let mut args = w.open_table(QUEUE_ARGS).map_err(backend("open the queue"))?;
+        for (i, item) in batch.iter().enumerate() {
+            let id = first + i as u64;
+            let e = QueueEntry {
+                request: Request {
+                    id,
+                    node: item.node.clone(),
+                    kind: item.kind,
+                    args: serde_json::Value::Null,
+                    enqueued_at: now_ms(),
+                },
+                worker: None,
+                lease_until: 0,
+                attempts: 0,
+                available_at: 0,
+            };
+            let v = serde_json::to_vec(&e).map_err(corrupt)?;
+            queue.insert(id, v.as_slice()).map_err(backend("enqueue"))?;
+            let a = serde_json::to_vec(&item.args).map_err(corrupt)?;
+            args.insert(id, a.as_slice()).map_err(backend("enqueue"))?;
+        }
+    }
+    w.commit().map_err(backend("commit"))?;
+    Ok(first)
 }
 
 /// The node records as committed. A writer holds `write` from its transaction's start to the update of `map`, so
@@ -81,7 +183,7 @@ impl EmbeddedInspections {
                 map.insert(k.value().to_string(), serde_json::from_slice(v.value()).map_err(corrupt)?);
             }
         }
-        Ok(Self { db, wake: watch::channel(0).0, records })
+        Ok(Self { db, wake: watch::channel(0).0, records, enqueues: Arc::default() })
     }
 
     async fn blocking<T: Send + 'static>(
@@ -233,37 +335,19 @@ impl InspectionStore for EmbeddedInspections {
     }
 
     async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, StoreError> {
-        let node = node.to_string();
-        let id = self
-            .blocking(move |db| {
-                let w = db.begin_write().map_err(backend("begin a transaction"))?;
-                let id;
-                {
-                    let mut meta = w.open_table(META).map_err(backend("open meta"))?;
-                    id = meta.get("next_request").map_err(backend("read meta"))?.map(|v| v.value()).unwrap_or(1);
-                    meta.insert("next_request", id + 1).map_err(backend("write meta"))?;
-                    let a = serde_json::to_vec(&args).map_err(corrupt)?;
-                    let e = QueueEntry {
-                        request: Request { id, node, kind, args: serde_json::Value::Null, enqueued_at: now_ms() },
-                        worker: None,
-                        lease_until: 0,
-                        attempts: 0,
-                        available_at: 0,
-                    };
-                    let v = serde_json::to_vec(&e).map_err(corrupt)?;
-                    w.open_table(QUEUE)
-                        .map_err(backend("open the queue"))?
-                        .insert(id, v.as_slice())
-                        .map_err(backend("enqueue"))?;
-                    w.open_table(QUEUE_ARGS)
-                        .map_err(backend("open the queue"))?
-                        .insert(id, a.as_slice())
-                        .map_err(backend("enqueue"))?;
-                }
-                w.commit().map_err(backend("commit"))?;
-                Ok(id)
-            })
-            .await?;
+        use std::sync::atomic::Ordering;
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.enqueues.waiting.lock().unwrap_or_else(|e| e.into_inner()).push(Waiting {
+            node: node.to_string(),
+            kind,
+            args,
+            done,
+        });
+        if !self.enqueues.committing.swap(true, Ordering::AcqRel) {
+            let (db, enqueues) = (self.db.clone(), self.enqueues.clone());
+            tokio::task::spawn_blocking(move || enqueues.commit_all(&db));
+        }
+        let id = result.await.map_err(|_| StoreError::Closed)??;
         self.wake();
         Ok(id)
     }
@@ -454,6 +538,39 @@ mod tests {
         let s = open(&d);
         let r = s.list().await.unwrap();
         assert_eq!(r.iter().map(|r| (r.uuid.as_str(), r.version)).collect::<Vec<_>>(), [("a", 1), ("b", 2)]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Requests enqueued at the same moment each get their own id, all distinct and consecutive, each durable
+    /// (there after reopening) with its own arguments.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_enqueues_share_commits_and_keep_their_own_ids() {
+        let d = dir("batch");
+        {
+            let s = Arc::new(open(&d));
+            let mut tasks = Vec::new();
+            for i in 0..200u64 {
+                let s = s.clone();
+                tasks.push(tokio::spawn(async move {
+                    let id = s.enqueue(&format!("n{i}"), Kind::Process, serde_json::json!({"i": i})).await.unwrap();
+                    (i, id)
+                }));
+            }
+            let mut ids = Vec::new();
+            for t in tasks {
+                ids.push(t.await.unwrap());
+            }
+            let mut sorted: Vec<u64> = ids.iter().map(|(_, id)| *id).collect();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (1..=200).collect::<Vec<_>>(), "distinct and consecutive");
+        }
+        let s = open(&d);
+        let pending = s.pending().await.unwrap();
+        assert_eq!(pending.len(), 200);
+        for r in &pending {
+            assert_eq!(r.node, format!("n{}", r.args["i"]), "each request keeps its own arguments");
+        }
+        assert_eq!(s.enqueue("m", Kind::Start, serde_json::Value::Null).await.unwrap(), 201, "ids go on");
         std::fs::remove_dir_all(&d).unwrap();
     }
 
