@@ -146,21 +146,30 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             let cg = Cgroup::memory_limited(pid, 256 * 1024)?;
             // Make the agent allocate fresh memory: bursts of filter changes it must turn into kernel batches.
             // Memory charged before the move stays with the old cgroup (v1), and the allocator reuses freed
-            // pages first, so it can take several bursts before an allocation is charged here.
-            let mut killed = None;
-            for burst in 0..16u8 {
-                let macs: Vec<String> = (0..4000u32)
-                    .map(|i| format!("02:fa:{burst:02x}:{:02x}:{:02x}:{:02x}", i >> 16, (i >> 8) & 0xff, i & 0xff))
-                    .collect();
-                let mut args = vec!["--controlplane", "https://10.90.0.1:9100", "filters", "deny"];
+            // pages first, so it can take several bursts before an allocation is charged here. The bursts deny
+            // 4000 MACs and remove them again, in turn: every burst is a real change (denying MACs an earlier
+            // round left denied would change nothing), and the filter does not grow from round to round.
+            let macs: Vec<String> =
+                (0..4000u32).map(|i| format!("02:fa:00:00:{:02x}:{:02x}", (i >> 8) & 0xff, i & 0xff)).collect();
+            let burst = |verb: &str| {
+                let mut args = vec!["--controlplane", "https://10.90.0.1:9100", "filters", verb];
                 args.extend(macs.iter().map(String::as_str));
                 let _ = crate::ctl(&site.mgmt, &args);
+            };
+            let mut killed = None;
+            let mut denied = false;
+            for _ in 0..16 {
+                denied = !denied;
+                burst(if denied { "deny" } else { "remove" });
                 killed = wait_for(Duration::from_secs(3), || {
                     (!site.hosts[leader].agent.as_mut().is_some_and(|a| a.running())).then_some(())
                 });
                 if killed.is_some() {
                     break;
                 }
+            }
+            if denied {
+                burst("remove");
             }
             cg.release(pid);
             killed.ok_or("the OOM killer did not kill the agent")?;
