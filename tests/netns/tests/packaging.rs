@@ -481,7 +481,12 @@ fn guard_unit_command_installs_the_guard_as_an_unprivileged_user() {
         .map(|c| format!("+{}", c.to_lowercase().trim_start_matches("cap_")))
         .collect();
     let caps = format!("-all,{}", caps.join(","));
-    let config = packaging("etc/agent.toml");
+    // The unprivileged user reads the configuration from a place it can reach, as /etc/ironguard is on a host
+    // (a checkout may sit under a directory only root can enter).
+    let dir = TempDir::new("pkgcfg");
+    let config = dir.join("agent.toml");
+    std::fs::copy(packaging("etc/agent.toml"), &config).unwrap();
+    std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let argv: Vec<String> = u
         .command("ExecStart")
         .into_iter()
