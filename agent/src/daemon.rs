@@ -280,6 +280,7 @@ impl Daemon {
             Ok(rep) => {
                 self.metrics.apply_seconds.get_or_create(&KindLabel { kind }).observe(rep.elapsed.as_secs_f64());
                 self.metrics.kernel_transactions.inc_by(rep.transactions as u64);
+                self.metrics.lease_rewrites.inc_by(rep.lease_rewrites as u64);
             }
             Err(_) => {
                 self.metrics.netlink_errors.inc();

@@ -51,6 +51,8 @@ pub struct Metrics {
     /// the keep-alive's deadline had already passed.
     pub lease_refreshes: Counter,
     pub lease_late: Counter,
+    /// Lease writes repeated because the batch that carried the lease reached the kernel late (a starved agent).
+    pub lease_rewrites: Counter,
     /// Guard rebuilds after a change notification or a read-back showed it deleted, flushed or altered.
     pub guard_repairs: Counter,
     pub dhcp_healthy: Gauge,
@@ -96,6 +98,12 @@ impl Metrics {
         );
         let lease_late = Counter::default();
         r.register("lease_late", "Keep-alives that came too late to refresh the kernel lease", lease_late.clone());
+        let lease_rewrites = Counter::default();
+        r.register(
+            "lease_rewrites",
+            "Kernel lease writes repeated because the batch reached the kernel late (the agent was starved)",
+            lease_rewrites.clone(),
+        );
         let guard_repairs = Counter::default();
         r.register("guard_repairs", "Guard rebuilds after it was deleted, flushed or altered", guard_repairs.clone());
         let dhcp_healthy = Gauge::default();
@@ -117,6 +125,7 @@ impl Metrics {
             drift_repairs,
             lease_refreshes,
             lease_late,
+            lease_rewrites,
             guard_repairs,
             dhcp_healthy,
             stream_connected,
@@ -164,5 +173,38 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
         (StatusCode::OK, format!("ready: {why}\n"))
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The alert rules and the dashboard in packaging/ name only metrics this process exports (a renamed metric
+    /// would leave an alert that can never fire). Counters and histograms are named by their series
+    /// (`_total`, `_bucket`, …); the exposition declares each family once with `# TYPE`.
+    #[test]
+    fn packaging_names_only_exported_metrics() {
+        // A family shows in the exposition once it has a series.
+        let m = super::Metrics::new();
+        m.fail_closed.get_or_create(&super::CauseLabel { cause: "store-amnesia" }).inc();
+        m.apply_seconds.get_or_create(&super::KindLabel { kind: "full" }).observe(0.001);
+        m.set_size.get_or_create(&super::SetLabel { set: "allow" }).set(1);
+        let exported = m.encode();
+        let files = [
+            include_str!("../../packaging/prometheus/ironguard-alerts.yml"),
+            include_str!("../../packaging/grafana/ironguard-dashboard.json"),
+        ];
+        let mut checked = 0;
+        for text in files {
+            for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if !word.starts_with("ironguard_agent_") {
+                    continue;
+                }
+                let family =
+                    ["_total", "_bucket", "_sum", "_count"].iter().find_map(|s| word.strip_suffix(s)).unwrap_or(word);
+                assert!(exported.contains(&format!("# TYPE {family} ")), "{word} is not exported:\n{exported}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 5, "only {checked} ironguard_agent metrics named in packaging/");
     }
 }

@@ -172,6 +172,14 @@ pub struct Ironic {
     cfg: IronicConfig,
     version: OnceCell<String>,
     token: RwLock<Option<String>>,
+    health: IronicHealth,
+}
+
+/// Ironic's reachability as `/metrics` shows it (see [`crate::metrics::Metrics::ironic_up`]).
+#[derive(Debug, Clone, Default)]
+pub struct IronicHealth {
+    pub failed_attempts: prometheus_client::metrics::counter::Counter,
+    pub up: prometheus_client::metrics::gauge::Gauge,
 }
 
 fn install_crypto() {
@@ -250,7 +258,13 @@ impl Ironic {
             b = b.tls_certs_only(certs);
         }
         let http = b.build().map_err(|e| IronicError::Config(format!("HTTP client: {e}")))?;
-        Ok(Self { http, cfg, version: OnceCell::new(), token: RwLock::new(None) })
+        Ok(Self { http, cfg, version: OnceCell::new(), token: RwLock::new(None), health: IronicHealth::default() })
+    }
+
+    /// Reports reachability into these metrics.
+    pub fn with_health(mut self, health: IronicHealth) -> Self {
+        self.health = health;
+        self
     }
 
     pub fn config(&self) -> &IronicConfig {
@@ -379,11 +393,18 @@ impl Ironic {
                         .collect::<Vec<_>>()
                         .join(": ");
                     debug!(op, attempt, error = %e, "Ironic request failed");
+                    self.health.failed_attempts.inc();
                     continue;
                 }
             };
             let status = resp.status().as_u16();
             let text = resp.text().await.unwrap_or_default();
+            // What the match below retries: a 5xx, or a 409 for a locked node.
+            if status >= 500 || (status == 409 && error_message(&text).to_lowercase().contains("lock")) {
+                self.health.failed_attempts.inc();
+            } else {
+                self.health.up.set(1);
+            }
             match status {
                 200..=299 => return Ok(text),
                 401 if self.cfg.auth_type == "password" && !refreshed => {
@@ -404,6 +425,7 @@ impl Ironic {
                 _ => return Err(IronicError::Http { op: op.to_string(), status, message: error_message(&text) }),
             }
         }
+        self.health.up.set(0);
         Err(IronicError::Exhausted { op: op.to_string(), attempts, last })
     }
 

@@ -130,7 +130,11 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let ironic = if config.ironic.url.is_empty() {
         None
     } else {
-        Some(Arc::new(Ironic::new(config.ironic.clone()).context("configuring the Ironic client")?))
+        let health = ironic::IronicHealth {
+            failed_attempts: metrics.ironic_failed_attempts.clone(),
+            up: metrics.ironic_up.clone(),
+        };
+        Some(Arc::new(Ironic::new(config.ironic.clone()).context("configuring the Ironic client")?.with_health(health)))
     };
     let engine = Arc::new(Engine {
         store: inspections,

@@ -32,6 +32,11 @@ pub struct Metrics {
     pub resumes_served: Counter,
     pub agent_lag: Family<AgentLabel, Gauge>,
     pub agent_mode: Family<AgentLabel, Gauge>,
+    /// Ironic requests that got no usable answer (connection refused, timeout, TLS failure, 5xx, a locked node):
+    /// each attempt counts, retries included.
+    pub ironic_failed_attempts: Counter,
+    /// 1 while the last Ironic call got an answer, 0 once a call gave up after its retries (-1 before any call).
+    pub ironic_up: Gauge,
 }
 
 impl Metrics {
@@ -69,6 +74,19 @@ impl Metrics {
         );
         let agent_mode = Family::<AgentLabel, Gauge>::default();
         registry.register("agent_mode", "Agent mode: 1 blocked, 2 follower, 3 leader", agent_mode.clone());
+        let ironic_failed_attempts = Counter::default();
+        registry.register(
+            "ironic_failed_attempts",
+            "Ironic requests that got no usable answer (refused, timeout, TLS, 5xx, locked node), retries included",
+            ironic_failed_attempts.clone(),
+        );
+        let ironic_up = Gauge::default();
+        ironic_up.set(-1);
+        registry.register(
+            "ironic_up",
+            "1 while the last Ironic call got an answer, 0 once a call gave up after its retries, -1 before any",
+            ironic_up.clone(),
+        );
         Self {
             registry,
             revision,
@@ -81,6 +99,8 @@ impl Metrics {
             resumes_served,
             agent_lag,
             agent_mode,
+            ironic_failed_attempts,
+            ironic_up,
         }
     }
 
@@ -95,5 +115,42 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The alert rules and the dashboard in packaging/ name only metrics this process exports (a renamed metric
+    /// would leave an alert that can never fire). Counters and histograms are named by their series
+    /// (`_total`, `_bucket`, …); the exposition declares each family once with `# TYPE`.
+    #[test]
+    fn packaging_names_only_exported_metrics() {
+        // A family shows in the exposition once it has a series.
+        let m = super::Metrics::new();
+        let agent = super::AgentLabel { agent: "pxe-1".into(), network: "n".into() };
+        m.agent_mode.get_or_create(&agent).set(3);
+        m.agent_lag.get_or_create(&agent).set(0);
+        m.updates.get_or_create(&super::ResultLabel { result: "ok" }).inc();
+        let exported = m.encode();
+        let files = [
+            include_str!("../../packaging/prometheus/ironguard-alerts.yml"),
+            include_str!("../../packaging/grafana/ironguard-dashboard.json"),
+        ];
+        let mut checked = 0;
+        for text in files {
+            for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                // The agent's metrics are checked by the agent's copy of this test; nothing else may be named.
+                let ours = word.starts_with("ironguard_agent_") || word.starts_with("ironguard_controlplane_");
+                assert!(!word.starts_with("ironguard_") || ours || word == "ironguard_guard", "unknown metric {word}");
+                if !word.starts_with("ironguard_controlplane_") {
+                    continue;
+                }
+                let family =
+                    ["_total", "_bucket", "_sum", "_count"].iter().find_map(|s| word.strip_suffix(s)).unwrap_or(word);
+                assert!(exported.contains(&format!("# TYPE {family} ")), "{word} is not exported:\n{exported}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 5, "only {checked} ironguard_controlplane metrics named in packaging/");
     }
 }

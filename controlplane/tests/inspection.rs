@@ -5,115 +5,28 @@
 
 use std::time::{Duration, Instant};
 
-use fake_ironic::{FakeIronic, Fault, Node, Port};
+use fake_ironic::{FakeIronic, Fault, Port};
 use ironguard_controlplane::ControlPlaneConfig;
-use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    AgentStatus, ContinueRequest, DataRequest, GetFilterStateRequest, ListRequest, Mode, NodeRequest, StartRequest,
-    WatchFiltersRequest, filter_event::Event,
+    ContinueRequest, DataRequest, GetFilterStateRequest, ListRequest, NodeRequest, StartRequest,
 };
-use tonic::transport::Channel;
 
 const N1: &str = "11111111-1111-1111-1111-111111111111";
 const MAC1: &str = "52:54:00:aa:00:01";
 
-struct Site {
-    engine: std::sync::Arc<ironguard_controlplane::inspection::engine::Engine>,
-    ironic: FakeIronic,
-    channel: Channel,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    dir: std::path::PathBuf,
-    /// The ironic-inspector v1 REST API (always on in these tests).
-    inspector: String,
-}
+mod site_support;
+use site_support::{Site, node};
 
-impl Drop for Site {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn node(uuid: &str, state: &str, ip: &str) -> Node {
-    let mut n = Node::new(uuid);
-    n.provision_state = state.into();
-    n.driver_info.insert("ipmi_address".into(), serde_json::json!(ip));
-    n
-}
-
+/// The site with N1 (manageable, one port MAC1) in the fake Ironic.
 async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig)) -> Site {
     let ironic = FakeIronic::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
     ironic.add_node(node(N1, "manageable", "10.0.0.1"));
     ironic.add_port(Port { address: MAC1.into(), node_uuid: N1.into(), ..Default::default() }).unwrap();
-    let mut c = ControlPlaneConfig::default();
-    c.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
-    c.grpc.insecure = true;
-    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-    c.server.inspector_listen = Some("127.0.0.1:0".parse().unwrap());
-    c.server.heartbeat_secs = 1;
-    let dir = std::env::temp_dir().join(format!("ig-insp-it-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    c.store.data_dir = dir.clone();
-    c.ironic.url = ironic.url();
-    c.ironic.retries = 3;
-    c.ironic.retry_backoff_ms = 20;
-    c.inspection.workers = 2;
-    c.inspection.take_timeout_ms = 100;
-    c.inspection.request_lease_ms = 2000;
-    c.inspection.allow_timeout_secs = 5;
-    c.sync.ironic_sync_secs = 0;
-    c.sync.ironic_inspection = false;
-    tweak(&mut c);
-    let server = ironguard_controlplane::serve(&c).await.unwrap();
-    let engine = server.engine.clone();
-    let inspector = format!("http://{}", server.inspector_addr.unwrap());
-    let url = format!("http://{}", server.grpc_addr);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async move {
-        let _ = rx.await;
-    }));
-    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
-    // The stand-in leader agent: reports every revision it receives as applied.
-    let ch = channel.clone();
-    tokio::spawn(async move {
-        let mut c = PxeFilterClient::new(ch);
-        let mut w = c
-            .watch_filters(WatchFiltersRequest {
-                agent_id: "test-leader".into(),
-                network: "n".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        while let Ok(Some(ev)) = w.message().await {
-            let rev = match ev.event {
-                Some(Event::Snapshot(s)) => s.revision,
-                Some(Event::Delta(d)) => d.revision,
-                Some(Event::Heartbeat(h)) => h.revision,
-                None => continue,
-            };
-            let status = AgentStatus {
-                agent_id: "test-leader".into(),
-                network: "n".into(),
-                applied_revision: rev,
-                mode: Mode::Leader as i32,
-                ..Default::default()
-            };
-            let _ = c.report_status(status).await;
-        }
-    });
-    Site { engine, ironic, channel, stop: Some(tx), dir, inspector }
+    site_support::start(tag, ironic, |c, _| tweak(c)).await
 }
 
 impl Site {
-    fn insp(&self) -> InspectionClient<Channel> {
-        InspectionClient::new(self.channel.clone())
-    }
-
     async fn state(&self, node: &str) -> (String, String) {
         let s = self.insp().get(NodeRequest { node: node.into() }).await.unwrap().into_inner();
         (s.state, s.error)
@@ -131,15 +44,6 @@ impl Site {
             assert!(t.elapsed() < Duration::from_secs(15), "{node} never reached {want}: {:?}", self.state(node).await);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    async fn allow_reasons(&self, mac: &str) -> Vec<String> {
-        let s = PxeFilterClient::new(self.channel.clone())
-            .get_filter_state(GetFilterStateRequest { macs: vec![mac.into()] })
-            .await
-            .unwrap()
-            .into_inner();
-        s.entries.into_iter().flat_map(|e| e.allow_reasons).collect()
     }
 
     fn calls(&self, needle: &str) -> Vec<fake_ironic::Call> {

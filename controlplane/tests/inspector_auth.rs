@@ -12,18 +12,14 @@ use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, StatusCode};
 use base64::Engine as _;
-use fake_ironic::{FakeIronic, Node, Port};
+use fake_ironic::{FakeIronic, Port};
 use ironguard_controlplane::ControlPlaneConfig;
 use ironguard_controlplane::http_access::{AuthStrategy, Secret};
 use ironguard_controlplane::inspection::machine::State;
 use ironguard_controlplane::inspection::records::NodeRecord;
 use ironguard_proto::v1::inspection_client::InspectionClient;
-use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
-use ironguard_proto::v1::{
-    AgentStatus, GetFilterStateRequest, Mode, NodeRequest, StartRequest, WatchFiltersRequest, filter_event::Event,
-};
+use ironguard_proto::v1::{NodeRequest, StartRequest};
 use serde_json::{Value, json};
-use tonic::transport::Channel;
 
 const N1: &str = "11111111-1111-1111-1111-111111111111";
 const MAC1: &str = "52:54:00:aa:00:01";
@@ -83,30 +79,8 @@ fn assert_no_secret_logged(secrets: &[&str]) {
 // ---------------------------------------------------------------------------------------------------------------
 // The site: fake Ironic, control plane with the inspector API, a stand-in leader agent.
 
-struct Site {
-    engine: Arc<ironguard_controlplane::inspection::engine::Engine>,
-    ironic: FakeIronic,
-    channel: Channel,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    dir: std::path::PathBuf,
-    inspector: String,
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn node(uuid: &str, ip: &str) -> Node {
-    let mut n = Node::new(uuid);
-    n.provision_state = "manageable".into();
-    n.driver_info.insert("ipmi_address".into(), json!(ip));
-    n
-}
+mod site_support;
+use site_support::{Site, node};
 
 fn test_dir(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("ig-insp-auth-{tag}-{}", std::process::id()));
@@ -115,64 +89,15 @@ fn test_dir(tag: &str) -> std::path::PathBuf {
     dir
 }
 
+/// The site with N1 and N2 (manageable, one port each) in the fake Ironic, logs captured.
 async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig, &std::path::Path)) -> Site {
     capture_logs();
     let ironic = FakeIronic::start("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    ironic.add_node(node(N1, "10.0.0.1"));
+    ironic.add_node(node(N1, "manageable", "10.0.0.1"));
     ironic.add_port(Port { address: MAC1.into(), node_uuid: N1.into(), ..Default::default() }).unwrap();
-    ironic.add_node(node(N2, "10.0.0.2"));
+    ironic.add_node(node(N2, "manageable", "10.0.0.2"));
     ironic.add_port(Port { address: MAC2.into(), node_uuid: N2.into(), ..Default::default() }).unwrap();
-    let dir = test_dir(tag);
-    let mut c = ControlPlaneConfig::default();
-    c.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
-    c.grpc.insecure = true;
-    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-    c.server.inspector_listen = Some("127.0.0.1:0".parse().unwrap());
-    c.server.heartbeat_secs = 1;
-    c.store.data_dir = dir.join("store");
-    c.ironic.url = ironic.url();
-    c.ironic.retries = 3;
-    c.ironic.retry_backoff_ms = 20;
-    c.inspection.workers = 2;
-    c.inspection.take_timeout_ms = 100;
-    c.inspection.request_lease_ms = 2000;
-    c.inspection.allow_timeout_secs = 5;
-    c.sync.ironic_sync_secs = 0;
-    c.sync.ironic_inspection = false;
-    tweak(&mut c, &dir);
-    let server = ironguard_controlplane::serve(&c).await.unwrap();
-    let engine = server.engine.clone();
-    let scheme = if c.inspector_api.tls() { "https" } else { "http" };
-    let inspector = format!("{scheme}://{}", server.inspector_addr.unwrap());
-    let url = format!("http://{}", server.grpc_addr);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async move {
-        let _ = rx.await;
-    }));
-    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
-    let ch = channel.clone();
-    tokio::spawn(async move {
-        let mut c = PxeFilterClient::new(ch);
-        let req = WatchFiltersRequest { agent_id: "test-leader".into(), network: "n".into(), ..Default::default() };
-        let mut w = c.watch_filters(req).await.unwrap().into_inner();
-        while let Ok(Some(ev)) = w.message().await {
-            let rev = match ev.event {
-                Some(Event::Snapshot(s)) => s.revision,
-                Some(Event::Delta(d)) => d.revision,
-                Some(Event::Heartbeat(h)) => h.revision,
-                None => continue,
-            };
-            let status = AgentStatus {
-                agent_id: "test-leader".into(),
-                network: "n".into(),
-                applied_revision: rev,
-                mode: Mode::Leader as i32,
-                ..Default::default()
-            };
-            let _ = c.report_status(status).await;
-        }
-    });
-    Site { engine, ironic, channel, stop: Some(tx), dir, inspector }
+    site_support::start(tag, ironic, tweak).await
 }
 
 impl Site {
@@ -194,24 +119,6 @@ impl Site {
             assert!(t.elapsed() < Duration::from_secs(15), "{node} never reached {want}: {:?}", self.state(node).await);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    async fn revision(&self) -> u64 {
-        PxeFilterClient::new(self.channel.clone())
-            .get_filter_state(GetFilterStateRequest { macs: vec![] })
-            .await
-            .unwrap()
-            .into_inner()
-            .revision
-    }
-
-    async fn allow_reasons(&self, mac: &str) -> Vec<String> {
-        let s = PxeFilterClient::new(self.channel.clone())
-            .get_filter_state(GetFilterStateRequest { macs: vec![mac.into()] })
-            .await
-            .unwrap()
-            .into_inner();
-        s.entries.into_iter().flat_map(|e| e.allow_reasons).collect()
     }
 
     /// What must not move while calls are refused: the filter revision, both nodes' inspection state, the rules,

@@ -25,30 +25,26 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod prop_support;
+mod site_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fake_ironic::{FakeIronic, Node, Port};
-use ironguard_controlplane::ControlPlaneConfig;
 use ironguard_controlplane::filter::MAX_MACS_PER_REQUEST;
-use ironguard_controlplane::inspection::engine::Engine;
 use ironguard_controlplane::inspection::machine::State;
 use ironguard_controlplane::inspection::records::{NodeRecord, Request};
 use ironguard_nft::MacAddr;
-use ironguard_proto::v1::inspection_client::InspectionClient;
-use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    AgentStatus, ContinueRequest, DataRequest, FilterState, GetFilterStateRequest, ListRequest, ListRulesRequest, Mode,
-    NodeRequest, Rule, RuleRequest, StartRequest, UpdatePxeFiltersRequest, WatchFiltersRequest, filter_event::Event,
+    ContinueRequest, DataRequest, FilterState, GetFilterStateRequest, ListRequest, ListRulesRequest, NodeRequest, Rule,
+    RuleRequest, StartRequest, UpdatePxeFiltersRequest,
 };
 use prop_support::{check, json, json_object, mutate, mutated_fixture, mutation, text};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tonic::Code;
-use tonic::transport::Channel;
 
 const DEFAULT_CASES: u32 = 128;
 const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proptest-regressions/prop_api.txt");
@@ -114,32 +110,11 @@ fn runtime(tag: &str) -> tokio::runtime::Runtime {
 
 // --- the site ---------------------------------------------------------------------------------------------------
 
-struct Site {
-    /// Names the site's directory and its runtime's threads.
-    tag: String,
-    engine: Arc<Engine>,
-    ironic: FakeIronic,
-    channel: Channel,
-    /// `http://127.0.0.1:PORT` of the ironic-inspector v1 REST API.
-    inspector: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use site_support::Site;
 
 fn node(uuid: &str, name: &str, state: &str, ip: &str) -> Node {
-    let mut n = Node::new(uuid);
+    let mut n = site_support::node(uuid, state, ip);
     n.name = Some(name.into());
-    n.provision_state = state.into();
-    n.driver_info.insert("ipmi_address".into(), json!(ip));
     n
 }
 
@@ -175,59 +150,12 @@ async fn site(tag: &str) -> Site {
     ironic.add_port(Port { address: MAC1.into(), node_uuid: N1.into(), ..Default::default() }).unwrap();
     ironic.add_node(node(N2, "node-2", "active", "10.0.0.2"));
     ironic.add_port(Port { address: MAC2.into(), node_uuid: N2.into(), ..Default::default() }).unwrap();
-    let mut c = ControlPlaneConfig::default();
-    c.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
-    c.grpc.insecure = true;
-    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
-    c.server.inspector_listen = Some("127.0.0.1:0".parse().unwrap());
-    c.server.heartbeat_secs = 1;
-    let dir = std::env::temp_dir().join(format!("ig-prop-api-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    c.store.data_dir = dir.clone();
-    c.ironic.url = ironic.url();
-    c.ironic.retries = 3;
-    c.ironic.retry_backoff_ms = 20;
-    c.inspection.workers = 2;
-    c.inspection.take_timeout_ms = 100;
-    c.inspection.request_lease_ms = 2000;
-    c.inspection.allow_timeout_secs = 5;
-    c.sync.ironic_sync_secs = 0;
-    c.sync.ironic_inspection = false;
-    // Every case posts to /v1/continue from 127.0.0.1: no rate limit in the way of the properties.
-    c.inspector_api.continue_rate_per_minute = 1_000_000;
-    c.inspector_api.continue_rate_burst = 1_000_000;
-    let server = ironguard_controlplane::serve(&c).await.unwrap();
-    let engine = server.engine.clone();
-    let inspector = format!("http://{}", server.inspector_addr.unwrap());
-    let url = format!("http://{}", server.grpc_addr);
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(server.run(async move {
-        let _ = rx.await;
-    }));
-    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
-    let ch = channel.clone();
-    tokio::spawn(async move {
-        let mut c = PxeFilterClient::new(ch);
-        let watch = WatchFiltersRequest { agent_id: "test-leader".into(), network: "n".into(), ..Default::default() };
-        let mut w = c.watch_filters(watch).await.unwrap().into_inner();
-        while let Ok(Some(ev)) = w.message().await {
-            let revision = match ev.event {
-                Some(Event::Snapshot(s)) => s.revision,
-                Some(Event::Delta(d)) => d.revision,
-                Some(Event::Heartbeat(h)) => h.revision,
-                None => continue,
-            };
-            let status = AgentStatus {
-                agent_id: "test-leader".into(),
-                network: "n".into(),
-                applied_revision: revision,
-                mode: Mode::Leader as i32,
-                ..Default::default()
-            };
-            let _ = c.report_status(status).await;
-        }
-    });
-    let s = Site { tag: tag.to_owned(), engine, ironic, channel, inspector, stop: Some(tx), dir };
+    let s = site_support::start(tag, ironic, |c, _| {
+        // Every case posts to /v1/continue from 127.0.0.1: no rate limit in the way of the properties.
+        c.inspector_api.continue_rate_per_minute = 1_000_000;
+        c.inspector_api.continue_rate_burst = 1_000_000;
+    })
+    .await;
     s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
     s.settle().await;
     let data = data_for(MAC1, "10.0.0.1").to_string();
@@ -276,14 +204,6 @@ impl Site {
     /// How many panics the site's threads have had.
     fn panics(&self) -> usize {
         panics(&self.tag)
-    }
-
-    fn insp(&self) -> InspectionClient<Channel> {
-        InspectionClient::new(self.channel.clone())
-    }
-
-    fn filters(&self) -> PxeFilterClient<Channel> {
-        PxeFilterClient::new(self.channel.clone())
     }
 
     async fn snapshot(&self) -> Snapshot {

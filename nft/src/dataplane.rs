@@ -24,6 +24,21 @@ pub struct ApplyReport {
     /// Wall time from building the batch to the last acknowledgement.
     #[serde(serialize_with = "micros")]
     pub elapsed: Duration,
+    /// Times the lease element was written again because the batch that carried it reached the kernel late
+    /// (its timeout counts from then): see [`crate::LEASE_APPLY_SLACK`].
+    pub lease_rewrites: u32,
+}
+
+impl ApplyReport {
+    /// Adds another batch's figures to this one.
+    pub fn add(&mut self, o: &ApplyReport) {
+        self.transactions += o.transactions;
+        self.messages += o.messages;
+        self.bytes += o.bytes;
+        self.elements += o.elements;
+        self.elapsed += o.elapsed;
+        self.lease_rewrites += o.lease_rewrites;
+    }
 }
 
 fn micros<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

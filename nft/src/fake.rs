@@ -59,7 +59,7 @@ impl FakeDataplane {
         st.committed = Some(next.clone());
         drop(st);
         self.committed = Some(next);
-        Ok(ApplyReport { transactions: 1, messages: 1, bytes: 0, elements, elapsed: Duration::ZERO })
+        Ok(ApplyReport { transactions: 1, messages: 1, bytes: 0, elements, elapsed: Duration::ZERO, lease_rewrites: 0 })
     }
 }
 
@@ -95,7 +95,14 @@ impl Dataplane for FakeDataplane {
         }
         st.transactions += 1;
         st.lease_until = until.filter(|u| *u > Instant::now());
-        Ok(ApplyReport { transactions: 1, messages: 2, bytes: 0, elements: 1, elapsed: Duration::ZERO })
+        Ok(ApplyReport {
+            transactions: 1,
+            messages: 2,
+            bytes: 0,
+            elements: 1,
+            elapsed: Duration::ZERO,
+            lease_rewrites: 0,
+        })
     }
 
     fn lease_until(&self) -> Option<Instant> {

@@ -2,9 +2,9 @@
 //! Dropping the value (or the process dying in any way) closes the socket and the kernel deletes the table;
 //! the guard then drops all DHCP/PXE traffic.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use tracing::{debug, info_span};
+use tracing::{debug, info_span, warn};
 
 use crate::NftError;
 use crate::dataplane::{ApplyReport, Dataplane};
@@ -23,7 +23,19 @@ pub struct KernelDataplane {
     /// The end of the kernel lease as last set (re-applied, with what remains of it, by a full rebuild).
     lease_until: Option<Instant>,
     inject_invalid: bool,
+    /// For tests: the next `.1` batches that carry the lease wait `.0` between computing its timeout and sending.
+    lease_write_delay: (Duration, u32),
 }
+
+/// A lease element's timeout counts from when the kernel applies its batch, not from when it was computed. A
+/// batch that took longer than this from computing the timeout to the kernel's acknowledgement (the agent was
+/// preempted, throttled by its cgroup's `cpu.max`, or paused in between) may have moved the lease past its
+/// deadline by as much: the lease is then written again with the time that is left, which a batch that is not
+/// itself late makes exact again.
+pub const LEASE_APPLY_SLACK: Duration = Duration::from_millis(5);
+/// Late lease writes in a row after which the lease is dropped instead (fail closed): an agent this starved cannot
+/// hold its fence to the deadline, and the next keep-alive writes it again.
+pub const LEASE_REWRITES: u32 = 3;
 
 /// Milliseconds left until `until`, rounded down (so the kernel never expires an element later than asked).
 fn remaining_ms(until: Option<Instant>, now: Instant) -> u64 {
@@ -34,7 +46,14 @@ impl KernelDataplane {
     /// Opens the owner socket. Fails with [`NftError::OwnedByOther`] if another process owns the table.
     pub fn open() -> Result<Self, NftError> {
         let sock = NetlinkSocket::open()?;
-        let dp = Self { sock, committed: None, capacity: (0, 0), lease_until: None, inject_invalid: false };
+        let dp = Self {
+            sock,
+            committed: None,
+            capacity: (0, 0),
+            lease_until: None,
+            inject_invalid: false,
+            lease_write_delay: (Duration::ZERO, 0),
+        };
         if let Some(tables) = observe::read_tables(&DumpSocket::open()?)? {
             if let Some(t) = tables.iter().find(|t| t.name == OWNED_TABLE) {
                 return Err(NftError::OwnedByOther {
@@ -66,9 +85,20 @@ impl KernelDataplane {
         self.inject_invalid = true;
     }
 
+    /// Makes the next `writes` batches that carry the lease wait `delay` after its timeout was computed, as a
+    /// starved agent does. For tests of [`LEASE_APPLY_SLACK`].
+    #[doc(hidden)]
+    pub fn delay_lease_writes(&mut self, delay: Duration, writes: u32) {
+        self.lease_write_delay = (delay, writes);
+    }
+
     fn commit(&mut self, mut tx: Tx, what: &str) -> Result<ApplyReport, NftError> {
         if tx.is_empty() {
             return Ok(ApplyReport::default());
+        }
+        if matches!(what, "lease" | "full") && self.lease_write_delay.1 > 0 {
+            self.lease_write_delay.1 -= 1;
+            std::thread::sleep(self.lease_write_delay.0);
         }
         if std::mem::take(&mut self.inject_invalid) {
             ruleset::add_invalid_object(&mut tx)?;
@@ -85,20 +115,60 @@ impl KernelDataplane {
             bytes: f.bytes.len(),
             elements: f.elements,
             elapsed: start.elapsed(),
+            lease_rewrites: 0,
         };
         debug!(elapsed_us = report.elapsed.as_micros() as u64, "committed");
         Ok(report)
+    }
+
+    /// After a batch that carried the lease (its timeout computed at `computed_at`) was acknowledged: while the
+    /// batch may have reached the kernel more than [`LEASE_APPLY_SLACK`] late, writes the lease again with what
+    /// is left until `until`; after [`LEASE_REWRITES`] late writes, drops it. `report` gains the extra batches.
+    fn settle_lease(
+        &mut self,
+        until: Option<Instant>,
+        mut computed_at: Instant,
+        mut report: ApplyReport,
+    ) -> Result<ApplyReport, NftError> {
+        loop {
+            let late = computed_at.elapsed();
+            if self.lease_until.is_none() || late <= LEASE_APPLY_SLACK {
+                return Ok(report);
+            }
+            let give_up = report.lease_rewrites >= LEASE_REWRITES;
+            warn!(
+                late_ms = late.as_millis() as u64,
+                rewrites = report.lease_rewrites,
+                "the kernel lease reached the kernel {} ms after its timeout was computed (the agent was starved or \
+                 preempted), so it may outlast the fence deadline by as much: {}",
+                late.as_millis(),
+                if give_up {
+                    "dropping it (DHCP closed until the next keep-alive)"
+                } else {
+                    "writing it again with the time left"
+                }
+            );
+            let config = &self.committed.as_ref().ok_or(NftError::NotInitialised)?.config;
+            computed_at = Instant::now();
+            let ms = if give_up { 0 } else { remaining_ms(until, computed_at) };
+            let tx = ruleset::lease_refresh(config, ms);
+            let r = self.commit(tx, "lease")?;
+            report.add(&r);
+            report.lease_rewrites += 1;
+            self.lease_until = until.filter(|_| ms > 0);
+        }
     }
 }
 
 impl Dataplane for KernelDataplane {
     fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError> {
-        let tx = ruleset::full_owned(desired, remaining_ms(self.lease_until, Instant::now()))?;
+        let at = Instant::now();
+        let tx = ruleset::full_owned(desired, remaining_ms(self.lease_until, at))?;
         let report = self.commit(tx, "full")?;
         self.committed = Some(desired.clone());
         self.capacity =
             (ruleset::set_capacity(desired.allow.len()) as usize, ruleset::set_capacity(desired.deny.len()) as usize);
-        Ok(report)
+        self.settle_lease(self.lease_until, at, report)
     }
 
     fn apply_delta(&mut self, delta: &Delta) -> Result<ApplyReport, NftError> {
@@ -137,15 +207,12 @@ impl Dataplane for KernelDataplane {
 
     fn refresh_lease(&mut self, until: Option<Instant>) -> Result<ApplyReport, NftError> {
         let config = &self.committed.as_ref().ok_or(NftError::NotInitialised)?.config;
-        let ms = remaining_ms(until, Instant::now());
+        let at = Instant::now();
+        let ms = remaining_ms(until, at);
         let tx = ruleset::lease_refresh(config, ms);
-        match self.commit(tx, "lease") {
-            Ok(r) => {
-                self.lease_until = until.filter(|_| ms > 0);
-                Ok(r)
-            }
-            Err(e) => Err(e),
-        }
+        let report = self.commit(tx, "lease")?;
+        self.lease_until = until.filter(|_| ms > 0);
+        self.settle_lease(until, at, report)
     }
 
     fn lease_until(&self) -> Option<Instant> {

@@ -33,7 +33,7 @@ pub mod script;
 pub use dataplane::{ApplyReport, Dataplane};
 pub use error::NftError;
 pub use fake::{FakeDataplane, FakeState};
-pub use kernel::KernelDataplane;
+pub use kernel::{KernelDataplane, LEASE_APPLY_SLACK, LEASE_REWRITES};
 pub use mac::{MacAddr, MacError};
 pub use model::{ConfigError, Delta, DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
 pub use observe::{

@@ -8,11 +8,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use proptest::prelude::*;
-use proptest::test_runner::{FileFailurePersistence, TestRunner};
 
 use crate::model::{DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
 use crate::monitor::guard_event;
@@ -28,22 +25,8 @@ const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proptest-regress
 
 /// Runs one property for `IRONGUARD_PROPTEST_CASES` cases (default [`DEFAULT_CASES`]) and prints how many ran.
 fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
-    let cases = std::env::var("IRONGUARD_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CASES);
-    let config = ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(REGRESSIONS))),
-        ..ProptestConfig::default()
-    };
-    let ran = AtomicU64::new(0);
-    let started = Instant::now();
-    let result = TestRunner::new(config).run(&strategy, |v| {
-        ran.fetch_add(1, Ordering::Relaxed);
-        test(v)
-    });
-    eprintln!("prop {name}: {} cases in {:.2} s", ran.load(Ordering::Relaxed), started.elapsed().as_secs_f64());
-    if let Err(e) = result {
-        panic!("prop {name}: {e}");
-    }
+    let cases = ironguard_propcheck::cases(ironguard_propcheck::CASES_VAR, DEFAULT_CASES);
+    ironguard_propcheck::check(REGRESSIONS, name, cases, strategy, test);
 }
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;

@@ -5,34 +5,16 @@
 //! Case count: `IRONGUARD_PROPTEST_CASES` (default below); `scripts/fuzz.sh` runs many more.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
-
 use ironguard_nft::MacAddr;
 use proptest::prelude::*;
-use proptest::test_runner::{FileFailurePersistence, TestRunner};
 
 const DEFAULT_CASES: u32 = 4000;
 const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proptest-regressions/prop_mac.txt");
 
 /// Runs one property for `IRONGUARD_PROPTEST_CASES` cases (default [`DEFAULT_CASES`]) and prints how many ran.
 fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
-    let cases = std::env::var("IRONGUARD_PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_CASES);
-    let config = ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(REGRESSIONS))),
-        ..ProptestConfig::default()
-    };
-    let ran = AtomicU64::new(0);
-    let started = Instant::now();
-    let result = TestRunner::new(config).run(&strategy, |v| {
-        ran.fetch_add(1, Ordering::Relaxed);
-        test(v)
-    });
-    eprintln!("prop {name}: {} cases in {:.2} s", ran.load(Ordering::Relaxed), started.elapsed().as_secs_f64());
-    if let Err(e) = result {
-        panic!("prop {name}: {e}");
-    }
+    let cases = ironguard_propcheck::cases(ironguard_propcheck::CASES_VAR, DEFAULT_CASES);
+    ironguard_propcheck::check(REGRESSIONS, name, cases, strategy, test);
 }
 
 /// The rule, written independently of the parser: six two-character hexadecimal octets, all separated by ':' or

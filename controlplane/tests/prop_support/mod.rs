@@ -4,45 +4,11 @@
 //! strings and empty containers.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
-
 use proptest::prelude::*;
 use proptest::sample::Index;
-use proptest::test_runner::{FileFailurePersistence, TestRunner};
 use serde_json::{Map, Number, Value};
 
-/// The number of cases: `var` if set (`IRONGUARD_PROPTEST_CASES` for the pure parsers,
-/// `IRONGUARD_PROPTEST_NET_CASES` for the tests that go over the network), else `default`.
-pub fn cases(var: &str, default: u32) -> u32 {
-    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// Runs one property for `cases` cases, persisting failures to `regressions` (a file under
-/// `tests/proptest-regressions/`), and prints `prop NAME: N cases in S s` (shown with `--nocapture`).
-pub fn check<S: Strategy>(
-    regressions: &'static str,
-    name: &str,
-    cases: u32,
-    strategy: S,
-    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) {
-    let config = ProptestConfig {
-        cases,
-        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(regressions))),
-        ..ProptestConfig::default()
-    };
-    let ran = AtomicU64::new(0);
-    let started = Instant::now();
-    let result = TestRunner::new(config).run(&strategy, |v| {
-        ran.fetch_add(1, Ordering::Relaxed);
-        test(v)
-    });
-    eprintln!("prop {name}: {} cases in {:.2} s", ran.load(Ordering::Relaxed), started.elapsed().as_secs_f64());
-    if let Err(e) = result {
-        panic!("prop {name}: {e}");
-    }
-}
+pub use ironguard_propcheck::{cases, check};
 
 /// The IPA-shaped fixtures the hooks' unit tests use.
 pub fn fixtures() -> Vec<Value> {

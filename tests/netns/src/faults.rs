@@ -127,19 +127,17 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
         Fault::Sigstop => {
             let agent = site.hosts[leader].agent.as_ref().ok_or("no agent")?;
             agent.signal(Signal::SIGSTOP);
-            lease_deadline = lease_end(&site.hosts[leader].ns);
             let pid = agent.pid();
             cleanup = Some(Box::new(move |_site: &mut HaSite| {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGCONT);
             }));
-            std::thread::sleep(2 * ttl);
+            lease_deadline = watch_lease_end(&site.hosts[leader].ns, 2 * ttl);
         }
         Fault::CpuStarve => {
             let pid = site.hosts[leader].agent.as_ref().ok_or("no agent")?.pid();
             let cg = Cgroup::cpu_starved(pid)?;
-            lease_deadline = lease_end(&site.hosts[leader].ns);
             cleanup = Some(Box::new(move |_site: &mut HaSite| cg.release(pid)));
-            std::thread::sleep(2 * ttl);
+            lease_deadline = watch_lease_end(&site.hosts[leader].ns, 2 * ttl);
         }
         Fault::Oom => {
             let pid = site.hosts[leader].agent.as_ref().ok_or("no agent")?.pid();
@@ -240,11 +238,26 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
     Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline })
 }
 
-/// When a host's kernel lease ends, read from its kernel now.
-fn lease_end(ns: &Netns) -> Option<Instant> {
-    let now = Instant::now();
-    let ms = crate::in_netns(ns, || ironguard_nft::observe(false).ok()?.owned?.lease_expires_in_ms())?;
-    Some(now + Duration::from_millis(ms))
+/// When a frozen or starved host's kernel lease ended: its kernel is read every 10 ms for `window` (a starved agent
+/// still runs now and then, and may move its lease after a keep-alive that succeeded), and the end is the one the
+/// kernel held when the lease was first seen gone. None if no live lease was ever read. Takes `window`.
+fn watch_lease_end(ns: &Netns, window: Duration) -> Option<Instant> {
+    let start = Instant::now();
+    let mut end = None;
+    while start.elapsed() < window {
+        let before = Instant::now();
+        // A failed read says nothing either way: only a read that succeeded moves the end or finds the lease gone.
+        if let Ok(observed) = crate::in_netns(ns, || ironguard_nft::observe(false)) {
+            match observed.owned.and_then(|t| t.lease_expires_in_ms()) {
+                Some(ms) => end = Some(before + Duration::from_millis(ms)),
+                None if end.is_some() => break,
+                None => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(window.saturating_sub(start.elapsed()));
+    end
 }
 
 /// Drops the host's outgoing TCP to these ports (a table of the test's own in the host's namespace).

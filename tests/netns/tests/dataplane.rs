@@ -500,6 +500,39 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
     assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_none(), "nobody is served after the lease's end");
 }
 
+/// A lease write that reaches the kernel late (the agent was starved between computing the element's timeout and
+/// sending it: the timeout counts from the kernel's apply) is written again with the time left, so the kernel's
+/// lease ends at the deadline and not a delay later; an agent late at every write drops the lease (closed).
+#[test]
+fn a_late_lease_write_is_corrected_to_the_deadline() {
+    let lan = PxeLan::new(1);
+    guard_install(&lan.pxe, "br0");
+    let (corrected, left_ms, until, gave_up, closed) = in_netns(&lan.pxe, || {
+        let mut dp = KernelDataplane::open().unwrap();
+        let cfg = RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
+        dp.apply(&DesiredState { config: cfg, mode: Mode::Leader, ..Default::default() }).unwrap();
+        // Late once by 400 ms: without the correction the element would end 400 ms after `until`.
+        dp.delay_lease_writes(Duration::from_millis(400), 1);
+        let until = Instant::now() + Duration::from_millis(1500);
+        let corrected = dp.refresh_lease(Some(until)).unwrap();
+        let read_at = Instant::now();
+        let left_ms = ironguard_nft::observe(false).unwrap().owned.unwrap().lease_expires_in_ms();
+        let until_ms = until.saturating_duration_since(read_at).as_millis() as u64;
+        // Late at every write: three rewrites, then the lease is dropped.
+        dp.delay_lease_writes(Duration::from_millis(20), 10);
+        let gave_up = dp.refresh_lease(Some(Instant::now() + Duration::from_secs(10))).unwrap();
+        let closed = !ironguard_nft::leader_rules_present().unwrap() && dp.lease_until().is_none();
+        (corrected, left_ms, until_ms, gave_up, closed)
+    });
+    assert_eq!(corrected.lease_rewrites, 1, "{corrected:?}");
+    let left_ms = left_ms.expect("the corrected lease is in the kernel");
+    // The kernel counts in ticks (4 ms at HZ 250) and the write itself takes a little: allow 10 ms.
+    assert!(left_ms <= until + 10, "the kernel lease ends {left_ms} ms from now, the deadline {until} ms from now");
+    assert!(left_ms + 100 >= until, "the corrected lease ({left_ms} ms) is not cut short of the deadline ({until} ms)");
+    assert_eq!(gave_up.lease_rewrites, ironguard_nft::LEASE_REWRITES + 1, "{gave_up:?}");
+    assert!(closed, "after {} late writes the lease is dropped", ironguard_nft::LEASE_REWRITES);
+}
+
 /// A frozen agent (SIGSTOP: a VM pause, a cgroup freeze) keeps its table but stops serving when its kernel lease
 /// runs out; thawed, it serves again by itself.
 #[test]

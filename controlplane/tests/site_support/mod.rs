@@ -1,0 +1,127 @@
+//! What the in-process site tests share: the control plane on loopback ports over the fake Ironic (real HTTP and
+//! gRPC), with the short timings the tests need, and a stand-in leader agent that follows `WatchFilters` and
+//! reports every revision it receives as applied (the real agent and kernel are in tests/netns).
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fake_ironic::{FakeIronic, Node};
+use ironguard_controlplane::ControlPlaneConfig;
+use ironguard_controlplane::inspection::engine::Engine;
+use ironguard_proto::v1::inspection_client::InspectionClient;
+use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
+use ironguard_proto::v1::{AgentStatus, GetFilterStateRequest, Mode, WatchFiltersRequest, filter_event::Event};
+use tonic::transport::Channel;
+
+pub struct Site {
+    /// Names the site's directory.
+    pub tag: String,
+    pub engine: Arc<Engine>,
+    pub ironic: FakeIronic,
+    pub channel: Channel,
+    /// `http(s)://127.0.0.1:PORT` of the ironic-inspector v1 REST API.
+    pub inspector: String,
+    /// The site's own directory (the store is in `store/` under it); removed when the site is dropped.
+    pub dir: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A node in `state` with an IPMI address.
+pub fn node(uuid: &str, state: &str, ip: &str) -> Node {
+    let mut n = Node::new(uuid);
+    n.provision_state = state.into();
+    n.driver_info.insert("ipmi_address".into(), serde_json::json!(ip));
+    n
+}
+
+/// Starts the control plane over `ironic`: gRPC without TLS, the inspector REST API on, heartbeats every second,
+/// two workers with short leases and retries, no periodic Ironic sync. `tweak` changes the configuration last and
+/// gets the site's directory (created empty, unique to `tag` and this process) for files it wants to point at.
+pub async fn start(tag: &str, ironic: FakeIronic, tweak: impl FnOnce(&mut ControlPlaneConfig, &Path)) -> Site {
+    let dir = std::env::temp_dir().join(format!("ig-cp-site-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = ControlPlaneConfig::default();
+    c.server.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+    c.grpc.insecure = true;
+    c.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+    c.server.inspector_listen = Some("127.0.0.1:0".parse().unwrap());
+    c.server.heartbeat_secs = 1;
+    c.store.data_dir = dir.join("store");
+    c.ironic.url = ironic.url();
+    c.ironic.retries = 3;
+    c.ironic.retry_backoff_ms = 20;
+    c.inspection.workers = 2;
+    c.inspection.take_timeout_ms = 100;
+    c.inspection.request_lease_ms = 2000;
+    c.inspection.allow_timeout_secs = 5;
+    c.sync.ironic_sync_secs = 0;
+    c.sync.ironic_inspection = false;
+    tweak(&mut c, &dir);
+    let server = ironguard_controlplane::serve(&c).await.unwrap();
+    let engine = server.engine.clone();
+    let scheme = if c.inspector_api.tls() { "https" } else { "http" };
+    let inspector = format!("{scheme}://{}", server.inspector_addr.unwrap());
+    let url = format!("http://{}", server.grpc_addr);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
+    tokio::spawn(stand_in_leader(channel.clone()));
+    Site { tag: tag.to_owned(), engine, ironic, channel, inspector, dir, stop: Some(tx) }
+}
+
+/// The leader agent's part: reports every revision it receives as applied.
+async fn stand_in_leader(channel: Channel) {
+    let mut c = PxeFilterClient::new(channel);
+    let watch = WatchFiltersRequest { agent_id: "test-leader".into(), network: "n".into(), ..Default::default() };
+    let mut w = c.watch_filters(watch).await.unwrap().into_inner();
+    while let Ok(Some(ev)) = w.message().await {
+        let revision = match ev.event {
+            Some(Event::Snapshot(s)) => s.revision,
+            Some(Event::Delta(d)) => d.revision,
+            Some(Event::Heartbeat(h)) => h.revision,
+            None => continue,
+        };
+        let status = AgentStatus {
+            agent_id: "test-leader".into(),
+            network: "n".into(),
+            applied_revision: revision,
+            mode: Mode::Leader as i32,
+            ..Default::default()
+        };
+        let _ = c.report_status(status).await;
+    }
+}
+
+impl Site {
+    pub fn insp(&self) -> InspectionClient<Channel> {
+        InspectionClient::new(self.channel.clone())
+    }
+
+    pub fn filters(&self) -> PxeFilterClient<Channel> {
+        PxeFilterClient::new(self.channel.clone())
+    }
+
+    /// The reasons `mac` is allowed for, as the control plane reports them.
+    pub async fn allow_reasons(&self, mac: &str) -> Vec<String> {
+        let s = self.filters().get_filter_state(GetFilterStateRequest { macs: vec![mac.into()] }).await.unwrap();
+        s.into_inner().entries.into_iter().flat_map(|e| e.allow_reasons).collect()
+    }
+
+    /// The filter state's revision.
+    pub async fn revision(&self) -> u64 {
+        self.filters().get_filter_state(GetFilterStateRequest { macs: vec![] }).await.unwrap().into_inner().revision
+    }
+}
