@@ -101,6 +101,32 @@ impl std::fmt::Display for Reason {
 }
 
 impl Reason {
+    /// What an operator can do about a host closed for this reason (or that nothing is needed), for the log line
+    /// that says the host failed closed.
+    pub fn next_step(&self) -> &'static str {
+        match self {
+            Reason::NoState | Reason::ControlPlaneLost(_) => {
+                "check that the control plane runs and is reachable from this host with the configured certificate \
+                 (systemctl status ironguard-controlplane; ironguardctl agents); the agent reopens when it has the \
+                 current filter state"
+            }
+            Reason::DhcpUnhealthy(_) => "check the DHCP service and the provisioning link on this host",
+            Reason::Partitioned(_) => {
+                "check etcd (etcdctl endpoint health) and this host's route to it; the agent campaigns again when its \
+                 session is back"
+            }
+            Reason::StoreAmnesia(_) => {
+                "nothing to do for DHCP (it reopens by itself); find out why etcd lost or rolled back its data"
+            }
+            Reason::StateRegressed { .. } => {
+                "check the control plane's store (ironguardctl agents shows the revisions)"
+            }
+            Reason::ApplyFailed => "see the kernel error logged before this line; the agent resyncs by itself",
+            Reason::ShuttingDown => "nothing: the agent is stopping and the guard keeps DHCP closed",
+            Reason::NotElected | Reason::Leading => "nothing",
+        }
+    }
+
     /// The label of the fail-closed counter for this reason, if it is one.
     fn cause(&self) -> Option<&'static str> {
         match self {
@@ -308,7 +334,7 @@ impl Daemon {
                 if let Some(cause) = reason.cause() {
                     self.metrics.fail_closed.get_or_create(&CauseLabel { cause }).inc();
                 }
-                warn!("{}", "failing closed: Blocked");
+                warn!(next_step = reason.next_step(), "failed closed: DHCP blocked on this host because {reason}");
             } else {
                 info!("mode switched");
             }
