@@ -25,8 +25,8 @@ const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proptest-regress
 
 /// Runs one property for `IRONGUARD_PROPTEST_CASES` cases (default [`DEFAULT_CASES`]) and prints how many ran.
 fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
-    let cases = ironguard_propcheck::cases(ironguard_propcheck::CASES_VAR, DEFAULT_CASES);
-    ironguard_propcheck::check(REGRESSIONS, name, cases, strategy, test);
+    let cases = ironguard_testkit::prop::cases(ironguard_testkit::prop::CASES_VAR, DEFAULT_CASES);
+    ironguard_testkit::prop::check(REGRESSIONS, name, cases, strategy, test);
 }
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;

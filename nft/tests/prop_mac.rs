@@ -13,8 +13,8 @@ const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proptest-r
 
 /// Runs one property for `IRONGUARD_PROPTEST_CASES` cases (default [`DEFAULT_CASES`]) and prints how many ran.
 fn check<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
-    let cases = ironguard_propcheck::cases(ironguard_propcheck::CASES_VAR, DEFAULT_CASES);
-    ironguard_propcheck::check(REGRESSIONS, name, cases, strategy, test);
+    let cases = ironguard_testkit::prop::cases(ironguard_testkit::prop::CASES_VAR, DEFAULT_CASES);
+    ironguard_testkit::prop::check(REGRESSIONS, name, cases, strategy, test);
 }
 
 /// The rule, written independently of the parser: six two-character hexadecimal octets, all separated by ':' or

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Map, Number, Value};
 
-pub use ironguard_propcheck::{cases, check};
+pub use ironguard_testkit::prop::{cases, check};
 
 /// The IPA-shaped fixtures the hooks' unit tests use.
 pub fn fixtures() -> Vec<Value> {

@@ -1,4 +1,4 @@
-//! The property-test runner ironguard's crates share. Case counts come from the environment, so CI runs a few
+//! The property-test runner. Case counts come from the environment, so CI runs a few
 //! thousand cases per pure property and `scripts/fuzz.sh` many more with the same tests:
 //! `IRONGUARD_PROPTEST_CASES` for the pure parsers and decoders, `IRONGUARD_PROPTEST_NET_CASES` for the
 //! properties that go over the network. A failing case is kept in the test's regressions file and replayed first.

@@ -1,0 +1,5 @@
+//! What the tests of ironguard's crates share: [`prop`], the property-test runner, and [`metrics`], the check that
+//! the alert rules and the dashboard in `packaging/` name only metrics a process exports.
+
+pub mod metrics;
+pub mod prop;
