@@ -33,12 +33,15 @@ pub struct ReasonChange {
     pub present: bool,
 }
 
-/// Reasons on one side of one MAC. The common reasons are bits, so the usual entry allocates nothing beyond its
-/// map slot (100k MACs known to Ironic cost a few MB, not tens); other reasons (`inspection:<node>`) are a list.
+/// Reasons on one side of one MAC, each with when it was added (Unix milliseconds; 0 for a reason stored before
+/// ironguard recorded times). The common reasons are bits with a fixed slot for their time, so the usual entry
+/// allocates nothing beyond its map slot (100k MACs known to Ironic cost a few MB, not tens); other reasons
+/// (`inspection:<node>`) are a list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reasons {
     common: u8,
-    other: Vec<Box<str>>,
+    common_since: [u64; COMMON_REASONS.len()],
+    other: Vec<(Box<str>, u64)>,
 }
 
 const COMMON_REASONS: [&str; 3] = [API, "ironic", "ironic-inspection"];
@@ -48,17 +51,25 @@ impl Reasons {
         self.common == 0 && self.other.is_empty()
     }
 
-    /// Adds a reason; true if it was new.
+    /// Adds a reason; true if it was new. A reason already present keeps the time it was first added.
     pub fn insert(&mut self, reason: &str) -> bool {
+        self.insert_at(reason, 0)
+    }
+
+    /// Adds a reason added at `since_ms` (Unix milliseconds); true if it was new.
+    pub fn insert_at(&mut self, reason: &str, since_ms: u64) -> bool {
         if let Some(i) = COMMON_REASONS.iter().position(|r| *r == reason) {
             let had = self.common & (1 << i) != 0;
-            self.common |= 1 << i;
+            if !had {
+                self.common |= 1 << i;
+                self.common_since[i] = since_ms;
+            }
             return !had;
         }
-        match self.other.binary_search_by(|r| (**r).cmp(reason)) {
+        match self.other.binary_search_by(|(r, _)| (**r).cmp(reason)) {
             Ok(_) => false,
             Err(at) => {
-                self.other.insert(at, reason.into());
+                self.other.insert(at, (reason.into(), since_ms));
                 true
             }
         }
@@ -69,9 +80,10 @@ impl Reasons {
         if let Some(i) = COMMON_REASONS.iter().position(|r| *r == reason) {
             let had = self.common & (1 << i) != 0;
             self.common &= !(1 << i);
+            self.common_since[i] = 0;
             return had;
         }
-        match self.other.binary_search_by(|r| (**r).cmp(reason)) {
+        match self.other.binary_search_by(|(r, _)| (**r).cmp(reason)) {
             Ok(at) => {
                 self.other.remove(at);
                 true
@@ -83,33 +95,52 @@ impl Reasons {
     pub fn contains(&self, reason: &str) -> bool {
         match COMMON_REASONS.iter().position(|r| *r == reason) {
             Some(i) => self.common & (1 << i) != 0,
-            None => self.other.binary_search_by(|r| (**r).cmp(reason)).is_ok(),
+            None => self.other.binary_search_by(|(r, _)| (**r).cmp(reason)).is_ok(),
         }
     }
 
     /// The reasons, common ones first.
     pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        self.with_since().map(|(r, _)| r)
+    }
+
+    /// The reasons with when each was added (Unix milliseconds; 0: not recorded), common ones first.
+    pub fn with_since(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
         COMMON_REASONS
             .iter()
             .enumerate()
             .filter(|(i, _)| self.common & (1 << i) != 0)
-            .map(|(_, r)| *r)
-            .chain(self.other.iter().map(|r| &**r))
+            .map(|(i, r)| (*r, self.common_since[i]))
+            .chain(self.other.iter().map(|(r, t)| (&**r, *t)))
     }
+}
+
+/// One stored reason: a bare string (no time recorded, as stored before times were kept) or with its time.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum StoredReason {
+    Bare(String),
+    Timed { reason: String, since_ms: u64 },
 }
 
 impl Serialize for Reasons {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.iter())
+        s.collect_seq(self.with_since().map(|(r, t)| match t {
+            0 => StoredReason::Bare(r.to_string()),
+            t => StoredReason::Timed { reason: r.to_string(), since_ms: t },
+        }))
     }
 }
 
 impl<'de> Deserialize<'de> for Reasons {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = Vec::<String>::deserialize(d)?;
+        let v = Vec::<StoredReason>::deserialize(d)?;
         let mut r = Reasons::default();
         for x in v {
-            r.insert(&x);
+            match x {
+                StoredReason::Bare(reason) => r.insert(&reason),
+                StoredReason::Timed { reason, since_ms } => r.insert_at(&reason, since_ms),
+            };
         }
         Ok(r)
     }
@@ -122,9 +153,17 @@ pub struct Entry {
     pub allow: Reasons,
     #[serde(default, skip_serializing_if = "Reasons::is_empty")]
     pub deny: Reasons,
+    /// The revision that last changed this MAC's membership of the effective sets (0: not recorded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub changed_revision: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Entry {
+    /// No reason on either side (the entry is deleted).
     pub fn is_empty(&self) -> bool {
         self.allow.is_empty() && self.deny.is_empty()
     }
@@ -166,12 +205,34 @@ impl FilterState {
     }
 }
 
+/// When a write happens: the time reasons it adds are stamped with, and the revision it creates if it changes
+/// any membership (the store's current revision + 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteStamp {
+    pub now_ms: u64,
+    pub next_revision: u64,
+}
+
+impl WriteStamp {
+    /// Now, for a store at `revision`.
+    pub fn now(revision: u64) -> Self {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Self { now_ms, next_revision: revision + 1 }
+    }
+}
+
 /// Applies reason changes to the entries they name (looked up with `get`), returning the new entries and the change
 /// in effective membership. `get` sees the state before this call; entries that end up empty are returned empty
-/// (the caller deletes them).
+/// (the caller deletes them). New reasons are stamped with `stamp.now_ms`, and MACs whose membership changes with
+/// `stamp.next_revision`. An entry is returned whenever its reasons changed, even if its membership did not: the
+/// caller persists it (without a new revision).
 pub fn apply_changes(
     get: &dyn Fn(&MacAddr) -> Option<Entry>,
     changes: &[ReasonChange],
+    stamp: WriteStamp,
 ) -> (BTreeMap<MacAddr, Entry>, Delta) {
     let mut touched: BTreeMap<MacAddr, (Entry, Entry)> = BTreeMap::new();
     for c in changes {
@@ -181,14 +242,14 @@ pub fn apply_changes(
         });
         let set = after.side_mut(c.side);
         if c.present {
-            set.insert(&c.reason);
+            set.insert_at(&c.reason, stamp.now_ms);
         } else {
             set.remove(&c.reason);
         }
     }
     let mut delta = Delta::default();
     let mut out = BTreeMap::new();
-    for (mac, (before, after)) in touched {
+    for (mac, (before, mut after)) in touched {
         match (before.allow.is_empty(), after.allow.is_empty()) {
             (true, false) => delta.allow_add.push(mac),
             (false, true) => delta.allow_remove.push(mac),
@@ -198,6 +259,9 @@ pub fn apply_changes(
             (true, false) => delta.deny_add.push(mac),
             (false, true) => delta.deny_remove.push(mac),
             _ => {}
+        }
+        if before.allow.is_empty() != after.allow.is_empty() || before.deny.is_empty() != after.deny.is_empty() {
+            after.changed_revision = stamp.next_revision;
         }
         if before != after {
             out.insert(mac, after);
@@ -298,7 +362,7 @@ mod tests {
         assert!(r.insert("inspection:b") && r.insert("api") && r.insert("inspection:a"));
         assert!(!r.insert("api"));
         assert_eq!(r.iter().collect::<Vec<_>>(), vec!["api", "inspection:a", "inspection:b"]);
-        let json = serde_json::to_string(&Entry { allow: r.clone(), deny: Reasons::default() }).unwrap();
+        let json = serde_json::to_string(&Entry { allow: r.clone(), ..Entry::default() }).unwrap();
         assert_eq!(json, r#"{"allow":["api","inspection:a","inspection:b"]}"#);
         let back: Entry = serde_json::from_str(&json).unwrap();
         assert_eq!(back.allow, r);
@@ -311,7 +375,7 @@ mod tests {
         let mut state: BTreeMap<MacAddr, Entry> = BTreeMap::new();
         let mut run = |changes: Vec<ReasonChange>| {
             let snapshot = state.clone();
-            let (updated, delta) = apply_changes(&|m| snapshot.get(m).cloned(), &changes);
+            let (updated, delta) = apply_changes(&|m| snapshot.get(m).cloned(), &changes, WriteStamp::now(0));
             for (m, e) in updated {
                 if e.is_empty() {
                     state.remove(&m);

@@ -14,7 +14,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, info_span};
 
-use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, apply_changes};
+use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, WriteStamp, apply_changes};
 use crate::store::mirror::Mirror;
 use crate::store::{Applied, Backend, FilterStore, Snapshot, StoreError};
 
@@ -170,7 +170,7 @@ fn writer(
             let m = mirror.read().unwrap_or_else(|e| e.into_inner());
             for req in &group {
                 let get = |mac: &MacAddr| overlay.get(mac).cloned().or_else(|| m.state.entries.get(mac).cloned());
-                let (updated, delta) = apply_changes(&get, &req.changes);
+                let (updated, delta) = apply_changes(&get, &req.changes, WriteStamp::now(revision));
                 overlay.extend(updated);
                 // A fresh store (revision 0) records its first policy, so revisions start at 1.
                 let new_policy = req.policy.filter(|p| revision == 0 || *p != policy);
@@ -222,7 +222,8 @@ fn commit(
     policy: UnknownMacPolicy,
     log_len: usize,
 ) -> Result<(), StoreError> {
-    if records.is_empty() {
+    // A change of reasons alone (a second allow reason, say) makes no revision but must survive a restart.
+    if records.is_empty() && overlay.is_empty() {
         return Ok(());
     }
     let w = db.begin_write().map_err(emb("begin a transaction"))?;

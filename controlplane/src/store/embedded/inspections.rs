@@ -459,8 +459,19 @@ mod tests {
         p
     }
 
+    /// Opens the store in `d`. A blocking commit task of a store just dropped may still hold the database for a
+    /// moment after its callers got their answers (a restart is a new process; here it is the same one): wait.
     fn open(d: &std::path::Path) -> EmbeddedInspections {
-        EmbeddedInspections::open(Arc::new(Database::create(d.join("t.redb")).unwrap())).unwrap()
+        for _ in 0..200 {
+            match Database::create(d.join("t.redb")) {
+                Ok(db) => return EmbeddedInspections::open(Arc::new(db)).unwrap(),
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                Err(e) => panic!("cannot open the test database: {e}"),
+            }
+        }
+        panic!("the test database stayed open for 2 s after its store was dropped")
     }
 
     /// A request's arguments travel apart from its queue entry and come back whole when it is taken; an entry

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, apply_changes};
+use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, WriteStamp, apply_changes};
 use crate::store::mirror::Mirror;
 use crate::store::{Applied, Backend, Counts, FilterStore, Snapshot, StoreError};
 
@@ -508,6 +508,8 @@ async fn commit(
         // No meta key yet: the settings this replica holds, never the built-in defaults.
         let mut meta = Meta { revision: 0, policy: floor.policy, epoch: String::new() };
         let mut current: BTreeMap<MacAddr, Entry> = BTreeMap::new();
+        // Each named entry's mod revision as read (absent: not there), for a write that makes no revision.
+        let mut entry_mods: BTreeMap<MacAddr, i64> = BTreeMap::new();
         for (i, r) in read.op_responses().into_iter().enumerate() {
             let TxnOpResponse::Get(g) = r else { continue };
             let Some(kv) = g.kvs().first() else { continue };
@@ -515,18 +517,31 @@ async fn commit(
                 meta_mod = kv.mod_revision();
                 meta = serde_json::from_slice(kv.value())
                     .map_err(|e| StoreError::corrupt(Backend::Etcd, format!("meta: {e}")))?;
-            } else if let Ok(e) = serde_json::from_slice::<Entry>(kv.value()) {
-                current.insert(macs[i - 1], e);
+            } else {
+                entry_mods.insert(macs[i - 1], kv.mod_revision());
+                if let Ok(e) = serde_json::from_slice::<Entry>(kv.value()) {
+                    current.insert(macs[i - 1], e);
+                }
             }
         }
         let found = (meta_mod != 0).then(|| meta.clone());
         if let Some(why) = forgot(floor, found.as_ref()) {
             return Err(StoreError::Amnesia(why));
         }
-        let (updated, delta) = apply_changes(&|m| current.get(m).cloned(), changes);
+        let (updated, delta) = apply_changes(&|m| current.get(m).cloned(), changes, WriteStamp::now(meta.revision));
         let new_policy = policy.filter(|p| meta.revision == 0 || *p != meta.policy);
         if delta.is_empty() && new_policy.is_none() {
-            return Ok(Applied { revision: meta.revision, record: None });
+            if updated.is_empty() {
+                return Ok(Applied { revision: meta.revision, record: None });
+            }
+            // Reasons changed but no membership (a second allow reason, say): no revision, but the entries must be
+            // stored, compared against the meta key and the entries as read so that no other write slips in between.
+            if write_reasons_only(c, keys, &updated, meta_mod, &entry_mods).await? {
+                return Ok(Applied { revision: meta.revision, record: None });
+            }
+            debug!(attempt, "another replica wrote first; retrying on the new state");
+            tokio::time::sleep(ironguard_coord::backoff(attempt.min(4), Duration::from_millis(200))).await;
+            continue;
         }
         let revision = meta.revision + 1;
         let record = RevisionDelta { revision, delta, policy: new_policy };
@@ -576,6 +591,40 @@ async fn commit(
         op: "commit to etcd",
         source: "too much contention (20 attempts)".into(),
     })
+}
+
+/// Stores entries whose reasons changed without a new revision, if the meta key is still at `meta_mod` and each
+/// entry at its mod revision in `entry_mods` (0 or absent: it does not exist). False: another write came first.
+async fn write_reasons_only(
+    c: &EtcdCoordinator,
+    keys: &Keys,
+    updated: &BTreeMap<MacAddr, Entry>,
+    meta_mod: i64,
+    entry_mods: &BTreeMap<MacAddr, i64>,
+) -> Result<bool, StoreError> {
+    let mut w: Vec<TxnOp> = Vec::with_capacity(updated.len());
+    for (mac, e) in updated {
+        if e.is_empty() {
+            w.push(TxnOp::delete(keys.entry(mac), None));
+        } else {
+            let v = serde_json::to_vec(e).map_err(|e| StoreError::corrupt(Backend::Etcd, e.to_string()))?;
+            w.push(TxnOp::put(keys.entry(mac), v, None));
+        }
+    }
+    let unchanged = |key: String, m: i64| match m {
+        0 => Compare::create_revision(key, CompareOp::Equal, 0),
+        m => Compare::mod_revision(key, CompareOp::Equal, m),
+    };
+    let mut guards = vec![unchanged(keys.meta.clone(), meta_mod)];
+    guards.extend(updated.keys().map(|mac| unchanged(keys.entry(mac), entry_mods.get(mac).copied().unwrap_or(0))));
+    let r = c
+        .retry("store reasons", |mut cl| {
+            let txn = Txn::new().when(guards.clone()).and_then(w.clone());
+            async move { cl.txn(txn).await }
+        })
+        .await
+        .map_err(etcd_err("store reasons"))?;
+    Ok(r.succeeded())
 }
 
 #[async_trait]

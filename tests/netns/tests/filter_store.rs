@@ -1,0 +1,110 @@
+//! The filter store's contract, run against both backends — the embedded store and a real etcd on loopback: a
+//! change of reasons that moves no MAC between sets makes no revision but is stored (a second allow reason must
+//! outlive the first, and survive a restart), each reason keeps the time it was added, and each entry the revision
+//! that last changed its membership (what `ironguardctl explain` reports).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ironguard_controlplane::filter::{ReasonChange, Side, api_changes};
+use ironguard_controlplane::store::FilterStore;
+use ironguard_netns_tests::etcd::EtcdProcess;
+use ironguard_nft::MacAddr;
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn inspection(mac: MacAddr, present: bool) -> Vec<ReasonChange> {
+    vec![ReasonChange { mac, side: Side::Allow, reason: "inspection:node-1".into(), present }]
+}
+
+/// Runs the contract on a store that `open` opens (again, for the restart) on the same durable state.
+async fn contract<F, Fut>(open: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn FilterStore>>,
+{
+    let mac: MacAddr = "52:54:00:44:00:01".parse().unwrap();
+    let t0 = now_ms();
+    let (api_since, allowed_at) = {
+        let s = open().await;
+        let a = s.apply(api_changes(&[mac.to_string()], &[], &[]).unwrap(), None).await.unwrap();
+        assert!(a.record.is_some(), "allowing a new MAC is a revision");
+        let r1 = a.revision;
+        // A second allow reason: no revision, but stored.
+        let b = s.apply(inspection(mac, true), None).await.unwrap();
+        assert_eq!((b.revision, b.record), (r1, None), "a second reason moves no MAC: no revision");
+        let e = wait_entry(s.as_ref(), mac, |e| e.allow.contains("inspection:node-1")).await;
+        let since: Vec<(String, u64)> = e.allow.with_since().map(|(r, t)| (r.to_string(), t)).collect();
+        assert_eq!(since.len(), 2, "{since:?}");
+        for (r, t) in &since {
+            assert!(*t >= t0 && *t <= now_ms(), "reason {r} stamped {t}, written after {t0}");
+        }
+        assert_eq!(e.changed_revision, r1, "the revision that allowed the MAC");
+        // Dropping the api reason keeps the MAC allowed by the inspection's reason.
+        let c = s.apply(api_changes(&[], &[], &[mac.to_string()]).unwrap(), None).await.unwrap();
+        assert_eq!((c.revision, c.record), (r1, None));
+        assert!(s.snapshot().allow.contains(&mac), "the inspection's reason still allows the MAC");
+        (since.iter().find(|(r, _)| r == "inspection:node-1").unwrap().1, r1)
+    };
+    // After a restart the reason, its time and the revision are still there.
+    let s = open().await;
+    let e = wait_entry(s.as_ref(), mac, |e| !e.allow.contains("api")).await;
+    assert_eq!(e.allow.with_since().collect::<Vec<_>>(), vec![("inspection:node-1", api_since)]);
+    assert_eq!(e.changed_revision, allowed_at);
+    assert!(s.snapshot().allow.contains(&mac));
+    // Dropping the last reason is a revision, recorded on the entry while it lives and in the log.
+    let d = s.apply(inspection(mac, false), None).await.unwrap();
+    assert_eq!(d.revision, allowed_at + 1);
+    assert_eq!(d.record.unwrap().delta.allow_remove, vec![mac]);
+    assert!(!s.snapshot().allow.contains(&mac));
+}
+
+/// The entry for `mac` once `ready` holds (the etcd backend's mirror follows its watch).
+async fn wait_entry(
+    s: &dyn FilterStore,
+    mac: MacAddr,
+    ready: impl Fn(&ironguard_controlplane::filter::Entry) -> bool,
+) -> ironguard_controlplane::filter::Entry {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (_, entries) = s.entries(&[mac]);
+        if let Some((_, e)) = entries.into_iter().next() {
+            if ready(&e) {
+                return e;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "the entry for {mac} never reached the expected state");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_keeps_every_reason_with_its_time() {
+    let dir = std::env::temp_dir().join(format!("ig-store-contract-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.clone();
+    contract(move || {
+        let d = d.clone();
+        async move { ironguard_controlplane::store::embedded::open(&d, 100).unwrap().filters }
+    })
+    .await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_store_keeps_every_reason_with_its_time() {
+    let etcd = EtcdProcess::start_loopback("store-contract");
+    let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
+    contract(move || {
+        let cfg = cfg.clone();
+        async move {
+            let c = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
+            ironguard_controlplane::store::etcd::open(c, 100).await.unwrap().filters
+        }
+    })
+    .await;
+    drop(etcd);
+}
