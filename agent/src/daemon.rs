@@ -253,6 +253,8 @@ struct Daemon {
     snapshots: u64,
     resumes: u64,
     status_tx: watch::Sender<AgentStatus>,
+    /// The end of the kernel lease as last written (Unix milliseconds; 0: none), for status reports.
+    lease_wall: Arc<AtomicU64>,
     resync_tx: watch::Sender<u64>,
     ready: Arc<AtomicBool>,
     why: Arc<Mutex<String>>,
@@ -302,6 +304,8 @@ impl Daemon {
     }
 
     fn record(&self, kind: &'static str, r: &Result<ironguard_nft::ApplyReport, NftError>) {
+        let until = self.lock().lease_until();
+        self.lease_wall.store(stream::unix_ms_of(until), Ordering::SeqCst);
         match r {
             Ok(rep) => {
                 self.metrics.apply_seconds.get_or_create(&KindLabel { kind }).observe(rep.elapsed.as_secs_f64());
@@ -458,6 +462,7 @@ impl Daemon {
             version: env!("CARGO_PKG_VERSION").to_string(),
             snapshots_applied: self.snapshots,
             resumes: self.resumes,
+            lease_until_unix_ms: self.lease_wall.load(Ordering::SeqCst),
         });
     }
 
@@ -867,7 +872,14 @@ pub async fn run(
     };
     let coord_task = tokio::spawn(coordinate(cfg.etcd.clone(), candidacy, want_lead_rx, coord_tx, coord_stop.clone()));
     let (status_tx, status_rx) = watch::channel(AgentStatus::default());
-    tokio::spawn(stream::report_loop(cfg.controlplane.clone(), status_rx, metrics.clone(), stop_rx.clone()));
+    let lease_wall = Arc::new(AtomicU64::new(0));
+    tokio::spawn(stream::report_loop(
+        cfg.controlplane.clone(),
+        status_rx,
+        lease_wall.clone(),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     let (health_tx, mut health_rx) = watch::channel(Health { healthy: false, detail: "not checked yet".into() });
     let hcfg = cfg.dhcp_health.clone();
     let links = cfg.dataplane.interfaces.clone();
@@ -912,6 +924,7 @@ pub async fn run(
         snapshots: 0,
         resumes: 0,
         status_tx,
+        lease_wall,
         resync_tx,
         ready,
         why,

@@ -131,10 +131,22 @@ pub async fn watch_loop(
     }
 }
 
-/// Sends the latest status on every change and every `report_interval`, to the first endpoint that answers.
+/// Unix milliseconds of an `Instant` (0 for `None` or one already past).
+pub fn unix_ms_of(at: Option<std::time::Instant>) -> u64 {
+    let Some(left) = at.and_then(|t| t.checked_duration_since(std::time::Instant::now())) else { return 0 };
+    std::time::SystemTime::now()
+        .checked_add(left)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Sends the latest status on every change and every `report_interval`, to the first endpoint that answers. Each
+/// report carries the kernel lease's end as last written (`lease`), read when the report is sent.
 pub async fn report_loop(
     cfg: ControlPlaneSection,
     mut status: watch::Receiver<AgentStatus>,
+    lease: Arc<std::sync::atomic::AtomicU64>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -149,7 +161,8 @@ pub async fn report_loop(
             r = status.changed() => if r.is_err() { return },
             _ = shutdown.changed() => return,
         }
-        let s = status.borrow_and_update().clone();
+        let mut s = status.borrow_and_update().clone();
+        s.lease_until_unix_ms = lease.load(std::sync::atomic::Ordering::SeqCst);
         for _ in 0..cfg.endpoints.len() {
             if client.is_none() {
                 let ep = &cfg.endpoints[idx % cfg.endpoints.len()];

@@ -10,6 +10,7 @@
 //! - [`inspector_api`]: the ironic-inspector v1 REST API (for ironic-python-agent and the OpenStack CLI).
 //! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, TLS, rate limits).
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`explain`]: `ExplainMac`, why a MAC gets DHCP or not on each PXE host.
 //! - [`config`]: TOML + environment + flags.
 //!
 //! [`serve`] binds the listeners and [`Server::run`] serves until the shutdown future resolves; tests call them
@@ -20,6 +21,7 @@ pub mod admin;
 pub mod agents;
 pub mod authz;
 pub mod config;
+pub mod explain;
 pub mod filter;
 pub mod http_access;
 pub mod inspection;
@@ -152,6 +154,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let authz = Arc::new(authz);
     let service = PxeFilterService {
+        engine: engine.clone(),
         authz: authz.clone(),
         stopping: stop_rx,
         store: store.clone(),

@@ -8,9 +8,9 @@ use futures::Stream;
 use ironguard_nft::{MacAddr, UnknownMacPolicy};
 use ironguard_proto::v1::pxe_filter_server::PxeFilter;
 use ironguard_proto::v1::{
-    self as pb, AgentStatus, FilterDelta, FilterEntry, FilterEvent, FilterSnapshot, FilterState, GetFilterStateRequest,
-    Heartbeat, ListAgentsRequest, ListAgentsResponse, ReportStatusResponse, UpdatePxeFiltersRequest,
-    UpdatePxeFiltersResponse, WatchFiltersRequest, filter_event::Event,
+    self as pb, AgentStatus, ExplainMacRequest, FilterDelta, FilterEntry, FilterEvent, FilterSnapshot, FilterState,
+    GetFilterStateRequest, Heartbeat, ListAgentsRequest, ListAgentsResponse, MacExplanation, ReportStatusResponse,
+    UpdatePxeFiltersRequest, UpdatePxeFiltersResponse, WatchFiltersRequest, filter_event::Event,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -24,6 +24,8 @@ use crate::store::{FilterStore, Snapshot};
 
 /// Shared by every request handler.
 pub struct PxeFilterService {
+    /// For `ExplainMac`: inspection records and the Ironic client.
+    pub engine: Arc<crate::inspection::engine::Engine>,
     /// Who may call what (checked first in every call).
     pub authz: Arc<crate::authz::Authz>,
     pub store: Arc<dyn FilterStore>,
@@ -269,5 +271,13 @@ impl PxeFilter for PxeFilterService {
             leaders,
             store_amnesia: self.store.amnesia().unwrap_or_default(),
         }))
+    }
+
+    async fn explain_mac(&self, request: Request<ExplainMacRequest>) -> Result<Response<MacExplanation>, Status> {
+        self.authz.operator(&request, "ExplainMac")?;
+        let mac = request.get_ref().mac.parse::<MacAddr>().map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let span = info_span!("explain_mac", %mac);
+        let out = crate::explain::explain(self.store.as_ref(), &self.agents, &self.engine, mac).instrument(span).await;
+        Ok(Response::new(out))
     }
 }

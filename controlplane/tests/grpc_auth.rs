@@ -13,8 +13,8 @@ use ironguard_proto::client::ClientAuth;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    AgentStatus, GetFilterStateRequest, ListAgentsRequest, ListRulesRequest, NodeRequest, Rule, StartRequest,
-    UpdatePxeFiltersRequest, WatchFiltersRequest,
+    AgentStatus, ExplainMacRequest, GetFilterStateRequest, ListAgentsRequest, ListRulesRequest, NodeRequest, Rule,
+    StartRequest, UpdatePxeFiltersRequest, WatchFiltersRequest,
 };
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use tonic::Code;
@@ -172,6 +172,7 @@ async fn operator_calls(site: &Site, auth: &ClientAuth) -> Result<Vec<Code>, Str
         code(f.update_pxe_filters(with(allow, &bearer)).await.map(|_| ())),
         code(f.get_filter_state(with(GetFilterStateRequest::default(), &bearer)).await.map(|_| ())),
         code(f.list_agents(with(ListAgentsRequest::default(), &bearer)).await.map(|_| ())),
+        code(f.explain_mac(with(ExplainMacRequest { mac: "52:54:00:bb:00:01".into() }, &bearer)).await.map(|_| ())),
         code(
             i.start(with(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }, &bearer))
                 .await
@@ -226,7 +227,8 @@ async fn operator_calls_need_an_operator_and_refusals_change_nothing() {
     // The operator, by certificate and by token: accepted (the rule is created, listed, deleted).
     let codes = operator_calls(&site, &site.auth(Some("operator"), None)).await.unwrap();
     assert_eq!(codes[0], Code::Ok, "UpdatePxeFilters by the operator: {codes:?}");
-    assert_eq!(&codes[5..], &[Code::Ok, Code::Ok, Code::Ok], "{codes:?}");
+    assert_eq!(codes[3], Code::Ok, "ExplainMac by the operator: {codes:?}");
+    assert_eq!(&codes[6..], &[Code::Ok, Code::Ok, Code::Ok], "{codes:?}");
     let codes = operator_calls(&site, &site.auth(None, Some(TOKEN))).await.unwrap();
     assert_eq!(codes[0], Code::Ok, "by token: {codes:?}");
     assert!(site.state().await.0 > before.0);

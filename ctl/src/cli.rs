@@ -126,6 +126,23 @@ pub enum Command {
         #[command(subcommand)]
         command: FiltersCommand,
     },
+    /// Does this MAC get DHCP now, on each PXE host, and why: its reasons (source, age), the revision that moved
+    /// it, each agent's mode, lease and deciding rule, the leader, the unknown-MAC policy and the Ironic or
+    /// inspection state behind the reasons.
+    Explain {
+        /// The MAC address.
+        #[arg(value_name = "MAC")]
+        mac: MacAddr,
+        /// Also read this host's kernel (works when the agent is dead) and judge the MAC there.
+        #[arg(long)]
+        local: bool,
+        /// With --local: read the kernel of this named network namespace.
+        #[arg(long, requires = "local")]
+        netns: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// The agents reporting to the control plane: mode, applied revision, DHCP health.
     Agents {
         /// Print JSON instead of text.

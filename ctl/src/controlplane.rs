@@ -6,9 +6,9 @@ use std::time::Duration;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, FilterState,
+    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, ExplainMacRequest, FilterState,
     GetFilterStateRequest, InspectionStatus, ListAgentsRequest, ListAgentsResponse, ListRequest, ListResponse,
-    ListRulesRequest, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest, StartResponse,
+    ListRulesRequest, MacExplanation, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest, StartResponse,
     UpdatePxeFiltersRequest, UpdatePxeFiltersResponse,
 };
 use tonic::transport::{Channel, Endpoint};
@@ -226,6 +226,11 @@ impl ControlPlane {
     ) -> Result<UpdatePxeFiltersResponse, ControlPlaneError> {
         let answer = self.client.update_pxe_filters(request).await;
         self.answer("UpdatePxeFilters", answer)
+    }
+
+    pub async fn explain_mac(&mut self, mac: &str) -> Result<MacExplanation, ControlPlaneError> {
+        let answer = self.client.explain_mac(ExplainMacRequest { mac: mac.to_string() }).await;
+        self.answer("ExplainMac", answer)
     }
 
     pub async fn list_agents(&mut self) -> Result<ListAgentsResponse, ControlPlaneError> {

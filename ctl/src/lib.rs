@@ -9,6 +9,8 @@
 //!   `ironguard.v1.Inspection`), with bounded waits and errors that name its URL.
 //! - [`filters`]: `ironguardctl filters show|allow|deny|remove`, the requests and the rendering of the answers.
 //! - [`agents`]: `ironguardctl agents`, the rendering of `ListAgents`.
+//! - [`explain`]: `ironguardctl explain MAC`, the rendering of `ExplainMac` and, with `--local`, the kernel's own
+//!   verdict for the MAC.
 //! - [`inspect`]: `ironguardctl inspect start|status|list|abort|reapply|data|continue|wait`, the rendering of the
 //!   `Inspection` answers and the check of `continue`'s document; [`inspect::wait`] is the polling loop of `wait`.
 //! - [`rules`]: `ironguardctl rules import|list|show|delete`, the rules file and the rendering of the answers.
@@ -23,6 +25,7 @@ pub mod agents;
 pub mod chains;
 pub mod cli;
 pub mod controlplane;
+pub mod explain;
 pub mod filters;
 pub mod inspect;
 pub mod netns;

@@ -12,6 +12,7 @@ use ironguardctl::agents::AgentsReport;
 use ironguardctl::chains::ChainsReport;
 use ironguardctl::cli::{Cli, Command, FiltersCommand, InspectCommand, RulesCommand, error_text};
 use ironguardctl::controlplane::{ControlPlane, Target};
+use ironguardctl::explain::ExplainReport;
 use ironguardctl::filters::{self, FilterAction, FilterStateReport, UpdateReport};
 use ironguardctl::inspect::wait::{self, WaitBounds};
 use ironguardctl::inspect::{self, InspectionReport, ListReport, NodeAction};
@@ -50,6 +51,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Filters { command } => block_on(filters(target?, command)),
         Command::Agents { json } => block_on(agents(target?, json)),
+        Command::Explain { mac, local, netns, json } => {
+            // The kernel first (no runtime, no socket yet); a failure to read it is an error of its own.
+            let local = if local { Some(ironguardctl::explain::local(netns, mac)?) } else { None };
+            block_on(explain(target?, mac, local, json))
+        }
         Command::Inspect { command } => block_on(inspect(target?, command)),
         Command::Rules { command } => block_on(rules(target?, command)),
     }
@@ -88,6 +94,30 @@ async fn filters(target: Target, command: FiltersCommand) -> anyhow::Result<Exit
     let answer = controlplane.update_filters(request.clone()).await?;
     print!("{}", UpdateReport::new(&request, action, answer).render());
     Ok(ExitCode::SUCCESS)
+}
+
+async fn explain(
+    target: Target,
+    mac: ironguard_nft::MacAddr,
+    local: Option<ironguardctl::explain::LocalReport>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let answer = match ControlPlane::connect(&target).await {
+        Ok(mut c) => c.explain_mac(&mac.to_string()).await.map_err(anyhow::Error::from),
+        Err(e) => Err(e.into()),
+    };
+    let (report, code) = match (answer, local) {
+        (Ok(a), local) => (ExplainReport::new(a, local), ExitCode::SUCCESS),
+        // The kernel's view still helps when the control plane is down; the exit code says it was incomplete.
+        (Err(e), Some(local)) => (ExplainReport::local_only(mac, local, error_text(&e)), ExitCode::from(2)),
+        (Err(e), None) => return Err(e),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(code)
 }
 
 async fn agents(target: Target, json: bool) -> anyhow::Result<ExitCode> {

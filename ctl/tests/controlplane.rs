@@ -70,6 +70,13 @@ impl PxeFilter for FakeControlPlane {
         }))
     }
 
+    async fn explain_mac(
+        &self,
+        _request: Request<ironguard_proto::v1::ExplainMacRequest>,
+    ) -> Result<Response<ironguard_proto::v1::MacExplanation>, Status> {
+        Err(Status::unimplemented("not in this fake"))
+    }
+
     async fn list_agents(&self, _request: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
         Ok(Response::new(ListAgentsResponse {
             current_revision: 42,

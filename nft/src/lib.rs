@@ -37,7 +37,7 @@ pub use kernel::{KernelDataplane, LEASE_APPLY_SLACK, LEASE_REWRITES};
 pub use mac::{MacAddr, MacError};
 pub use model::{ConfigError, Delta, DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
 pub use observe::{
-    Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, leader_rules_present, observe,
-    set_members,
+    MacDecision, MacInputs, Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, decide,
+    leader_rules_present, observe, set_members,
 };
 pub use ruleset::{GUARD_TABLE, LEASE_SET, OWNED_TABLE};

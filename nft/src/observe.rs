@@ -606,3 +606,146 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
     t.sets = sets;
     Ok(if interrupted { Dumped::Interrupted } else { Dumped::Complete })
 }
+
+/// What one host's tables do with one MAC's DHCP packets, as the inputs of [`decide`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MacInputs {
+    /// The guard table is present and drops unmarked DHCP.
+    pub guarded: bool,
+    /// The agent's table (None: absent — the agent is not running, or its table was deleted with its socket).
+    pub mode: Option<Mode>,
+    /// The leader's kernel lease is live (its marking rules match).
+    pub lease_live: bool,
+    pub in_allow: bool,
+    pub in_deny: bool,
+    pub policy: UnknownMacPolicy,
+}
+
+/// The rule that decides, and what it does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MacDecision {
+    /// The host's dnsmasq gets the packet.
+    pub served: bool,
+    /// The deciding rule's comment and where it sits, e.g. `ironguard:allow-mac (inet ironguard whitelist)`.
+    pub rule: String,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// The path a DHCP packet from (or, relayed, for) a MAC takes through the guard and the agent's table, as
+/// [`crate::ruleset`] builds them: pxe (blocked?) → whitelist (allow set, leader with a live lease) → blacklist
+/// (deny set, then the pass rule of a leader with unknown MACs allowed) → not marked → the guard drops what is not
+/// marked. For relayed requests the `-chaddr` twins of the allow/deny rules decide in the same places.
+pub fn decide(i: MacInputs) -> MacDecision {
+    let d = |served: bool, comment: &str, chain: &str, why: String| MacDecision {
+        served,
+        rule: format!("{comment} ({chain})"),
+        why,
+    };
+    let owned = |chain: &str| format!("inet {OWNED_TABLE} {chain}");
+    if !i.guarded {
+        return d(
+            true,
+            "none",
+            &format!("inet {GUARD_TABLE}"),
+            "the guard table is missing or does not drop: DHCP is UNFILTERED on this host".into(),
+        );
+    }
+    let guard_drop = |why: String| d(false, comments::GUARD_DROP, &format!("inet {GUARD_TABLE}"), why);
+    let Some(mode) = i.mode else {
+        return guard_drop("the agent's table is absent (agent not running): the guard drops all DHCP".into());
+    };
+    match mode {
+        Mode::Blocked => d(false, comments::BLOCKED, &owned("pxe"), "the agent is Blocked: it drops all DHCP".into()),
+        Mode::Leader if i.lease_live && i.in_allow => {
+            d(true, comments::ALLOW_MAC, &owned("whitelist"), "allowed: in the allow set of the leader".into())
+        }
+        _ if i.in_deny => d(false, comments::DENY_MAC, &owned("blacklist"), "denied: in the deny set".into()),
+        Mode::Leader if i.lease_live && i.policy == UnknownMacPolicy::Allow => {
+            d(true, comments::PASS, &owned("blacklist"), "unknown MAC, and the unknown-MAC policy allows it".into())
+        }
+        Mode::Leader if !i.lease_live => d(
+            false,
+            comments::NOT_MARKED,
+            &owned("pxe"),
+            "the leader's kernel lease has ended (fenced): its marking rules match nothing".into(),
+        ),
+        Mode::Leader => {
+            d(false, comments::NOT_MARKED, &owned("pxe"), "unknown MAC, and the unknown-MAC policy denies it".into())
+        }
+        Mode::Follower => d(
+            false,
+            comments::NOT_MARKED,
+            &owned("pxe"),
+            "this host is a follower: only the elected leader marks DHCP".into(),
+        ),
+    }
+}
+
+impl Observed {
+    /// The inputs of [`decide`] for `mac`, from what the kernel holds. Set members must have been read
+    /// (`observe(true)`); without them the MAC counts as in neither set.
+    pub fn mac_inputs(&self, mac: MacAddr) -> MacInputs {
+        let member = |t: &ObservedTable, k: SetKind| {
+            t.set(k.name()).and_then(|s| s.members.as_ref()).is_some_and(|m| m.contains(&mac))
+        };
+        let owned = self.owned.as_ref();
+        MacInputs {
+            guarded: self.guard.as_ref().is_some_and(|g| g.guard_drops()),
+            mode: owned.map(|t| t.mode()),
+            lease_live: owned.and_then(|t| t.lease_expires_in_ms()).is_some(),
+            in_allow: owned.is_some_and(|t| member(t, SetKind::AllowMac)),
+            in_deny: owned.is_some_and(|t| member(t, SetKind::DenyMac)),
+            policy: if owned.is_some_and(|t| t.has_pass_rule()) {
+                UnknownMacPolicy::Allow
+            } else {
+                UnknownMacPolicy::Deny
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod decide_tests {
+    use super::*;
+
+    fn inputs(mode: Option<Mode>) -> MacInputs {
+        MacInputs {
+            guarded: true,
+            mode,
+            lease_live: true,
+            in_allow: false,
+            in_deny: false,
+            policy: UnknownMacPolicy::Deny,
+        }
+    }
+
+    #[test]
+    fn only_a_leader_with_a_live_lease_serves_and_the_rule_is_named() {
+        let leader = inputs(Some(Mode::Leader));
+        let allowed = decide(MacInputs { in_allow: true, ..leader });
+        assert!(allowed.served && allowed.rule.starts_with(comments::ALLOW_MAC), "{allowed:?}");
+        // allowed and denied: the whitelist comes first
+        assert!(decide(MacInputs { in_allow: true, in_deny: true, ..leader }).served);
+        let denied = decide(MacInputs { in_deny: true, policy: UnknownMacPolicy::Allow, ..leader });
+        assert!(!denied.served && denied.rule.starts_with(comments::DENY_MAC), "{denied:?}");
+        let pass = decide(MacInputs { policy: UnknownMacPolicy::Allow, ..leader });
+        assert!(pass.served && pass.rule.starts_with(comments::PASS), "{pass:?}");
+        let closed = decide(leader);
+        assert!(!closed.served && closed.rule.starts_with(comments::NOT_MARKED), "{closed:?}");
+        for fenced in [
+            MacInputs { in_allow: true, lease_live: false, ..leader },
+            MacInputs { policy: UnknownMacPolicy::Allow, lease_live: false, ..leader },
+        ] {
+            let f = decide(fenced);
+            assert!(!f.served && f.why.contains("fenced"), "{f:?}");
+        }
+        for mode in [Some(Mode::Follower), Some(Mode::Blocked), None] {
+            let any = MacInputs { in_allow: true, policy: UnknownMacPolicy::Allow, ..inputs(mode) };
+            assert!(!decide(any).served, "{mode:?} never serves");
+        }
+        assert!(decide(MacInputs { mode: None, ..inputs(None) }).rule.starts_with(comments::GUARD_DROP));
+        let unguarded = decide(MacInputs { guarded: false, ..inputs(Some(Mode::Follower)) });
+        assert!(unguarded.served && unguarded.why.contains("UNFILTERED"), "{unguarded:?}");
+    }
+}

@@ -129,6 +129,18 @@ fn ironguards_own_inspection_drives_ironics_power_and_boot_device() {
     assert!(boot.is_some() && power.is_some() && boot < power, "PXE, then power on, in Ironic's log:\n{log}");
     assert!(dhcp_becomes(&site.lan.nodes[0], n, true, Duration::from_secs(10)), "the inspected node boots");
     assert!(dhcp(&site.lan.nodes[1], "eth0", other).is_none(), "the other node does not");
+    // `ironguardctl explain` says why, with the state behind each reason: ironguard's inspection record and the
+    // node Ironic owns the port of (asked now), and this host's kernel agrees.
+    let why: Value = serde_json::from_str(&site.ctl_ok(&["explain", &n.to_string(), "--local", "--json"])).unwrap();
+    assert!(why["decision"].as_str().unwrap().starts_with(&format!("allowed (inspection:{uuid})")), "{why:#}");
+    assert_eq!(why["local"]["served"], true, "{why:#}");
+    let nodes = why["nodes"].as_array().unwrap();
+    assert!(nodes.iter().any(|x| x["source"] == "ironguard inspection" && x["state"] == "waiting"), "{why:#}");
+    assert!(nodes.iter().any(|x| x["source"] == "ironic" && x["node"] == uuid.as_str() && x["name"] == "node-ig"));
+    let why: Value = serde_json::from_str(&site.ctl_ok(&["explain", &other.to_string(), "--json"])).unwrap();
+    assert_eq!(why["decision"], "denied (ironic)", "{why:#}");
+    let ironic = why["nodes"].as_array().unwrap().iter().find(|x| x["source"] == "ironic").expect("Ironic asked");
+    assert_eq!((ironic["name"].as_str(), ironic["state"].as_str()), (Some("node-other"), Some("manageable")));
 
     let (ok, reply, err) =
         ipa_callback(&site.lan.nodes[0], "10.77.0.50", &site.lan.dir, &ipa_inventory(&[n], "10.1.39.50"));

@@ -1,0 +1,136 @@
+//! `ironguardctl explain MAC` across HA: three PXE hosts with real agents, dnsmasq and etcd, two control-plane
+//! replicas. The answer is checked against what really happens — a real DHCP exchange and each host's kernel read
+//! with `--local` — for an unknown MAC, an allowed one, a denied one, and after the leader stops.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ironguard_netns_tests::ha::*;
+use ironguard_netns_tests::*;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+const NODE_MAC: &str = "52:54:00:45:00:01";
+const CP: &str = "https://10.90.0.1:9110";
+
+/// `ironguardctl explain` from the management namespace (through the second replica: any replica answers).
+fn explain(site: &HaSite, extra: &[&str]) -> Value {
+    let mut args = vec!["--controlplane", CP, "explain", NODE_MAC, "--json"];
+    args.extend(extra);
+    let out = run_ok(ctl_cmd(&site.mgmt).args(&args));
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// `explain --local --netns` of host `i`'s namespace: the kernel's own verdict there.
+fn local(site: &HaSite, i: usize) -> Value {
+    explain(site, &["--local", "--netns", site.hosts[i].ns.name()])["local"].clone()
+}
+
+fn host(j: &Value, i: usize) -> &Value {
+    j["hosts"].as_array().unwrap().iter().find(|h| h["agent"]["agent_id"] == format!("pxe-{i}")).expect("host listed")
+}
+
+fn ctl_ok(site: &HaSite, args: &[&str]) {
+    let mut all = vec!["--controlplane", CP];
+    all.extend(args);
+    run_ok(ctl_cmd(&site.mgmt).args(&all));
+}
+
+/// Waits until the explanation satisfies `ready` (the agents apply and report asynchronously).
+fn explain_until(site: &HaSite, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    wait_for(Duration::from_secs(15), || Some(explain(site, &[])).filter(|j| ready(j)))
+        .unwrap_or_else(|| panic!("{what}; last answer: {:#}", explain(site, &[])))
+}
+
+#[test]
+fn explain_answers_per_host_and_matches_the_kernel_and_real_dhcp() {
+    let site = HaSite::with_options(HaOptions { policy: "deny", ..Default::default() });
+    let (leader, _) = site.wait_leader(None, Duration::from_secs(15)).expect("a leader is elected");
+    let follower = (leader + 1) % 3;
+
+    // Unknown MAC, unknown-MAC policy deny: nobody serves it, and the leader's rule says why.
+    let j = explain_until(&site, "three agents reported", |j| {
+        j["hosts"].as_array().is_some_and(|h| h.len() == 3) && host(j, leader)["agent"]["elected"] == true
+    });
+    assert!(j["decision"].as_str().unwrap().starts_with("unknown MAC"), "{j:#}");
+    assert_eq!(j["unknown_mac_policy"], "deny");
+    assert_eq!(j["served_anywhere"], false, "{j:#}");
+    assert_eq!(j["coordination"], "etcd");
+    let l = host(&j, leader);
+    assert!(l["rule"].as_str().unwrap().starts_with("ironguard:not-marked"), "{l:#}");
+    assert!(l["why"].as_str().unwrap().contains("unknown-MAC policy denies"), "{l:#}");
+    assert!(l["lease_until_unix_ms"].as_u64().is_some(), "the leader reports its kernel lease: {l:#}");
+    assert!(host(&j, follower)["why"].as_str().unwrap().contains("follower"), "{j:#}");
+    assert!(site.dhcp(0, mac(NODE_MAC)).is_none(), "no lease for an unknown MAC");
+
+    // Allowed: exactly the elected leader serves it, with the allow rule, as DHCP and its kernel confirm.
+    let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    ctl_ok(&site, &["filters", "allow", NODE_MAC]);
+    let j = explain_until(&site, "the allowed MAC is served", |j| j["served_anywhere"] == true);
+    let served: Vec<&Value> = j["hosts"].as_array().unwrap().iter().filter(|h| h["served"] == true).collect();
+    assert_eq!(served.len(), 1, "exactly one host serves: {j:#}");
+    assert_eq!(served[0]["agent"]["agent_id"], format!("pxe-{leader}"));
+    assert!(served[0]["rule"].as_str().unwrap().starts_with("ironguard:allow-mac"), "{j:#}");
+    assert_eq!(j["allow"][0]["reason"], "api");
+    assert!(j["allow"][0]["source"].as_str().unwrap().contains("operator"), "{j:#}");
+    let since = j["allow"][0]["since_unix_ms"].as_u64().unwrap();
+    assert!(since >= before.saturating_sub(1000) && since <= before + 60_000, "since {since}, allowed at {before}");
+    assert!(j["changed_revision"].as_u64().unwrap() > 0 && j["changed_revision"] == j["revision"], "{j:#}");
+    // The text an operator reads: one line per host, the leader's says YES and names the rule.
+    let text = run_ok(ctl_cmd(&site.mgmt).args([
+        "--controlplane",
+        CP,
+        "explain",
+        NODE_MAC,
+        "--local",
+        "--netns",
+        site.hosts[leader].ns.name(),
+    ]));
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    eprintln!("{text}");
+    assert!(text.starts_with(&format!("MAC {NODE_MAC}: allowed (api)")), "{text}");
+    let line = text.lines().find(|l| l.contains(&format!("pxe-{leader} *"))).expect("the elected host's line");
+    assert!(line.contains("LEADER") && line.contains("YES") && line.contains("ironguard:allow-mac"), "{line}");
+    assert!(text.contains("this host's kernel") && text.contains("SERVED"), "{text}");
+    let lease = site.dhcp(0, mac(NODE_MAC)).expect("the allowed MAC gets a lease");
+    assert_eq!(lease.server_id, site.hosts[leader].ip, "from the host explain named");
+    let k = local(&site, leader);
+    assert_eq!((k["served"].as_bool(), k["in_allow"].as_bool()), (Some(true), Some(true)), "{k:#}");
+    assert!(k["rule"].as_str().unwrap().starts_with("ironguard:allow-mac"), "{k:#}");
+    let k = local(&site, follower);
+    assert_eq!(k["served"], false, "{k:#}");
+    assert!(k["rule"].as_str().unwrap().starts_with("ironguard:not-marked"), "{k:#}");
+
+    // Denied: the deny rule decides on every host; no lease.
+    ctl_ok(&site, &["filters", "deny", NODE_MAC]);
+    let j = explain_until(&site, "the denied MAC is denied everywhere", |j| {
+        j["hosts"].as_array().unwrap().iter().all(|h| h["in_deny"] == true)
+    });
+    assert_eq!(j["decision"], "denied (api)");
+    assert_eq!(j["served_anywhere"], false);
+    for h in j["hosts"].as_array().unwrap() {
+        assert!(h["rule"].as_str().unwrap().starts_with("ironguard:deny-mac"), "{h:#}");
+    }
+    assert!(site.dhcp(0, mac(NODE_MAC)).is_none(), "no lease for a denied MAC");
+    assert!(local(&site, leader)["rule"].as_str().unwrap().starts_with("ironguard:deny-mac"));
+
+    // The leader stops: another host takes over and serves the (again allowed) MAC; the stopped host's kernel
+    // drops it at the guard.
+    ctl_ok(&site, &["filters", "allow", NODE_MAC]);
+    let mut site = site;
+    signal_agent(&mut site.hosts[leader], Signal::SIGTERM).expect("the agent exits on SIGTERM");
+    let (next, _) = site.wait_leader(Some(leader), Duration::from_secs(15)).expect("a successor leads");
+    let j = explain_until(&site, "the successor serves the MAC", |j| {
+        host(j, next)["served"] == true && host(j, leader)["served"] == false
+    });
+    assert_eq!(j["hosts"].as_array().unwrap().iter().filter(|h| h["served"] == true).count(), 1, "{j:#}");
+    let k = local(&site, leader);
+    assert_eq!(k["served"], false);
+    assert!(k["rule"].as_str().unwrap().starts_with("ironguard-guard:drop-unmarked"), "{k:#}");
+    assert_eq!(site.dhcp(0, mac(NODE_MAC)).expect("a lease from the successor").server_id, site.hosts[next].ip);
+
+    // A malformed MAC is a usage error before anything is asked.
+    let out = ctl_cmd(&site.mgmt).args(["--controlplane", CP, "explain", "52:54:00:zz:00:01"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("52:54:00:zz:00:01"));
+}
