@@ -769,11 +769,7 @@ fn report(args: &Args, nodes: &[Node], m: &Measured, enroll: Duration, counts: &
         anyhow::ensure!(fin > 0, "{} is finished without finished_at_ms", node.uuid);
         let d = fin as f64 - c.sent_ms;
         to_finished.push(Duration::from_secs_f64(d.max(0.0) / 1e3));
-        per_node.push(json!({
-            "name": node.name, "uuid": node.uuid, "mac": node.mac.to_string(), "bmc": node.bmc,
-            "sent_ms": c.sent_ms, "reply_ms": ms(c.reply), "status": c.status,
-            "finished_at_ms": fin, "callback_to_finished_ms": d,
-        }));
+        per_node.push(callback_json(node, c, fin));
     }
     let replies = Samples::new(m.callbacks.iter().map(|c| c.reply).collect());
     let to_finished = Samples::new(to_finished);
@@ -881,9 +877,8 @@ fn report(args: &Args, nodes: &[Node], m: &Measured, enroll: Duration, counts: &
         "enroll_ms": ms(enroll),
         "starts_accepted_ms": ms(m.starts_accepted),
         "all_waiting_ms": ms(m.all_waiting),
-        "reply_ms": {"p50": ms(replies.median()), "p99": ms(replies.percentile(99.0)), "max": ms(replies.percentile(100.0))},
-        "callback_to_finished_ms": {"p50": ms(to_finished.median()), "p99": ms(to_finished.percentile(99.0)),
-                                    "max": ms(to_finished.percentile(100.0))},
+        "reply_ms": latency_json(&replies),
+        "callback_to_finished_ms": latency_json(&to_finished),
         "all_finished_wall_ms": ms(wall),
         "polled_all_finished_ms": ms(m.polled_all_finished),
         "inspections_per_second": per_second,
@@ -913,11 +908,48 @@ fn report(args: &Args, nodes: &[Node], m: &Measured, enroll: Duration, counts: &
         "callbacks": per_node,
     });
     crate::write_json(&args.json, &out)?;
+    crate::write_chart(&args.json, crate::plot::Kind::Callbacks, &out);
     anyhow::ensure!(
         events == n,
         "the control plane logged {events} `processed` events for {n} callbacks (see its log)"
     );
     Ok(())
+}
+
+/// One entry of `callbacks` (the chart reads `reply_ms` and `callback_to_finished_ms`).
+fn callback_json(node: &Node, c: &Callback, finished_at_ms: u64) -> Value {
+    json!({
+        "name": node.name, "uuid": node.uuid, "mac": node.mac.to_string(), "bmc": node.bmc,
+        "sent_ms": c.sent_ms, "reply_ms": ms(c.reply), "status": c.status,
+        "finished_at_ms": finished_at_ms, "callback_to_finished_ms": finished_at_ms as f64 - c.sent_ms,
+    })
+}
+
+/// `reply_ms` / `callback_to_finished_ms`: p50, p99 and max (the chart marks them on its curves).
+fn latency_json(s: &Samples) -> Value {
+    json!({"p50": ms(s.median()), "p99": ms(s.percentile(99.0)), "max": ms(s.percentile(100.0))})
+}
+
+/// The parts of the JSON that the chart reads, built as `report` builds them: one callback per (reply latency,
+/// callback → finished) pair, whole milliseconds for the latter (Ironic's `finished_at` is in ms).
+#[cfg(test)]
+pub(crate) fn sample_json(samples: &[(Duration, u64)]) -> Value {
+    let sent = 1_750_000_000_000.0;
+    let mut per_node = Vec::new();
+    for (i, &(reply, to_finished_ms)) in samples.iter().enumerate() {
+        let mac = crate::stats::macs(samples.len(), MAC_TAG)[i];
+        let node = Node { name: format!("bench-{i}"), uuid: format!("uuid-{i}"), mac, bmc: format!("10.0.0.{i}") };
+        let c = Callback { node: i, sent_ms: sent, reply, status: 200, body: String::new() };
+        per_node.push(callback_json(&node, &c, sent as u64 + to_finished_ms));
+    }
+    let replies = Samples::new(samples.iter().map(|s| s.0).collect());
+    let to_finished = Samples::new(samples.iter().map(|s| Duration::from_millis(s.1)).collect());
+    json!({
+        "ironic_version": "39.0.0", "nodes": samples.len(), "concurrency": 50, "workers": 2,
+        "reply_ms": latency_json(&replies),
+        "callback_to_finished_ms": latency_json(&to_finished),
+        "callbacks": per_node,
+    })
 }
 
 fn usage_json(u: Usage) -> Value {

@@ -127,10 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             nft: Some(nf.median()),
             note: format!("median of {}", ig.len()),
         });
-        loads.push(
-            json!({"macs": n, "elements": 2 * (n + 10), "ironguard_ms": ms(ig.median()), "nft_f_ms": ms(nf.median()),
-            "ratio": ms(ig.median()) / ms(nf.median()), "reps": ig.len()}),
-        );
+        loads.push(full_load_json(n, &ig, &nf));
     }
     results.insert("full_load".into(), json!(loads));
 
@@ -261,8 +258,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let per_mac_last = last_100 / 100.min(ipt_macs.len()).max(1) as u32;
     results.insert(
         "iptables_per_mac".into(),
-        json!({"macs": ipt_macs.len(), "total_ms": ms(ipt_total), "per_mac_ms": ms(per_mac),
-            "per_mac_last_100_ms": ms(per_mac_last), "version": ipt_version}),
+        iptables_json(ipt_macs.len(), ipt_total, per_mac, per_mac_last, &ipt_version),
     );
     let ig_per_mac =
         loads.iter().find(|l| l["macs"] == json!(1000)).and_then(|l| l["ironguard_ms"].as_f64()).map(|v| v / 1000.0);
@@ -305,9 +301,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     results.insert("kernel".into(), json!(kernel));
     results.insert("nft_version".into(), json!(nft_version));
-    crate::write_json(&args.json, &serde_json::Value::Object(results))?;
+    let results = serde_json::Value::Object(results);
+    crate::write_json(&args.json, &results)?;
+    crate::write_chart(&args.json, crate::plot::Kind::Dataplane, &results);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// One entry of `full_load`: the medians of ironguard's and `nft -f`'s loads of `n` MACs (the chart reads `macs`,
+/// `ironguard_ms`, `nft_f_ms` and `reps`).
+pub(crate) fn full_load_json(n: usize, ironguard: &Samples, nft_f: &Samples) -> serde_json::Value {
+    json!({"macs": n, "elements": 2 * (n + 10), "ironguard_ms": ms(ironguard.median()), "nft_f_ms": ms(nft_f.median()),
+        "ratio": ms(ironguard.median()) / ms(nft_f.median()), "reps": ironguard.len()})
+}
+
+/// `iptables_per_mac`: `macs` MACs added with one iptables process each, in `total` (the chart reads `macs`,
+/// `total_ms`, `per_mac_ms`, `per_mac_last_100_ms` and `version`).
+pub(crate) fn iptables_json(
+    macs: usize,
+    total: Duration,
+    per_mac: Duration,
+    per_mac_last_100: Duration,
+    version: &str,
+) -> serde_json::Value {
+    json!({"macs": macs, "total_ms": ms(total), "per_mac_ms": ms(per_mac),
+        "per_mac_last_100_ms": ms(per_mac_last_100), "version": version})
 }
 
 /// Loads `s`, then times `reps` Follower -> Leader switches.

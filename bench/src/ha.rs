@@ -72,9 +72,11 @@ fn fence_to_stop(samples: &[Vec<(Instant, Instant, bool)>], round: &Round) -> Op
     Some(if stop >= deadline { ms(stop - deadline) } else { -ms(deadline - stop) })
 }
 
-struct FaultResult {
+pub(crate) struct FaultResult {
     fault: Fault,
     gaps: Samples,
+    /// The same gaps in round order (the JSON's `gaps_ms`).
+    gaps_in_order: Vec<Duration>,
     dual_ms: f64,
     doubles: usize,
     unknown_offers: usize,
@@ -115,17 +117,53 @@ fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
     let samples = watcher.finish_raw();
     let runs = certain_runs(&samples);
     let open = site_open(&runs);
-    let gaps = done.iter().map(|(r, end)| serving_gap(&open, r, *end)).collect();
+    let gaps: Vec<Duration> = done.iter().map(|(r, end)| serving_gap(&open, r, *end)).collect();
     let dual_ms = dual_open(&runs).iter().map(|(_, _, d)| ms(*d)).sum::<f64>() + 0.0;
     Ok(FaultResult {
         fault,
-        gaps: Samples::new(gaps),
+        gaps: Samples::new(gaps.clone()),
+        gaps_in_order: gaps,
         dual_ms,
         doubles: known.iter().filter(|(_, s)| s.len() > 1).count(),
         unknown_offers: unknown.iter().filter(|(_, s)| !s.is_empty()).count(),
         discovers: known.len(),
         fence_to_stop: done.iter().filter_map(|(r, _)| fence_to_stop(&samples, r)).collect(),
     })
+}
+
+impl FaultResult {
+    /// Kernel stop − lease end of each round that has one, sorted.
+    fn fence_to_stop_sorted(&self) -> Vec<f64> {
+        let mut f2s = self.fence_to_stop.clone();
+        f2s.sort_by(f64::total_cmp);
+        f2s
+    }
+
+    /// The fault's entry of the JSON (the chart reads `rounds`, `gap_p50_ms`, `gap_p99_ms`, `gap_max_ms` and
+    /// `gaps_ms`: every round's gap, in round order).
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        let g = &self.gaps;
+        json!({"rounds": g.len(), "gap_p50_ms": ms(g.median()), "gap_p99_ms": ms(g.percentile(99.0)),
+            "gap_max_ms": ms(g.percentile(100.0)), "dual_open_ms": self.dual_ms, "double_offers": self.doubles,
+            "unknown_offers": self.unknown_offers, "discovers": self.discovers,
+            "kernel_stop_minus_lease_end_ms": self.fence_to_stop_sorted(),
+            "gaps_ms": self.gaps_in_order.iter().map(|d| ms(*d)).collect::<Vec<_>>()})
+    }
+
+    /// A result as `run_fault` makes one, with these gaps (round order) and nothing else seen.
+    #[cfg(test)]
+    pub(crate) fn sample(fault: Fault, gaps: Vec<Duration>) -> Self {
+        Self {
+            fault,
+            gaps: Samples::new(gaps.clone()),
+            gaps_in_order: gaps,
+            dual_ms: 0.0,
+            doubles: 0,
+            unknown_offers: 0,
+            discovers: 40,
+            fence_to_stop: vec![],
+        }
+    }
 }
 
 fn goal(f: Fault) -> String {
@@ -205,8 +243,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut out = serde_json::Map::new();
     let mut violations = 0.0;
     for r in &results {
-        let mut f2s = r.fence_to_stop.clone();
-        f2s.sort_by(f64::total_cmp);
+        let f2s = r.fence_to_stop_sorted();
         let pick = |p: f64| f2s.get(((f2s.len() as f64 - 1.0) * p).round() as usize).copied();
         let f2s_text = match (pick(0.5), pick(0.99), f2s.last()) {
             (Some(a), Some(b), Some(c)) => format!("{a:+.1} / {b:+.1} / {c:+.1} ms"),
@@ -225,12 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             goal(r.fault)
         );
         violations += r.dual_ms + (r.doubles + r.unknown_offers) as f64;
-        out.insert(
-            r.fault.name().into(),
-            json!({"rounds": r.gaps.len(), "gap_p50_ms": ms(r.gaps.median()), "gap_p99_ms": ms(r.gaps.percentile(99.0)),
-                "gap_max_ms": ms(r.gaps.percentile(100.0)), "dual_open_ms": r.dual_ms, "double_offers": r.doubles,
-                "unknown_offers": r.unknown_offers, "discovers": r.discovers, "kernel_stop_minus_lease_end_ms": f2s}),
-        );
+        out.insert(r.fault.name().into(), r.to_json());
     }
     println!();
     println!("| guard tampering (plain guard, agent running) | rounds | repaired p50 | p99 | max | goal |");
@@ -248,7 +280,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("(a held guard — owner, persist — refuses these changes outright: EPERM, nothing to repair)");
     out.insert("guard_tamper_repair".into(), serde_json::Value::Object(t));
-    crate::write_json(&args.json, &serde_json::Value::Object(out))?;
+    let out = serde_json::Value::Object(out);
+    crate::write_json(&args.json, &out)?;
+    crate::write_chart(&args.json, crate::plot::Kind::Ha, &out);
     anyhow::ensure!(violations == 0.0, "dual-open time, double offers or offers to the unknown MAC were seen");
     Ok(())
 }

@@ -12,6 +12,10 @@
 //!   `finished`, and the Ironic requests each inspection's processing makes (Ironic's log and ironguard's count).
 //! - `ha`: failover gaps for SIGTERM, SIGKILL and partition over many rounds, dual-open instants (must be 0),
 //!   and recovery after etcd comes back (three PXE hosts, real etcd, namespaces).
+//!
+//! Each benchmark that has a chart (`dataplane`, `filters`, `callbacks`, `ha`) also writes it as SVG next to its
+//! JSON (`dataplane.json` → `dataplane.svg`); `plot KIND --json IN --svg OUT` draws it again from a saved JSON
+//! (no root needed).
 #![forbid(unsafe_code)]
 
 mod callbacks;
@@ -19,10 +23,12 @@ mod dataplane;
 mod filters;
 mod ha;
 mod inspect;
+mod plot;
 mod stats;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -44,6 +50,20 @@ enum Command {
     Ha(ha::Args),
     /// Inspection engine: 200 inspections at once, Continue throughput, Ironic sync of 10k nodes, memory.
     Inspect(inspect::Args),
+    /// Draws a benchmark's chart (SVG) again from its saved JSON (no root needed).
+    Plot(PlotArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PlotArgs {
+    /// The benchmark that wrote the JSON.
+    kind: plot::Kind,
+    /// The JSON the benchmark wrote.
+    #[arg(long)]
+    json: PathBuf,
+    /// Where to write the SVG (default: the JSON's path with the extension `.svg`).
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -54,6 +74,14 @@ fn main() -> anyhow::Result<()> {
         Command::Filters(args) => filters::run(args),
         Command::Ha(args) => ha::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Plot(args) => {
+            let text =
+                std::fs::read_to_string(&args.json).with_context(|| format!("reading {}", args.json.display()))?;
+            let value: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("parsing {}", args.json.display()))?;
+            let svg = plot::svg(args.kind, &value).with_context(|| format!("drawing {}", args.json.display()))?;
+            write_svg(&args.svg.unwrap_or_else(|| svg_path(&args.json)), &svg)
+        }
     }
 }
 
@@ -65,4 +93,47 @@ pub(crate) fn write_json(path: &PathBuf, value: &serde_json::Value) -> anyhow::R
     std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// Where the chart of the JSON at `json` goes: the same path with the extension `.svg`.
+fn svg_path(json: &Path) -> PathBuf {
+    if json.extension().is_some_and(|e| e == "svg") {
+        // Never overwrite the JSON itself.
+        let mut p = json.as_os_str().to_owned();
+        p.push(".svg");
+        return PathBuf::from(p);
+    }
+    json.with_extension("svg")
+}
+
+/// Writes an SVG document to `path`, creating parent directories.
+fn write_svg(path: &Path, svg: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Draws the chart of `kind` from `value` (the JSON just written to `json`) next to it, as `json` with `.svg`.
+/// A chart that cannot be drawn is reported, not fatal: the JSON, written first, holds the results.
+pub(crate) fn write_chart(json: &Path, kind: plot::Kind, value: &serde_json::Value) {
+    let path = svg_path(json);
+    if let Err(e) = plot::svg(kind, value).and_then(|svg| write_svg(&path, &svg)) {
+        eprintln!("chart {} not written: {e:#}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chart_goes_next_to_the_json() {
+        assert_eq!(svg_path(Path::new("bench-results/dataplane.json")), PathBuf::from("bench-results/dataplane.svg"));
+        assert_eq!(svg_path(Path::new("out/ha")), PathBuf::from("out/ha.svg"));
+        // Never the JSON itself.
+        assert_eq!(svg_path(Path::new("x.svg")), PathBuf::from("x.svg.svg"));
+    }
 }
