@@ -13,7 +13,6 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use tonic::{Request, Status};
-use tracing::warn;
 
 use crate::tls::{GrpcConfig, PeerInfo};
 
@@ -108,21 +107,36 @@ impl Authz {
     /// `Ok` with the operator's name if the call is an operator's; the refusal otherwise.
     pub fn operator<T>(&self, req: &Request<T>, call: &str) -> Result<String, Status> {
         if let Some(Err(())) = self.bearer(req) {
-            warn!(call, "refused: a wrong operator token");
+            crate::refused!(
+                "operator-token",
+                peer(req),
+                call,
+                "refused: the operator token presented is not valid; the client must use the token in the control plane's [grpc] operator_token_file"
+            );
             return Err(Status::unauthenticated(format!("{call}: the operator token is not valid")));
         }
         match self.caller(req) {
             Caller::Operator(name) => Ok(name),
             Caller::Anonymous if self.operator_calls_open() => Ok("anonymous".into()),
             Caller::Anonymous => {
-                warn!(call, "refused: no credentials");
+                crate::refused!(
+                    "no-credentials",
+                    peer(req),
+                    call,
+                    "refused: an operator call without credentials; the client needs a certificate named in [grpc] operator_names or the operator token"
+                );
                 Err(Status::unauthenticated(format!(
                     "{call} needs an operator: a client certificate named in the control plane's [grpc] \
                      operator_names, or its operator token"
                 )))
             }
             Caller::Agent(name) => {
-                warn!(call, identity = %name, "refused: an agent's certificate on an operator call");
+                crate::refused!(
+                    "agent-on-operator-call",
+                    name,
+                    call,
+                    "refused: an agent's certificate on an operator call; operators use a certificate named in [grpc] operator_names"
+                );
                 Err(Status::permission_denied(format!(
                     "{call} needs an operator; the certificate {name:?} is an agent's (not in [grpc] operator_names)"
                 )))
@@ -136,21 +150,26 @@ impl Authz {
             Caller::Agent(name) if name == agent_id => Ok(()),
             Caller::Anonymous if self.insecure => Ok(()),
             Caller::Agent(name) => {
-                warn!(call, identity = %name, agent = %agent_id, "refused: an agent posing as another");
+                crate::refused!("agent-posing", name, call, agent = %agent_id, "refused: a certificate used for another agent id; each agent's certificate name must equal its [agent] id");
                 Err(Status::permission_denied(format!(
                     "{call}: the certificate {name:?} may act as agent {name:?} only, not as {agent_id:?}"
                 )))
             }
             Caller::Operator(name) => {
-                warn!(call, identity = %name, agent = %agent_id, "refused: an operator posing as an agent");
+                crate::refused!("operator-as-agent", name, call, agent = %agent_id, "refused: an operator's credentials on an agent call; agents use their own certificate");
                 Err(Status::permission_denied(format!("{call} is for agents; {name:?} is an operator")))
             }
             Caller::Anonymous => {
-                warn!(call, agent = %agent_id, "refused: an agent without a certificate");
+                crate::refused!("agent-without-certificate", peer(req), call, agent = %agent_id, "refused: an agent call without a client certificate; set the agent's [controlplane] cert_file and key_file");
                 Err(Status::unauthenticated(format!("{call} needs the agent's client certificate")))
             }
         }
     }
+}
+
+/// The caller's address, for refusal logs.
+fn peer<T>(req: &Request<T>) -> String {
+    req.remote_addr().map(|a| a.ip().to_string()).unwrap_or_else(|| "unknown".into())
 }
 
 #[cfg(test)]

@@ -327,7 +327,9 @@ mod tests {
         assert_eq!(state_at(now, Some(&log[1..]), m, 5), Some((true, false, UnknownMacPolicy::Deny)));
         assert_eq!(state_at(now, Some(&log[2..]), m, 6), Some((true, false, UnknownMacPolicy::Allow)));
         assert_eq!(state_at(now, Some(&[]), m, 7), Some(now));
-        assert_eq!(state_at(now, Some(&log[..]), mac(2), 4).map(|s| (s.0, s.1)), Some((false, false)));
+        // Another MAC, in neither set now, that no revision touched: in neither set then.
+        let other = (false, false, UnknownMacPolicy::Allow);
+        assert_eq!(state_at(other, Some(&log[..]), mac(2), 4), Some((false, false, UnknownMacPolicy::Deny)));
         assert_eq!(state_at(now, None, m, 1), None, "the log does not reach back");
         assert_eq!(state_at(now, Some(&[]), m, 0), None, "nothing applied");
     }

@@ -455,7 +455,11 @@ async fn continue_(
 ) -> Response {
     if let Err(wait) = api.access.continue_rate.check(peer.ip()) {
         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-        info!(peer = %peer.ip(), "inspector API: /v1/continue over the rate limit");
+        crate::refused!(
+            "continue-rate",
+            peer.ip(),
+            "inspector API: /v1/continue over the rate limit (429); a ramdisk retrying too fast, or a flood: raise [inspector_api] continue_rate_per_minute and continue_rate_burst only if real nodes hit it"
+        );
         let mut resp = error(
             StatusCode::TOO_MANY_REQUESTS,
             format!("Too many introspection data submissions from this address; retry in {secs} s"),
@@ -471,7 +475,12 @@ async fn continue_(
         match read_limited(body, &headers, limit).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
-                info!(peer = %peer.ip(), limit, "inspector API: /v1/continue body over the limit");
+                crate::refused!(
+                    "continue-too-large",
+                    peer.ip(),
+                    limit,
+                    "inspector API: /v1/continue body over the limit (413); raise [inspector_api] continue_max_bytes if real inventories are this large"
+                );
                 return error(StatusCode::PAYLOAD_TOO_LARGE, format!("introspection data is over {limit} bytes"));
             }
             Err(BodyError::Read(e)) => {

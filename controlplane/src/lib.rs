@@ -9,7 +9,8 @@
 //! - [`ironic`]: the Ironic REST client.
 //! - [`inspector_api`]: the ironic-inspector v1 REST API (for ironic-python-agent and the OpenStack CLI).
 //! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, TLS, rate limits).
-//! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`; [`refusals`]: refused calls logged without
+//!   flooding.
 //! - [`explain`]: `ExplainMac`, why a MAC gets DHCP or not on each PXE host.
 //! - [`config`]: TOML + environment + flags.
 //!
@@ -28,6 +29,7 @@ pub mod inspection;
 pub mod inspector_api;
 pub mod ironic;
 pub mod metrics;
+pub mod refusals;
 pub mod service;
 pub mod singleton;
 pub mod store;

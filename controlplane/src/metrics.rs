@@ -87,6 +87,11 @@ impl Metrics {
             "1 while the last Ironic call got an answer, 0 once a call gave up after its retries, -1 before any",
             ironic_up.clone(),
         );
+        registry.register(
+            "refusals",
+            "Calls refused (bad or missing credentials, rate limit, oversized body), by kind; logged at most once a minute per kind and source",
+            crate::refusals::counts(),
+        );
         Self {
             registry,
             revision,

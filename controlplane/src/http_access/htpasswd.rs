@@ -236,10 +236,18 @@ impl HtpasswdAuth {
             return Ok(());
         }
         if known {
-            info!(user = %user, "inspector API: HTTP basic authentication failed: wrong password");
+            crate::refused!(
+                "basic-password",
+                user,
+                "inspector API: HTTP basic authentication failed: wrong password (401); check the client's password against the htpasswd file"
+            );
         } else {
             // Not the name: a mistyped password sometimes lands in the user field.
-            info!("inspector API: HTTP basic authentication failed: unknown user");
+            crate::refused!(
+                "basic-user",
+                "unknown user",
+                "inspector API: HTTP basic authentication failed: unknown user (401); add the user to the htpasswd file or fix the client"
+            );
         }
         Err(Refusal::unauthorized("Incorrect username or password", &self.challenge))
     }

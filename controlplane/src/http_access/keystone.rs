@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderValue, StatusCode};
 use serde_json::{Value, json};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, warn};
 
 use super::config::InspectorApiConfig;
 use super::{CacheKeyer, Refusal, Secret};
@@ -153,15 +153,23 @@ impl KeystoneAuth {
         };
         match verdict {
             Verdict::Invalid => {
-                info!("inspector API: Keystone token refused: unknown or invalid");
+                crate::refused!(
+                    "keystone-invalid",
+                    "keystone",
+                    "inspector API: Keystone token refused: unknown or invalid (401); the client needs a current token from this Keystone"
+                );
                 Err(Refusal::unauthorized("The request you have made requires authentication.", &self.challenge))
             }
             Verdict::Valid { expires_ms, .. } if expires_ms <= now_ms() => {
-                info!("inspector API: Keystone token refused: expired");
+                crate::refused!(
+                    "keystone-expired",
+                    "keystone",
+                    "inspector API: Keystone token refused: expired (401); the client must get a new token"
+                );
                 Err(Refusal::unauthorized("The request you have made requires authentication.", &self.challenge))
             }
             Verdict::Valid { user, role_ok: false, .. } => {
-                info!(user = %user, required = ?self.roles, "inspector API: Keystone token refused: no required role");
+                crate::refused!("keystone-role", user, required = ?self.roles, "inspector API: Keystone token refused: the user has none of the required roles (403); grant one, or change [inspector_api] keystone_roles");
                 Err(Refusal::status(StatusCode::FORBIDDEN, "Access was denied to this resource."))
             }
             Verdict::Valid { user, .. } => Ok(user),
