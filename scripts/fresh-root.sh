@@ -2,8 +2,11 @@
 # The README's two commands on a brand-new Debian 12: builds a minimal Debian 12 root with mmdebstrap
 # (--variant=minbase, nothing but apt and the essentials), copies this checkout into it, and runs there, as root:
 #   1. ./scripts/test.sh --build-only   the test command's install step and build
-#   2. ./scripts/demo.sh                the demo: install step, release build, the whole demo with its checks
+#   2. ./scripts/demo.sh                the demo: install step, debug build of the binaries, the whole demo
 # A package that install-deps.sh forgets makes one of them fail here even when this machine already has it.
+# Then, in the same root, scripts/package.sh makes the Debian packages from that build and apt installs them, and
+# scripts/systemd-check.sh boots the root with systemd-nspawn and checks the packaged units under a real systemd
+# (readiness, privileges, watchdog, guard across restarts and a reboot) with real DHCP traffic.
 #
 # Only the Rust toolchain (~/.rustup, ~/.cargo/bin, read-only) and cargo's download cache (~/.cargo/registry)
 # are bound in from this machine, as the machine image ships them; everything else the root gets from
@@ -64,7 +67,12 @@ cd /root/ironguard
 echo "== [fresh root] the test command: install step and build"
 ./scripts/test.sh --build-only
 echo "== [fresh root] the demo"
-./scripts/demo.sh'
+./scripts/demo.sh
+echo "== [fresh root] the Debian packages of this build (scripts/package.sh), installed with apt"
+t=$(date +%s)
+./scripts/package.sh --profile dev --no-build
+apt-get install -y -qq --no-install-recommends ./target/debian/*.deb
+echo "== [fresh root] packages built and installed ($(($(date +%s) - t)) s)"'
 
 echo "== running the README's commands in the fresh root ($(($(date +%s) - t0)) s so far)"
 unshare --mount --propagation private -- bash -euo pipefail -c '
@@ -83,4 +91,7 @@ unshare --mount --propagation private -- bash -euo pipefail -c '
   shift 4
   exec chroot "$root" /usr/bin/env -i TERM=dumb CI="${CI:-}" "$@" /bin/bash -c "$inner"
 ' fresh-root "$root" "$cargo_home" "$rustup_home" "$inner" "${tls_env[@]}"
-echo "== fresh root: the README's commands passed ($(($(date +%s) - t0)) s)"
+echo "== fresh root: the README's commands passed, the packages are installed ($(($(date +%s) - t0)) s)"
+# The same root booted under systemd-nspawn: the packages' units under a real systemd, with real DHCP traffic.
+scripts/systemd-check.sh "$root" /root/ironguard/target/debian
+echo "== fresh root: passed ($(($(date +%s) - t0)) s)"

@@ -12,6 +12,8 @@ packages=(
   mmdebstrap                                      # the test command's fresh Debian 12 root (scripts/fresh-root.sh)
   libclang-dev clang protobuf-compiler libprotobuf-dev  # bindgen; protoc and its well-known .proto files (etcd-client)
   systemd                                         # systemd-analyze / systemd-sysusers verify the units
+  systemd-container                               # systemd-nspawn: the packages under a real systemd (scripts/systemd-check.sh)
+  dpkg-dev                                        # dpkg-shlibdeps: the packages' Depends (scripts/package.sh)
   openssl                                         # the certificates of the demo (scripts/make-certs.sh)
   build-essential pkg-config ca-certificates curl git
 )

@@ -1,5 +1,7 @@
 //! `ironguard-agent` — the privileged daemon on each PXE host.
 //!
+//! - [`cli`]: the command line (`guard`, `run`, `hold`, `print-config`) and the flags that override the
+//!   configuration; `main.rs` runs what it parses, `ironguard-gen-docs` makes the man page from it.
 //! - [`config`]: the agent's TOML configuration (`[agent]`, `[controlplane]`, `[dhcp_health]`, `[reconcile]`,
 //!   `[admin]`, `[dataplane]`).
 //! - [`daemon`]: `ironguard-agent run`, the daemon: follows the control plane's filter state, decides the mode,
@@ -14,6 +16,7 @@
 //! Guard management (`guard install|remove|status`) is a thin layer over [`ironguard_nft::guard`] in `main.rs`.
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod config;
 pub mod coordination;
 pub mod daemon;

@@ -12,7 +12,8 @@
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`; [`refusals`]: refused calls logged without
 //!   flooding.
 //! - [`explain`]: `ExplainMac`, why a MAC gets DHCP or not on each PXE host.
-//! - [`config`]: TOML + environment + flags.
+//! - [`config`]: TOML + environment + flags; [`cli`]: the flags (`main.rs` runs them, `ironguard-gen-docs` makes
+//!   the man page from them).
 //!
 //! [`serve`] binds the listeners and [`Server::run`] serves until the shutdown future resolves; tests call them
 //! with `127.0.0.1:0`.
@@ -21,6 +22,7 @@
 pub mod admin;
 pub mod agents;
 pub mod authz;
+pub mod cli;
 pub mod config;
 pub mod explain;
 pub mod filter;

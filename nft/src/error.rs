@@ -44,6 +44,10 @@ pub enum NftError {
         "table inet {table} is owned by another process (netlink port {portid}); is another ironguard-agent running in this network namespace?"
     )]
     OwnedByOther { table: String, portid: u32 },
+    #[error(
+        "the running ironguard-agent (netlink port {portid}) holds the guard table, which differs from this configuration ({problems}); restart ironguard-agent to install the guard from the configuration"
+    )]
+    HeldDiffers { portid: u32, problems: String },
     #[error("malformed netlink data: {0}")]
     Decode(String),
     #[error("building a netlink object failed")]

@@ -80,11 +80,37 @@ pub(crate) fn install_with(sock: &mut NetlinkSocket, config: &RulesetConfig, fla
     sock.send_batch(&f.bytes, f.last_seq(), &|seq| f.describe(seq))
 }
 
+/// What [`install`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installed {
+    /// The guard was installed (or replaced, atomically).
+    Installed,
+    /// A running agent holds the guard (owner, persist) and it is exactly as configured: nothing to do (the agent
+    /// repairs it itself). `systemctl reload ironguard-guard` and a restart of nftables.service land here.
+    HeldAsConfigured { portid: u32 },
+}
+
 /// Installs the guard, replacing any previous one atomically (idempotent). DHCP is never open in between. On a
 /// kernel with `persist`, the guard stays in place, orphaned, when this process exits, until an agent claims it.
-pub fn install(config: &RulesetConfig) -> Result<(), NftError> {
+/// A guard held by a running agent cannot be replaced from here: if it is as `config` says, that is success
+/// ([`Installed::HeldAsConfigured`]); if not, [`NftError::HeldDiffers`] says what differs and to restart the agent.
+pub fn install(config: &RulesetConfig) -> Result<Installed, NftError> {
     let flags = guard_flags()?;
-    install_with(&mut NetlinkSocket::open()?, config, flags)
+    match install_with(&mut NetlinkSocket::open()?, config, flags) {
+        Ok(()) => Ok(Installed::Installed),
+        Err(NftError::OwnedByOther { table, portid }) => {
+            let guard = observe::observe(false)?.guard;
+            match guard.filter(|t| t.owner_portid == Some(portid)) {
+                Some(t) => match t.guard_problems(config) {
+                    problems if problems.is_empty() => Ok(Installed::HeldAsConfigured { portid }),
+                    problems => Err(NftError::HeldDiffers { portid, problems: problems.join("; ") }),
+                },
+                // The holder went away between the two reads, or something else changed: say so as it was.
+                None => Err(NftError::OwnedByOther { table, portid }),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Removes the guard (idempotent). Only for decommissioning a PXE host; refused while an agent holds it.

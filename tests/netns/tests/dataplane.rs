@@ -601,6 +601,25 @@ fn a_claimed_guard_survives_flush_ruleset_and_its_holder() {
     let s = status(cfg.clone());
     assert_eq!(s.held_by, Some(portid), "held by the claiming socket");
 
+    // `guard install` while held (`systemctl reload ironguard-guard`, a restart of nftables.service): the same
+    // configuration is a success that changes nothing; another one is refused, saying what differs and what to do.
+    let out = lan.pxe.cmd(bin("ironguard-agent")).args(["guard", "install", "--interface", "br0"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("held by the running agent") && text.contains("nothing to do"), "{text}");
+    assert_eq!(status(cfg.clone()).held_by, Some(portid), "still held by the agent");
+    let out = lan
+        .pxe
+        .cmd(bin("ironguard-agent"))
+        .args(["guard", "install", "--interface", "br0", "--port", "67", "--port", "4011"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a different guard cannot replace a held one");
+    assert!(err.contains("differs from this configuration") && err.contains("restart ironguard-agent"), "{err}");
+    let s = status(cfg.clone());
+    assert!(s.problems.is_empty() && s.held_by == Some(portid), "unchanged: {s:?}");
+
     let del = lan.pxe.nft(&["delete", "table", "inet", "ironguard_guard"]);
     assert!(!del.status.success(), "another process cannot delete a held guard");
     assert!(String::from_utf8_lossy(&del.stderr).contains("Operation not permitted"), "{del:?}");
