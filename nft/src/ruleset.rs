@@ -63,6 +63,7 @@ const NFT_TYPE_INET_SERVICE: u32 = 13;
 const LEASE_SET_ID: u32 = 16;
 const ARPHRD_ETHER: u16 = 1;
 const IPPROTO_UDP: u8 = 17;
+const NFPROTO_IPV4: u8 = 2;
 /// BOOTP `chaddr` is 28 bytes into the BOOTP header, after the 8-byte UDP header: `@th,288,48`.
 pub const CHADDR_OFFSET_BYTES: u32 = 36;
 
@@ -441,9 +442,13 @@ fn require_lease(rule: Rule) -> Result<Rule, NftError> {
 }
 
 /// Loads the address a set of this kind is keyed by into register 1.
+///
+/// The chaddr key is read from IPv4 packets only (`meta nfproto ipv4`): `@th,288,48` is BOOTP's chaddr, while in a
+/// DHCPv6 message the same six bytes are whatever option sits there — in a SOLICIT with IA_NA first, the MAC of a
+/// DUID-LL, which a client chooses freely. DHCPv6 is identified by its Ethernet source alone (architecture.md).
 fn load_key(rule: Rule, kind: SetKind) -> Rule {
     if kind.is_chaddr() {
-        rule.with_expr(
+        rule.with_expr(Meta::new(MetaType::NfProto)).with_expr(Cmp::new(CmpOp::Eq, vec![NFPROTO_IPV4])).with_expr(
             Payload::default()
                 .with_base(NFT_PAYLOAD_TRANSPORT_HEADER)
                 .with_offset(CHADDR_OFFSET_BYTES)

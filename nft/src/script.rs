@@ -24,7 +24,7 @@ fn dhcp_matches(config: &RulesetConfig) -> Vec<String> {
 }
 
 fn key(kind: SetKind) -> &'static str {
-    if kind.is_chaddr() { "@th,288,48" } else { "ether saddr" }
+    if kind.is_chaddr() { "meta nfproto ipv4 @th,288,48" } else { "ether saddr" }
 }
 
 fn element(kind: SetKind, m: &MacAddr) -> String {

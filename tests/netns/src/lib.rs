@@ -31,6 +31,7 @@ pub mod ironic;
 pub mod ironic_site;
 pub mod pki;
 pub mod secrets;
+pub mod shapes;
 pub use etcd::{EtcdProcess, TlsFiles};
 pub use ironic::{RealIronic, ipa_inventory};
 

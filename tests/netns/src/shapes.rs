@@ -1,0 +1,422 @@
+//! Traffic shapes beyond "dnsmasq on the PXE host, DHCPv4 on udp/67, input hook": a dnsmasq in its own namespace
+//! (a container) that the PXE host bridges or routes to (the forward hook), proxyDHCP on udp/4011 and DHCPv6 on
+//! udp/547. What their tests need besides the rest of the harness:
+//!
+//! * [`dnsmasq`]: a dnsmasq with exactly the DHCP arguments a shape needs (proxy mode, a DHCPv6 range, a relay),
+//!   waited on until it listens on the port that shape uses;
+//! * [`GuardedHost`]: a control plane (embedded store, unknown MACs denied) and a real agent with the shape's
+//!   `[dataplane]` and `[dhcp_health]`, both on the PXE host;
+//! * clients: [`dhcp6`] (ISC `dhclient -6`, a real DHCPv6 client), [`pxe_probe`] (a PXE ROM's udp/67 and udp/4011
+//!   exchanges with a proxyDHCP server, scapy) and [`solicit_with_duid`] (one hand-made SOLICIT, scapy).
+
+use std::net::Ipv6Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use ironguard_nft::MacAddr;
+
+use crate::{
+    ControlPlane, Dnsmasq, Netns, Proc, TempDir, agent_toml, bin, ctl, run_ok, start_agent, unique, verdict, wait_for,
+};
+
+/// Fails the test unless every `(command, Debian package)` is installed: these shapes need more than
+/// [`crate::require_privileges`] checks for.
+pub fn require_tools(tools: &[(&str, &str)]) {
+    crate::require_privileges();
+    let missing: Vec<String> = tools
+        .iter()
+        .filter(|(tool, _)| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .map(|(tool, pkg)| format!("{tool} (Debian package {pkg})"))
+        .collect();
+    assert!(missing.is_empty(), "cannot set up the end-to-end test: missing {}", missing.join(", "));
+}
+
+/// Fails the test unless scapy imports in the system python (python3-scapy).
+pub fn require_scapy() {
+    static CHECK: OnceLock<bool> = OnceLock::new();
+    let ok = *CHECK.get_or_init(|| {
+        Command::new("/usr/bin/python3")
+            .args(["-c", "import scapy.all, scapy.layers.dhcp6"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    assert!(
+        ok,
+        "cannot set up the end-to-end test: /usr/bin/python3 cannot import scapy (Debian package python3-scapy)"
+    );
+}
+
+/// Turns IPv6 duplicate address detection off for the interfaces created in `ns` from now on, so that link-local
+/// and static addresses are usable at once (a DHCPv6 client binds its link-local address as soon as it starts).
+pub fn no_dad(ns: &Netns) {
+    run_ok(ns.cmd("sysctl").args(["-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"]));
+}
+
+/// Sets this namespace's `net.bridge.bridge-nf-call-iptables` and `-ip6tables` (per network namespace since Linux
+/// 5.3; the host's own value is not touched). With them on, IPv4/IPv6 frames a bridge forwards traverse the
+/// `inet` family's forward hook, as on a Kubernetes node. Fails the test when the kernel has no br_netfilter.
+pub fn bridge_nf_call(ns: &Netns, on: bool) {
+    let v = if on { "1" } else { "0" };
+    let out = ns
+        .cmd("sysctl")
+        .args([
+            "-w",
+            &format!("net.bridge.bridge-nf-call-iptables={v}"),
+            &format!("net.bridge.bridge-nf-call-ip6tables={v}"),
+        ])
+        .output()
+        .expect("run sysctl");
+    assert!(
+        out.status.success(),
+        "cannot set up the end-to-end test: net.bridge.bridge-nf-call-iptables is missing in the namespace: this \
+         kernel has no br_netfilter loaded (modprobe br_netfilter; ironguard's tests never load modules): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let now = ns.cmd("sysctl").args(["-n", "net.bridge.bridge-nf-call-iptables"]).output().expect("run sysctl");
+    assert_eq!(String::from_utf8_lossy(&now.stdout).trim(), v, "bridge-nf-call-iptables did not take in {}", ns.name());
+}
+
+/// The value of `net.bridge.bridge-nf-call-iptables` outside every test namespace (the host's), if it exists.
+pub fn host_bridge_nf_call_iptables() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables").ok().map(|s| s.trim().to_string())
+}
+
+/// Where [`dnsmasq`] with this tag writes its pid (a path in the shared file system: an agent in another namespace
+/// checks it with `[dhcp_health] pid_file`, as a PXE host does for a containerized dnsmasq).
+pub fn dnsmasq_pid_file(dir: &TempDir, tag: &str) -> PathBuf {
+    dir.join(&format!("dnsmasq-{tag}.pid"))
+}
+
+/// Starts a dnsmasq in `ns` with the common options (foreground, no DNS, log to its log file) and `args`, and
+/// waits until something listens on udp/`port` there.
+pub fn dnsmasq(ns: &Netns, dir: &TempDir, tag: &str, args: &[&str], port: u16) -> Dnsmasq {
+    let mut cmd = ns.cmd("dnsmasq");
+    cmd.args(["--keep-in-foreground", "--conf-file=/dev/null", "--port=0", "--user=root", "--log-facility=-"])
+        .args(["--log-dhcp", "--no-ping"])
+        .arg(format!("--dhcp-leasefile={}", dir.join(&format!("dnsmasq-{tag}.leases")).display()))
+        .arg(format!("--pid-file={}", dnsmasq_pid_file(dir, tag).display()))
+        .args(args);
+    let mut proc = Proc::spawn(&format!("dnsmasq {tag}"), cmd, dir.join(&format!("dnsmasq-{tag}.log")));
+    let listening = wait_for(Duration::from_secs(10), || {
+        let out = ns.cmd("ss").args(["-Hlun", &format!("sport = :{port}")]).output().ok()?;
+        (!out.stdout.is_empty()).then_some(())
+    });
+    assert!(
+        listening.is_some() && proc.running(),
+        "dnsmasq {tag} did not start listening on udp/{port}:\n{}",
+        proc.log_text()
+    );
+    Dnsmasq { proc }
+}
+
+/// Gives `iface` in `node` the address `mac` (down, set, up), as a node's NIC would have it.
+pub fn set_mac(node: &Netns, iface: &str, mac: MacAddr) {
+    node.ip(&["link", "set", iface, "down"]);
+    node.ip(&["link", "set", iface, "address", &mac.to_string()]);
+    node.ip(&["link", "set", iface, "up"]);
+}
+
+/// A PXE host guarded by the real agent, with a real control plane (embedded store, `--unknown-mac-policy deny`)
+/// on its loopback. Dropped in field order: the agent, then the control plane.
+#[derive(Debug)]
+pub struct GuardedHost {
+    pub agent: Proc,
+    pub cp: ControlPlane,
+    ns: String,
+}
+
+/// The agent's admin endpoint in a [`GuardedHost`] (the PXE host namespace's loopback).
+pub const AGENT_ADMIN: &str = "127.0.0.1:9181";
+
+impl GuardedHost {
+    /// Starts both. `dataplane`: lines appended to the agent's `[dataplane]` section, which already names
+    /// `interface`; `dhcp_health`: lines put at the top of its `[dhcp_health]` section. Waits until the agent leads.
+    pub fn start(pxe: &Netns, dir: &TempDir, interface: &str, dataplane: &str, dhcp_health: &str) -> Self {
+        let cp = ControlPlane::start(pxe, dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
+        let agent = Self::start_agent(pxe, dir, &cp, interface, dataplane, dhcp_health);
+        let host = Self { agent, cp, ns: pxe.name().to_string() };
+        host.wait_verdict(pxe, "LEADER", Duration::from_secs(10));
+        host
+    }
+
+    /// Starts (or restarts) the agent against this control plane.
+    pub fn start_agent(
+        pxe: &Netns,
+        dir: &TempDir,
+        cp: &ControlPlane,
+        interface: &str,
+        dataplane: &str,
+        dhcp_health: &str,
+    ) -> Proc {
+        let toml = agent_toml("agent-1", &cp.url(), interface, AGENT_ADMIN, 30).replacen(
+            "[dhcp_health]\n",
+            &format!("[dhcp_health]\n{dhcp_health}"),
+            1,
+        ) + dataplane;
+        start_agent(pxe, dir, &toml, None)
+    }
+
+    /// Waits until `ironguardctl chains` says `want` for the PXE host.
+    pub fn wait_verdict(&self, pxe: &Netns, want: &str, timeout: Duration) {
+        assert_eq!(pxe.name(), self.ns);
+        let got = wait_for(timeout, || (verdict(pxe) == want).then_some(()));
+        assert!(got.is_some(), "verdict never became {want} (now {}):\n{}", verdict(pxe), self.agent.log_text());
+    }
+
+    /// `ironguardctl filters allow|deny MAC`, then waits until the leader's kernel set holds it.
+    pub fn filter(&self, pxe: &Netns, verb: &str, mac: MacAddr) {
+        let m = mac.to_string();
+        let out = ctl(pxe, &["--controlplane", &self.cp.url(), "filters", verb, &m]);
+        assert!(out.status.success(), "ironguardctl filters {verb} {m}: {out:?}");
+        let set = if verb == "allow" { "allow_mac" } else { "deny_mac" };
+        let got = wait_for(Duration::from_secs(5), || set_has(pxe, set, mac).then_some(()));
+        assert!(got.is_some(), "{m} never reached {set}:\n{}", self.agent.log_text());
+    }
+}
+
+/// Whether the agent's kernel set `set` holds `mac` (read with `ironguardctl chains --elements`).
+pub fn set_has(ns: &Netns, set: &str, mac: MacAddr) -> bool {
+    let out = run_ok(Command::new(bin("ironguardctl")).args(["chains", "--json", "--elements", "--netns", ns.name()]));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ironguardctl chains --json prints JSON");
+    let want = mac.to_string();
+    j["owned"]["sets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["name"] == set)
+        .any(|s| s["members"].as_array().is_some_and(|m| m.iter().any(|x| x.as_str() == Some(want.as_str()))))
+}
+
+/// The packet counter of the rule with `comment` in chain `chain` of `table` ("guard" or "owned") in
+/// `ironguardctl chains --json`; 0 when the rule is absent.
+pub fn rule_packets(ns: &Netns, table: &str, chain: &str, comment: &str) -> u64 {
+    let j = crate::chains_json(ns);
+    j[table]["chains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == chain)
+        .flat_map(|c| c["rules"].as_array().into_iter().flatten())
+        .filter(|r| r["comment"] == comment)
+        .filter_map(|r| r["packets"].as_u64())
+        .sum()
+}
+
+/// The names of the base chains of `table` ("guard" or "owned") in `ironguardctl chains --json`.
+pub fn chain_names(ns: &Netns, table: &str) -> Vec<String> {
+    let j = crate::chains_json(ns);
+    j[table]["chains"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str().map(String::from)).collect()
+}
+
+/// A DHCPv6 lease: the address and the server's DUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease6 {
+    pub ip: Ipv6Addr,
+    pub server_duid: String,
+}
+
+/// How long `dhclient -6` solicits before it gives up (it exits about a second later).
+pub const DHCP6_TIMEOUT_SECS: u32 = 3;
+
+/// A `dhclient -6` run in progress.
+#[derive(Debug)]
+pub struct Dhcp6Attempt {
+    child: Child,
+    out: PathBuf,
+    pid: PathBuf,
+    pub mac: MacAddr,
+}
+
+/// Gives `iface` in `node` the address `mac`, waits for its link-local address, and starts ISC `dhclient -6` for
+/// one address (`-1`: try once, give up after [`DHCP6_TIMEOUT_SECS`]) with a fresh lease file, so its DUID (DUID-LLT)
+/// is made from `mac`. `dir` holds its files. Collect the result with [`Dhcp6Attempt::finish`].
+pub fn dhcp6_start(node: &Netns, dir: &TempDir, iface: &str, mac: MacAddr) -> Dhcp6Attempt {
+    require_tools(&[("dhclient", "isc-dhcp-client")]);
+    set_mac(node, iface, mac);
+    let ll = wait_for(Duration::from_secs(5), || {
+        let out = node.ip(&["-6", "-o", "addr", "show", "dev", iface, "scope", "link"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (text.contains("fe80::") && !text.contains("tentative")).then_some(())
+    });
+    assert!(ll.is_some(), "{iface} in {} has no usable link-local address", node.name());
+    let tag = unique("dhclient6");
+    let file = |ext: &str| dir.join(&format!("{tag}.{ext}"));
+    let (conf, script, out, lease, pid) = (file("conf"), file("sh"), file("out"), file("leases"), file("pid"));
+    std::fs::write(&conf, format!("timeout {DHCP6_TIMEOUT_SECS};\n")).expect("write dhclient.conf");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ \"$reason\" = BOUND6 ] && echo \"LEASE6 $new_ip6_address $new_dhcp6_server_id\" >> '{}'\nexit 0\n",
+            out.display()
+        ),
+    )
+    .expect("write dhclient script");
+    run_ok(Command::new("chmod").arg("755").arg(&script));
+    let child = node
+        .cmd("dhclient")
+        .args(["-6", "-1", "-cf"])
+        .arg(&conf)
+        .arg("-lf")
+        .arg(&lease)
+        .arg("-pf")
+        .arg(&pid)
+        .arg("-sf")
+        .arg(&script)
+        .arg(iface)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dhclient -6 (isc-dhcp-client)");
+    Dhcp6Attempt { child, out, pid, mac }
+}
+
+impl Dhcp6Attempt {
+    /// Waits for the client; `Some(lease)` if it got one (the daemon it leaves behind is then killed).
+    pub fn finish(self) -> Option<Lease6> {
+        let out = self.child.wait_with_output().expect("wait dhclient -6");
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let lease = text.lines().find_map(|l| {
+            let mut f = l.strip_prefix("LEASE6 ")?.split_whitespace();
+            Some(Lease6 { ip: f.next()?.parse().ok()?, server_duid: f.next()?.to_string() })
+        });
+        // On success dhclient forks a daemon that keeps the lease; it is ours: end it by its pid.
+        if let Some(pid) = std::fs::read_to_string(&self.pid).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let code = out.status.code();
+        assert!(
+            (code == Some(0) && lease.is_some()) || (code == Some(2) && lease.is_none()),
+            "dhclient -6 for {} exit status {} disagrees with its output {text:?}:\n{}",
+            self.mac,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lease
+    }
+}
+
+/// One DHCPv6 exchange (SOLICIT … REPLY) with `mac`: `Some(lease)`, or `None` after [`DHCP6_TIMEOUT_SECS`].
+pub fn dhcp6(node: &Netns, dir: &TempDir, iface: &str, mac: MacAddr) -> Option<Lease6> {
+    dhcp6_start(node, dir, iface, mac).finish()
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts").join(name)
+}
+
+/// What [`pxe_probe`] saw of a proxyDHCP server.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PxeProbe {
+    /// A proxy OFFER answered the PXE DISCOVER on udp/67.
+    pub offer: bool,
+    pub offer_server: Option<String>,
+    /// The boot item types the offer's PXE boot menu lists.
+    pub boot_types: Vec<u16>,
+    /// The server ACKed the boot item REQUEST sent to its udp/4011.
+    pub ack: bool,
+    /// The boot file that ACK names.
+    pub ack_file: Option<String>,
+}
+
+/// How long [`pxe_probe`] waits for each answer.
+pub const PXE_PROBE_TIMEOUT_SECS: u32 = 2;
+
+/// A [`pxe_probe`] in progress.
+#[derive(Debug)]
+pub struct PxeProbeRun {
+    child: Child,
+    mac: MacAddr,
+}
+
+/// Gives `iface` in `node` the address `mac` and starts the two exchanges of a PXE ROM with the proxyDHCP `server`
+/// (`scripts/pxe_probe.py`): DISCOVER to udp/67 (broadcast), then a boot item REQUEST to `server`:4011 (unicast
+/// from the interface's IPv4 address, which the caller gives it). Collect with [`PxeProbeRun::finish`].
+pub fn pxe_probe_start(node: &Netns, iface: &str, mac: MacAddr, server: &str) -> PxeProbeRun {
+    require_scapy();
+    set_mac(node, iface, mac);
+    let child = node
+        .cmd("/usr/bin/python3")
+        .arg(script("pxe_probe.py"))
+        .args([iface, &mac.to_string(), server, &PXE_PROBE_TIMEOUT_SECS.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run scripts/pxe_probe.py (python3-scapy)");
+    PxeProbeRun { child, mac }
+}
+
+impl PxeProbeRun {
+    pub fn finish(self) -> PxeProbe {
+        let out = self.child.wait_with_output().expect("wait pxe_probe.py");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "pxe_probe.py for {} failed: {text}\n{}",
+            self.mac,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("pxe_probe.py printed {text:?}: {e}"));
+        PxeProbe {
+            offer: j["offer"] == true,
+            offer_server: j["offer_server"].as_str().map(String::from),
+            boot_types: j["boot_types"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.as_u64())
+                .map(|t| t as u16)
+                .collect(),
+            ack: j["ack"] == true,
+            ack_file: j["ack_file"].as_str().map(String::from),
+        }
+    }
+}
+
+/// Both exchanges of a PXE ROM with a proxyDHCP server, from `mac` (see [`pxe_probe_start`]).
+pub fn pxe_probe(node: &Netns, iface: &str, mac: MacAddr, server: &str) -> PxeProbe {
+    pxe_probe_start(node, iface, mac, server).finish()
+}
+
+/// What [`solicit_with_duid`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Solicit {
+    pub advertise: bool,
+    /// The Ethernet source the SOLICIT left from.
+    pub src_mac: String,
+    /// The six bytes 28 bytes into the DHCPv6 message (where BOOTP's chaddr sits), in hex.
+    pub at_chaddr_offset: String,
+}
+
+/// One SOLICIT from `iface`'s own MAC whose client identifier is a DUID-LL naming `duid_mac`, laid out so that
+/// `duid_mac` sits where a DHCPv4 packet has its chaddr (`scripts/dhcp6_solicit.py`); reports the ADVERTISE.
+pub fn solicit_with_duid(node: &Netns, iface: &str, duid_mac: MacAddr) -> Solicit {
+    require_scapy();
+    let out = node
+        .cmd("/usr/bin/python3")
+        .arg(script("dhcp6_solicit.py"))
+        .args([iface, &duid_mac.to_string(), "2"])
+        .output()
+        .expect("run scripts/dhcp6_solicit.py (python3-scapy)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "dhcp6_solicit.py failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("dhcp6_solicit.py printed {text:?}: {e}"));
+    Solicit {
+        advertise: j["advertise"] == true,
+        src_mac: j["src_mac"].as_str().unwrap_or_default().to_string(),
+        at_chaddr_offset: j["at_chaddr_offset"].as_str().unwrap_or_default().to_string(),
+    }
+}
