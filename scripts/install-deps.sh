@@ -7,6 +7,7 @@ packages=(
   nftables iptables iproute2 util-linux procps   # the kernel's firewall tools, ip netns, setpriv
   dnsmasq-base busybox                            # a real DHCP server and a real DHCP client (udhcpc)
   isc-dhcp-client                                 # a real DHCPv6 client (dhclient -6)
+  isc-dhcp-server                                 # a real DHCP server on raw (AF_PACKET) sockets (ISC dhcpd)
   etcd-server etcd-client                         # the coordination service for HA tests
   python3-scapy tcpdump                           # crafted (relayed) DHCP packets; tcpdump compiles scapy's BPF filters
   python3 python3-venv                            # the real Ironic 39 and OpenStack clients (scripts/ironic-venv.sh)

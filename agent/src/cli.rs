@@ -164,9 +164,14 @@ pub struct RulesetArgs {
     /// UDP destination port of the DHCP/PXE service (repeat; default 67).
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<u16>,
-    /// Netfilter hook (repeat; default input).
+    /// Netfilter hook for the clients' requests (repeat; default input; `none` for a DHCP server on raw sockets,
+    /// filtered with --egress-interface only).
     #[arg(long = "hook", value_enum)]
     pub hooks: Vec<HookArg>,
+    /// Interface whose DHCP replies are filtered at the egress hook, for a DHCP server on AF_PACKET sockets (ISC
+    /// dhcpd, Kea in raw mode; Linux 5.16 or later) (repeat; default none).
+    #[arg(long = "egress-interface", value_name = "IFNAME")]
+    pub egress_interfaces: Vec<String>,
     /// Which address is matched: chaddr, ether-saddr or both.
     #[arg(long, value_enum)]
     pub match_mode: Option<MatchArg>,
@@ -182,6 +187,8 @@ pub struct RulesetArgs {
 pub enum HookArg {
     Input,
     Forward,
+    /// No input or forward hook.
+    None,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -267,14 +274,21 @@ impl RulesetArgs {
             c.ports = self.ports.clone();
         }
         if !self.hooks.is_empty() {
+            if self.hooks.len() > 1 && self.hooks.iter().any(|h| matches!(h, HookArg::None)) {
+                anyhow::bail!("--hook none cannot be combined with another --hook");
+            }
             c.hooks = self
                 .hooks
                 .iter()
-                .map(|h| match h {
-                    HookArg::Input => HookKind::Input,
-                    HookArg::Forward => HookKind::Forward,
+                .filter_map(|h| match h {
+                    HookArg::Input => Some(HookKind::Input),
+                    HookArg::Forward => Some(HookKind::Forward),
+                    HookArg::None => None,
                 })
                 .collect();
+        }
+        if !self.egress_interfaces.is_empty() {
+            c.egress_interfaces = self.egress_interfaces.clone();
         }
         if let Some(m) = self.match_mode {
             c.match_mode = match m {

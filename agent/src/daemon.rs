@@ -882,7 +882,9 @@ pub async fn run(
     ));
     let (health_tx, mut health_rx) = watch::channel(Health { healthy: false, detail: "not checked yet".into() });
     let hcfg = cfg.dhcp_health.clone();
-    let links = cfg.dataplane.interfaces.clone();
+    // The provisioning links: the filtered interfaces and those whose DHCP replies are filtered at egress.
+    let mut links = cfg.dataplane.interfaces.clone();
+    links.extend(cfg.dataplane.egress_interfaces.iter().filter(|i| !cfg.dataplane.interfaces.contains(i)).cloned());
     let mut hstop = stop_rx.clone();
     // Link and address changes wake the check at once (a downed provisioning link makes the leader resign).
     let (link_tx, mut link_rx) = mpsc::channel::<()>(1);

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use ironguard_nft::ruleset::Side;
 use ironguard_nft::{Mode, Observed, ObservedTable, Verdict};
 use serde::Serialize;
 
@@ -28,31 +29,42 @@ pub struct ChainsReport {
     pub pass_rule: bool,
     pub owner_portid: Option<u32>,
     pub owner_process: Option<OwnerProcess>,
+    /// The request side's tables (`inet`).
     pub guard: Option<ObservedTable>,
     pub owned: Option<ObservedTable>,
+    /// The reply side's tables (`netdev`, egress hook), where egress interfaces are configured. The summary fields
+    /// above describe the request side when it exists, else this one; `verdict` covers both.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_guard: Option<ObservedTable>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_owned: Option<ObservedTable>,
 }
 
 impl ChainsReport {
     pub fn new(netns: Option<String>, observed: Observed) -> Self {
         let verdict = observed.verdict();
-        let owner_portid = observed.owned.as_ref().and_then(|t| t.owner_portid);
+        let primary = if observed.present_sides() == [Side::Replies] { Side::Replies } else { Side::Requests };
+        let (guard, owned) = observed.side(primary);
+        let owner_portid = owned.and_then(|t| t.owner_portid);
         Self {
             netns,
             verdict,
             verdict_text: verdict.to_string(),
-            guard_present: observed.guard.is_some(),
-            guard_persistent: observed.guard.as_ref().is_some_and(|g| g.flags & 0x4 != 0),
-            guard_held_by: observed.guard.as_ref().and_then(|g| g.owner_portid),
-            guard_holder: observed.guard.as_ref().and_then(|g| g.owner_portid).and_then(owner::resolve),
-            guard_drops: observed.guard.as_ref().is_some_and(|g| g.guard_drops()),
-            owned_present: observed.owned.is_some(),
-            lease_expires_in_ms: observed.owned.as_ref().and_then(|t| t.lease_expires_in_ms()),
-            mode: observed.owned.as_ref().map(|t| t.mode()),
-            pass_rule: observed.owned.as_ref().is_some_and(|t| t.has_pass_rule()),
+            guard_present: guard.is_some(),
+            guard_persistent: guard.is_some_and(|g| g.flags & 0x4 != 0),
+            guard_held_by: guard.and_then(|g| g.owner_portid),
+            guard_holder: guard.and_then(|g| g.owner_portid).and_then(owner::resolve),
+            guard_drops: guard.is_some_and(|g| g.guard_drops()),
+            owned_present: owned.is_some(),
+            lease_expires_in_ms: owned.and_then(|t| t.lease_expires_in_ms()),
+            mode: owned.map(|t| t.mode()),
+            pass_rule: owned.is_some_and(|t| t.has_pass_rule()),
             owner_portid,
             owner_process: owner_portid.and_then(owner::resolve),
             guard: observed.guard,
             owned: observed.owned,
+            egress_guard: observed.egress_guard,
+            egress_owned: observed.egress_owned,
         }
     }
 
@@ -62,67 +74,98 @@ impl ChainsReport {
         if let Some(ns) = &self.netns {
             let _ = writeln!(out, "network namespace: {ns}");
         }
-        match &self.guard {
-            Some(t) => {
-                let held = match (self.guard_persistent, self.guard_held_by, &self.guard_holder) {
-                    (true, Some(port), Some(p)) => {
-                        format!("held by netlink port {port}, pid {} ({}); owner, persist", p.pid, p.command)
-                    }
-                    (true, Some(port), None) => format!("held by netlink port {port}; owner, persist"),
-                    (true, None, _) => "orphaned: no agent holds it (owner, persist: it stays and drops)".into(),
-                    (false, _, _) => "plain table".into(),
-                };
-                let drops = if self.guard_drops { "" } else { " — DOES NOT DROP (flushed or altered)!" };
-                let _ = writeln!(out, "guard: present (table inet {}), {held}{drops}", t.name);
-                render_chains(&mut out, t);
-            }
-            None => {
-                let _ = writeln!(out, "guard: ABSENT (table inet {} missing)", ironguard_nft::GUARD_TABLE);
-            }
+        let replies = self.egress_guard.is_some() || self.egress_owned.is_some();
+        let requests = self.guard.is_some() || self.owned.is_some() || !replies;
+        if requests {
+            render_side(&mut out, "inet", "", self.guard.as_ref(), self.owned.as_ref());
         }
-        match &self.owned {
-            Some(t) => {
-                let owner = match (&self.owner_portid, &self.owner_process) {
-                    (Some(port), Some(p)) => format!("netlink port {port}, pid {} ({})", p.pid, p.command),
-                    (Some(port), None) => format!("netlink port {port}"),
-                    (None, _) => "none (no owner flag!)".to_string(),
-                };
-                let _ = writeln!(out, "agent table: present (table inet {}), owner: {owner}", t.name);
-                let _ = writeln!(
-                    out,
-                    "mode: {}   pass rule: {}",
-                    t.mode(),
-                    if t.has_pass_rule() { "present (unknown MACs allowed)" } else { "absent" }
-                );
-                let lease = match self.lease_expires_in_ms {
-                    Some(ms) => format!("live, expires in {ms} ms unless renewed"),
-                    None => "none (nothing is marked)".into(),
-                };
-                let _ = writeln!(out, "kernel lease: {lease}");
-                let _ = writeln!(out, "sets:");
-                for s in &t.sets {
-                    let size = s.size.map(|n| format!(" (size {n})")).unwrap_or_default();
-                    let _ = writeln!(out, "  {:<14} {:>8} elements{size}", s.name, s.elements);
-                    if let Some(m) = &s.members {
-                        for mac in m {
-                            let _ = writeln!(out, "      {mac}");
-                        }
-                    }
-                }
-                render_chains(&mut out, t);
-            }
-            None => {
-                let _ = writeln!(out, "agent table: absent (no agent holds table inet {})", ironguard_nft::OWNED_TABLE);
-            }
+        if replies {
+            let what = " (DHCP replies, egress hook)";
+            render_side(&mut out, "netdev", what, self.egress_guard.as_ref(), self.egress_owned.as_ref());
         }
         let _ = writeln!(out, "verdict: {}", self.verdict);
         out
     }
 }
 
+/// The guard and the agent's table of one family.
+fn render_side(
+    out: &mut String,
+    family: &str,
+    what: &str,
+    guard: Option<&ObservedTable>,
+    owned: Option<&ObservedTable>,
+) {
+    let persistent = guard.is_some_and(|g| g.flags & 0x4 != 0);
+    let held_by = guard.and_then(|g| g.owner_portid);
+    let holder = held_by.and_then(owner::resolve);
+    match guard {
+        Some(t) => {
+            let held = match (persistent, held_by, &holder) {
+                (true, Some(port), Some(p)) => {
+                    format!("held by netlink port {port}, pid {} ({}); owner, persist", p.pid, p.command)
+                }
+                (true, Some(port), None) => format!("held by netlink port {port}; owner, persist"),
+                (true, None, _) => "orphaned: no agent holds it (owner, persist: it stays and drops)".into(),
+                (false, _, _) => "plain table".into(),
+            };
+            let drops = if t.guard_drops() { "" } else { " — DOES NOT DROP (flushed or altered)!" };
+            let _ = writeln!(out, "guard{what}: present (table {family} {}), {held}{drops}", t.name);
+            render_chains(out, t);
+        }
+        None => {
+            let _ = writeln!(out, "guard{what}: ABSENT (table {family} {} missing)", ironguard_nft::GUARD_TABLE);
+        }
+    }
+    let owner_portid = owned.and_then(|t| t.owner_portid);
+    let owner_process = owner_portid.and_then(owner::resolve);
+    match owned {
+        Some(t) => {
+            let owner = match (&owner_portid, &owner_process) {
+                (Some(port), Some(p)) => format!("netlink port {port}, pid {} ({})", p.pid, p.command),
+                (Some(port), None) => format!("netlink port {port}"),
+                (None, _) => "none (no owner flag!)".to_string(),
+            };
+            let _ = writeln!(out, "agent table{what}: present (table {family} {}), owner: {owner}", t.name);
+            let _ = writeln!(
+                out,
+                "mode: {}   pass rule: {}",
+                t.mode(),
+                if t.has_pass_rule() { "present (unknown MACs allowed)" } else { "absent" }
+            );
+            let lease = match t.lease_expires_in_ms() {
+                Some(ms) => format!("live, expires in {ms} ms unless renewed"),
+                None => "none (nothing is marked)".into(),
+            };
+            let _ = writeln!(out, "kernel lease: {lease}");
+            let _ = writeln!(out, "sets:");
+            for s in &t.sets {
+                let size = s.size.map(|n| format!(" (size {n})")).unwrap_or_default();
+                let _ = writeln!(out, "  {:<14} {:>8} elements{size}", s.name, s.elements);
+                if let Some(m) = &s.members {
+                    for mac in m {
+                        let _ = writeln!(out, "      {mac}");
+                    }
+                }
+            }
+            render_chains(out, t);
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "agent table{what}: absent (no agent holds table {family} {})",
+                ironguard_nft::OWNED_TABLE
+            );
+        }
+    }
+}
+
 fn render_chains(out: &mut String, t: &ObservedTable) {
     for c in &t.chains {
         match (&c.hook, c.priority) {
+            (Some(h), Some(p)) if !c.devices.is_empty() => {
+                let _ = writeln!(out, "  chain {} (hook {h}, devices {}, priority {p})", c.name, c.devices.join(", "));
+            }
             (Some(h), Some(p)) => {
                 let _ = writeln!(out, "  chain {} (hook {h}, priority {p})", c.name);
             }

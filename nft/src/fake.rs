@@ -12,7 +12,7 @@ use crate::NftError;
 use crate::dataplane::{ApplyReport, Dataplane};
 use crate::model::{Delta, DesiredState, Mode, UnknownMacPolicy};
 use crate::observe::{Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable};
-use crate::ruleset::{GUARD_TABLE, OWNED_TABLE, SetKind, comments};
+use crate::ruleset::{GUARD_TABLE, OWNED_TABLE, Side, comments};
 
 /// Shared, inspectable state of a fake (clone the handle to look inside from a test).
 #[derive(Debug, Default)]
@@ -115,13 +115,17 @@ impl Dataplane for FakeDataplane {
 
     fn observe(&self, with_members: bool) -> Result<Observed, NftError> {
         let st = self.lock();
-        Ok(Observed {
-            guard: st.guard_installed.then(|| {
-                let config = st.committed.as_ref().map(|d| d.config.clone()).unwrap_or_default();
-                synthesize_guard(&config)
-            }),
-            owned: st.committed.as_ref().map(|d| synthesize(d, with_members, st.lease_until)),
-        })
+        let config = st.committed.as_ref().map(|d| d.config.clone()).unwrap_or_default();
+        let mut o = Observed::default();
+        for side in Side::for_config(&config) {
+            let guard = st.guard_installed.then(|| synthesize_guard(side, &config));
+            let owned = st.committed.as_ref().map(|d| synthesize(side, d, with_members, st.lease_until));
+            match side {
+                Side::Requests => (o.guard, o.owned) = (guard, owned),
+                Side::Replies => (o.egress_guard, o.egress_owned) = (guard, owned),
+            }
+        }
+        Ok(o)
     }
 }
 
@@ -129,30 +133,44 @@ fn rule(comment: &str) -> ObservedRule {
     ObservedRule { handle: 0, comment: Some(comment.into()), expressions: vec![], packets: Some(0), bytes: Some(0) }
 }
 
-/// The guard table as installed for `config`.
-fn synthesize_guard(config: &crate::RulesetConfig) -> ObservedTable {
-    let n = config.ports.len() * config.interfaces.len().max(1);
-    let chains = config
-        .hooks
-        .iter()
-        .map(|h| ObservedChain {
-            name: h.chain_name().into(),
-            hook: Some(h.chain_name().into()),
-            priority: Some(crate::ruleset::GUARD_PRIORITY),
-            rules: (0..n).map(|_| rule(comments::GUARD_DROP)).collect(),
+/// The base chains of `side` as the kernel backend builds them, each holding `n` rules with `comment`.
+fn base_chains(side: Side, config: &crate::RulesetConfig, priority: i32, comment: &str) -> Vec<ObservedChain> {
+    let n = side.rules_per_base_chain(config);
+    let mut devices = if side == Side::Replies { config.egress_interfaces.clone() } else { vec![] };
+    devices.sort();
+    side.base_chains(config)
+        .into_iter()
+        .map(|name| ObservedChain {
+            name: name.into(),
+            hook: Some(name.into()),
+            priority: Some(priority),
+            devices: devices.clone(),
+            rules: (0..n).map(|_| rule(comment)).collect(),
         })
-        .collect();
-    ObservedTable { name: GUARD_TABLE.into(), flags: 0, owner_portid: None, chains, sets: vec![] }
+        .collect()
+}
+
+/// The guard table of `side` as installed for `config`.
+fn synthesize_guard(side: Side, config: &crate::RulesetConfig) -> ObservedTable {
+    let chains = base_chains(side, config, crate::ruleset::GUARD_PRIORITY, comments::GUARD_DROP);
+    ObservedTable {
+        name: GUARD_TABLE.into(),
+        family: side.family_name().into(),
+        flags: 0,
+        owner_portid: None,
+        chains,
+        sets: vec![],
+    }
 }
 
 /// What the kernel backend would read back for `d`.
-fn synthesize(d: &DesiredState, with_members: bool, lease_until: Option<Instant>) -> ObservedTable {
+fn synthesize(side: Side, d: &DesiredState, with_members: bool, lease_until: Option<Instant>) -> ObservedTable {
     let mut pxe = vec![];
     if d.mode == Mode::Blocked {
         pxe.push(rule(comments::BLOCKED));
     }
     pxe.extend([rule(comments::TO_WHITELIST), rule(comments::TO_BLACKLIST), rule(comments::NOT_MARKED)]);
-    let sets: Vec<SetKind> = SetKind::for_config(&d.config).collect();
+    let sets = side.set_kinds(&d.config);
     let mut white = vec![];
     let mut black = vec![];
     for k in &sets {
@@ -167,20 +185,10 @@ fn synthesize(d: &DesiredState, with_members: bool, lease_until: Option<Instant>
     if d.mode == Mode::Leader && d.unknown_mac_policy == UnknownMacPolicy::Allow {
         black.push(rule(comments::PASS));
     }
-    let mut chains = vec![
-        ObservedChain { name: "pxe".into(), hook: None, priority: None, rules: pxe },
-        ObservedChain { name: "whitelist".into(), hook: None, priority: None, rules: white },
-        ObservedChain { name: "blacklist".into(), hook: None, priority: None, rules: black },
-    ];
-    for h in &d.config.hooks {
-        let n = d.config.ports.len() * d.config.interfaces.len().max(1);
-        chains.push(ObservedChain {
-            name: h.chain_name().into(),
-            hook: Some(h.chain_name().into()),
-            priority: Some(crate::ruleset::OWNED_PRIORITY),
-            rules: (0..n).map(|_| rule(comments::DHCP_JUMP)).collect(),
-        });
-    }
+    let chain =
+        |name: &str, rules| ObservedChain { name: name.into(), hook: None, priority: None, devices: vec![], rules };
+    let mut chains = vec![chain("pxe", pxe), chain("whitelist", white), chain("blacklist", black)];
+    chains.extend(base_chains(side, &d.config, crate::ruleset::OWNED_PRIORITY, comments::DHCP_JUMP));
     let sets = sets
         .iter()
         .map(|k| {
@@ -210,7 +218,14 @@ fn synthesize(d: &DesiredState, with_members: bool, lease_until: Option<Instant>
             }
         }))
         .collect();
-    ObservedTable { name: OWNED_TABLE.into(), flags: 2, owner_portid: Some(std::process::id()), chains, sets }
+    ObservedTable {
+        name: OWNED_TABLE.into(),
+        family: side.family_name().into(),
+        flags: 2,
+        owner_portid: Some(std::process::id()),
+        chains,
+        sets,
+    }
 }
 
 #[cfg(test)]

@@ -17,14 +17,18 @@ use crate::NftError;
 use crate::model::RulesetConfig;
 use crate::netlink::{DumpSocket, NetlinkSocket};
 use crate::observe::{self, ObservedTable};
-use crate::ruleset::{self, GUARD_TABLE, NFT_TABLE_F_OWNER, NFT_TABLE_F_PERSIST};
+use crate::ruleset::{self, GUARD_TABLE, GuardFlags, NFT_TABLE_F_OWNER, NFT_TABLE_F_PERSIST, Side};
 
 /// Whether the guard is installed, and as what.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GuardStatus {
+    /// Every guard table the configuration needs is in the kernel.
     pub installed: bool,
-    /// The guard's base chains and rule counts, as found in the kernel.
+    /// The guard's base chains and rule counts, as found in the kernel (`table inet ironguard_guard`).
     pub table: Option<ObservedTable>,
+    /// The reply side's guard (`table netdev ironguard_guard`, egress hook), when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_table: Option<ObservedTable>,
     /// `owner, persist`: survives its holder and refuses every other process while held.
     pub persistent: bool,
     /// The netlink port of the process holding it (the running agent), if any.
@@ -58,25 +62,42 @@ pub fn guard_flags() -> Result<u32, NftError> {
     Ok(if persist_supported()? { NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST } else { 0 })
 }
 
-/// The guard table now in the kernel (flags and holder only).
-fn current() -> Result<Option<ObservedTable>, NftError> {
+/// The guard tables now in the kernel (flags and holder only), one per side at most.
+fn current() -> Result<Vec<ObservedTable>, NftError> {
     let sock = DumpSocket::open()?;
     for _ in 0..5 {
         if let Some(tables) = observe::read_tables(&sock)? {
-            return Ok(tables.into_iter().find(|t| t.name == GUARD_TABLE));
+            return Ok(tables.into_iter().filter(|t| t.name == GUARD_TABLE).collect());
         }
     }
     Err(NftError::Unstable(5))
 }
 
-/// Installs (or replaces, atomically) the guard through `sock` with `flags`. A guard held by another live
+/// The flags of each side's guard among `tables`.
+fn flags_of(tables: &[ObservedTable]) -> GuardFlags {
+    let mut f = GuardFlags::default();
+    for side in Side::ALL {
+        f.set(side, tables.iter().find(|t| t.family == side.family_name()).map(|t| t.flags));
+    }
+    f
+}
+
+/// The holder of a guard among `tables` other than `own` (a live process whose socket owns it), if any.
+fn held_by_other(tables: &[ObservedTable], own: Option<u32>) -> Option<(String, u32)> {
+    tables.iter().find_map(|t| {
+        let p = t.owner_portid.filter(|p| Some(*p) != own)?;
+        Some((format!("{} {GUARD_TABLE}", t.family), p))
+    })
+}
+
+/// Installs (or replaces, atomically) the guards through `sock` with `flags`. A guard held by another live
 /// process is refused with [`NftError::OwnedByOther`]; the holder must be stopped first.
 pub(crate) fn install_with(sock: &mut NetlinkSocket, config: &RulesetConfig, flags: u32) -> Result<(), NftError> {
     let existing = current()?;
-    if let Some(portid) = existing.as_ref().and_then(|t| t.owner_portid).filter(|p| *p != sock.portid()) {
-        return Err(NftError::OwnedByOther { table: GUARD_TABLE.to_string(), portid });
+    if let Some((table, portid)) = held_by_other(&existing, Some(sock.portid())) {
+        return Err(NftError::OwnedByOther { table, portid });
     }
-    let f = ruleset::guard_install(config, flags, existing.map(|t| t.flags))?.finish();
+    let f = ruleset::guard_install(config, flags, flags_of(&existing))?.finish();
     sock.send_batch(&f.bytes, f.last_seq(), &|seq| f.describe(seq))
 }
 
@@ -99,14 +120,16 @@ pub fn install(config: &RulesetConfig) -> Result<Installed, NftError> {
     match install_with(&mut NetlinkSocket::open()?, config, flags) {
         Ok(()) => Ok(Installed::Installed),
         Err(NftError::OwnedByOther { table, portid }) => {
-            let guard = observe::observe(false)?.guard;
-            match guard.filter(|t| t.owner_portid == Some(portid)) {
-                Some(t) => match t.guard_problems(config) {
-                    problems if problems.is_empty() => Ok(Installed::HeldAsConfigured { portid }),
-                    problems => Err(NftError::HeldDiffers { portid, problems: problems.join("; ") }),
-                },
+            let observed = observe::observe(false)?;
+            let held =
+                [&observed.guard, &observed.egress_guard].into_iter().flatten().any(|t| t.owner_portid == Some(portid));
+            if !held {
                 // The holder went away between the two reads, or something else changed: say so as it was.
-                None => Err(NftError::OwnedByOther { table, portid }),
+                return Err(NftError::OwnedByOther { table, portid });
+            }
+            match observed.guard_problems(config) {
+                problems if problems.is_empty() => Ok(Installed::HeldAsConfigured { portid }),
+                problems => Err(NftError::HeldDiffers { portid, problems: problems.join("; ") }),
             }
         }
         Err(e) => Err(e),
@@ -116,38 +139,39 @@ pub fn install(config: &RulesetConfig) -> Result<Installed, NftError> {
 /// Removes the guard (idempotent). Only for decommissioning a PXE host; refused while an agent holds it.
 pub fn remove() -> Result<(), NftError> {
     let existing = current()?;
-    if let Some(portid) = existing.as_ref().and_then(|t| t.owner_portid) {
-        return Err(NftError::OwnedByOther { table: GUARD_TABLE.to_string(), portid });
+    if let Some((table, portid)) = held_by_other(&existing, None) {
+        return Err(NftError::OwnedByOther { table, portid });
     }
-    let f = ruleset::guard_remove(existing.map(|t| t.flags)).finish();
+    let f = ruleset::guard_remove(flags_of(&existing)).finish();
     if f.last_seq() == 0 {
         return Ok(());
     }
     NetlinkSocket::open()?.send_batch(&f.bytes, f.last_seq(), &|seq| f.describe(seq))
 }
 
-/// Reads the guard back and compares it with `config`.
+/// Reads the guards back and compares them with `config`.
 pub fn status(config: &RulesetConfig) -> Result<GuardStatus, NftError> {
     let observed = observe::observe(false)?;
-    let Some(t) = observed.guard else {
-        return Ok(GuardStatus {
-            installed: false,
-            table: None,
-            persistent: false,
-            held_by: None,
-            problems: vec![format!("table inet {GUARD_TABLE} is missing")],
-            notes: vec![],
-        });
-    };
-    let problems = t.guard_problems(config);
-    let persistent = t.flags & NFT_TABLE_F_PERSIST != 0;
+    let problems = observed.guard_problems(config);
+    let present: Vec<&ObservedTable> = [&observed.guard, &observed.egress_guard].into_iter().flatten().collect();
+    let installed = Side::for_config(config).all(|side| observed.side(side).0.is_some());
+    let persistent = !present.is_empty() && present.iter().all(|t| t.flags & NFT_TABLE_F_PERSIST != 0);
+    let held_by = present.iter().find_map(|t| t.owner_portid);
     let mut notes = vec![];
-    if !persistent && persist_supported()? {
+    if !present.is_empty() && !persistent && persist_supported()? {
         notes.push(
             "the guard is a plain table: `nft flush ruleset` removes it while no agent repairs it; \
              `ironguard-agent guard install` makes it persistent on this kernel"
                 .into(),
         );
     }
-    Ok(GuardStatus { installed: true, persistent, held_by: t.owner_portid, table: Some(t), problems, notes })
+    Ok(GuardStatus {
+        installed,
+        table: observed.guard,
+        egress_table: observed.egress_guard,
+        persistent,
+        held_by,
+        problems,
+        notes,
+    })
 }

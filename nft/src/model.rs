@@ -112,8 +112,14 @@ pub struct RulesetConfig {
     pub interfaces: Vec<String>,
     /// UDP destination ports of the DHCP/PXE service (67 by default; add 4011 for proxy-DHCP/PXE).
     pub ports: Vec<u16>,
-    /// Hooks on which traffic is filtered (input by default; forward for a containerized dnsmasq).
+    /// Hooks on which traffic is filtered (input by default; forward for a containerized dnsmasq). May be empty
+    /// when `egress_interfaces` is not: a PXE host whose DHCP server reads raw sockets needs no input hook.
     pub hooks: Vec<HookKind>,
+    /// Interfaces on which the DHCP server's *replies* are filtered at the netdev egress hook (Linux 5.16+), for
+    /// servers that read and write AF_PACKET sockets (ISC dhcpd, Kea in raw mode): their requests reach them before
+    /// any netfilter hook, so only the offers and acks they send can be stopped. Keyed by the BOOTP chaddr. Empty
+    /// by default.
+    pub egress_interfaces: Vec<String>,
     /// Which address of a packet is matched against the sets.
     pub match_mode: MatchMode,
     /// The packet mark the agent's table sets on traffic it lets through; the guard drops anything without it.
@@ -128,6 +134,7 @@ impl Default for RulesetConfig {
             interfaces: Vec::new(),
             ports: vec![67],
             hooks: vec![HookKind::Input],
+            egress_interfaces: Vec::new(),
             match_mode: MatchMode::Both,
             mark: DEFAULT_MARK,
             mask: DEFAULT_MASK,
@@ -144,7 +151,10 @@ pub enum ConfigError {
     PortZero,
     #[error("port {0} is listed twice")]
     DuplicatePort(u16),
-    #[error("no hook configured (hooks = []); use [\"input\"] for a dnsmasq on the host")]
+    #[error(
+        "nothing to filter: no hook (hooks = []) and no egress interface (egress_interfaces = []); use hooks = \
+         [\"input\"] for a dnsmasq on the host, egress_interfaces = [\"IFNAME\"] for a DHCP server on raw sockets"
+    )]
     NoHooks,
     #[error("hook {0:?} is listed twice")]
     DuplicateHook(HookKind),
@@ -152,6 +162,10 @@ pub enum ConfigError {
     InterfaceName(String),
     #[error("interface {0:?} is listed twice")]
     DuplicateInterface(String),
+    #[error("egress interface name {0:?} is not valid (1 to 15 bytes, no '/', whitespace or NUL)")]
+    EgressInterfaceName(String),
+    #[error("egress interface {0:?} is listed twice")]
+    DuplicateEgressInterface(String),
     #[error("the mask is 0: ironguard needs at least one bit of the packet mark")]
     ZeroMask,
     #[error("the mark 0x{mark:08x} has bits outside the mask 0x{mask:08x}")]
@@ -175,7 +189,7 @@ impl RulesetConfig {
                 return Err(ConfigError::DuplicatePort(p));
             }
         }
-        if self.hooks.is_empty() {
+        if self.hooks.is_empty() && self.egress_interfaces.is_empty() {
             return Err(ConfigError::NoHooks);
         }
         let mut seen = BTreeSet::new();
@@ -186,14 +200,20 @@ impl RulesetConfig {
         }
         let mut seen = BTreeSet::new();
         for name in &self.interfaces {
-            let valid = !name.is_empty()
-                && name.len() < 16
-                && !name.bytes().any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace());
-            if !valid {
+            if !valid_ifname(name) {
                 return Err(ConfigError::InterfaceName(name.clone()));
             }
             if !seen.insert(name.as_str()) {
                 return Err(ConfigError::DuplicateInterface(name.clone()));
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for name in &self.egress_interfaces {
+            if !valid_ifname(name) {
+                return Err(ConfigError::EgressInterfaceName(name.clone()));
+            }
+            if !seen.insert(name.as_str()) {
+                return Err(ConfigError::DuplicateEgressInterface(name.clone()));
             }
         }
         if self.mask == 0 {
@@ -206,6 +226,22 @@ impl RulesetConfig {
             return Err(ConfigError::ZeroMark);
         }
         Ok(())
+    }
+}
+
+fn valid_ifname(name: &str) -> bool {
+    !name.is_empty() && name.len() < 16 && !name.bytes().any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace())
+}
+
+impl RulesetConfig {
+    /// Whether the `inet` tables (input/forward hooks on requests) exist for this configuration.
+    pub fn uses_inet(&self) -> bool {
+        !self.hooks.is_empty()
+    }
+
+    /// Whether the `netdev` tables (egress hook on the server's replies) exist for this configuration.
+    pub fn uses_egress(&self) -> bool {
+        !self.egress_interfaces.is_empty()
     }
 }
 
@@ -336,6 +372,8 @@ mod tests {
             (RulesetConfig { ports: vec![67, 67], ..base.clone() }, "twice"),
             (RulesetConfig { ports: vec![0], ..base.clone() }, "port 0"),
             (RulesetConfig { hooks: vec![], ..base.clone() }, "no hook"),
+            (RulesetConfig { egress_interfaces: vec!["x".repeat(16)], ..base.clone() }, "egress interface name"),
+            (RulesetConfig { egress_interfaces: vec!["e0".into(), "e0".into()], ..base.clone() }, "listed twice"),
             (RulesetConfig { interfaces: vec!["a".repeat(16)], ..base.clone() }, "interface name"),
             (RulesetConfig { interfaces: vec!["".into()], ..base.clone() }, "interface name"),
             (RulesetConfig { interfaces: vec!["eth 0".into()], ..base.clone() }, "interface name"),
@@ -347,6 +385,14 @@ mod tests {
             let err = cfg.validate().unwrap_err().to_string();
             assert!(err.contains(want), "{err:?} should contain {want:?}");
         }
+    }
+
+    #[test]
+    fn egress_alone_is_a_valid_configuration() {
+        let c = RulesetConfig { hooks: vec![], egress_interfaces: vec!["eth1".into()], ..Default::default() };
+        c.validate().unwrap();
+        assert!(c.uses_egress() && !c.uses_inet());
+        assert!(RulesetConfig::default().uses_inet() && !RulesetConfig::default().uses_egress());
     }
 
     #[test]

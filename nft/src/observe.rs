@@ -11,16 +11,24 @@ use crate::netlink::{
     self, Attrs, DumpSocket, Dumped, Message, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
     NFT_MSG_GETTABLE, be_u32, be_u64,
 };
-use crate::ruleset::{GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, comments, parse_comment};
+use crate::ruleset::{EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, Side, comments, parse_comment};
 use crate::{MacAddr, NftError};
 
 const NFPROTO_INET: u8 = 1;
+const NFPROTO_UNSPEC: u8 = 0;
 const NFT_TABLE_F_OWNER: u32 = 0x2;
+
+fn inet() -> String {
+    "inet".into()
+}
 
 /// What the kernel holds for one table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObservedTable {
     pub name: String,
+    /// `inet` (the request side) or `netdev` (the reply side, egress hook).
+    #[serde(default = "inet")]
+    pub family: String,
     pub flags: u32,
     /// Netlink port id of the owning socket, for tables with the `owner` flag.
     pub owner_portid: Option<u32>,
@@ -32,9 +40,12 @@ pub struct ObservedTable {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObservedChain {
     pub name: String,
-    /// `input` / `forward` / other hook number, for base chains.
+    /// `input` / `forward` / `egress` / other hook number, for base chains.
     pub hook: Option<String>,
     pub priority: Option<i32>,
+    /// The devices a netdev base chain is bound to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
     pub rules: Vec<ObservedRule>,
 }
 
@@ -73,11 +84,16 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
-/// The kernel state of a host, as far as ironguard is concerned.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The kernel state of a host, as far as ironguard is concerned: the request side (`inet`) and, where egress
+/// interfaces are configured, the reply side (`netdev`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Observed {
     pub guard: Option<ObservedTable>,
     pub owned: Option<ObservedTable>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_guard: Option<ObservedTable>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_owned: Option<ObservedTable>,
 }
 
 /// The one-line answer to "does this host serve DHCP, and could it?".
@@ -149,21 +165,25 @@ impl ObservedTable {
             && bases.iter().all(|c| c.rules.iter().any(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)))
     }
 
-    /// What is wrong with this guard table for `config` (empty: it is installed as configured).
-    pub fn guard_problems(&self, config: &crate::RulesetConfig) -> Vec<String> {
+    /// What is wrong with this guard table, on `side`, for `config` (empty: it is installed as configured).
+    pub fn guard_problems(&self, side: Side, config: &crate::RulesetConfig) -> Vec<String> {
         let mut problems = Vec::new();
-        let want_rules = config.ports.len() * config.interfaces.len().max(1);
-        for h in &config.hooks {
-            match self.chain(h.chain_name()) {
-                None => problems.push(format!("guard base chain {} is missing", h.chain_name())),
+        let fam = side.family_name();
+        let want_rules = side.rules_per_base_chain(config);
+        for name in side.base_chains(config) {
+            match self.chain(name) {
+                None => problems.push(format!("guard base chain {fam} {name} is missing")),
                 Some(c) => {
                     let drops = c.rules.iter().filter(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)).count();
                     if drops != want_rules || c.rules.len() != want_rules {
                         problems.push(format!(
-                            "guard base chain {} has {} rules ({drops} drop rules), {want_rules} configured",
+                            "guard base chain {fam} {} has {} rules ({drops} drop rules), {want_rules} configured",
                             c.name,
                             c.rules.len()
                         ));
+                    }
+                    if let Some(p) = device_problem(side, c, config) {
+                        problems.push(format!("guard base chain {fam} {name}: {p}"));
                     }
                 }
             }
@@ -172,10 +192,55 @@ impl ObservedTable {
     }
 }
 
+/// On the reply side: whether the egress chain is bound to exactly the configured devices. (Before Linux 6.16 the
+/// kernel unbinds a chain from a device that goes away and does not bind it again when the device comes back.)
+fn device_problem(side: Side, c: &ObservedChain, config: &crate::RulesetConfig) -> Option<String> {
+    if side != Side::Replies {
+        return None;
+    }
+    let have: BTreeSet<&str> = c.devices.iter().map(String::as_str).collect();
+    let want: BTreeSet<&str> = config.egress_interfaces.iter().map(String::as_str).collect();
+    (have != want).then(|| format!("bound to devices {have:?}, {want:?} configured"))
+}
+
 impl Observed {
-    /// The verdict: a missing guard is reported first because it is the dangerous state.
+    /// The guard and the agent's table of one side.
+    pub fn side(&self, side: Side) -> (Option<&ObservedTable>, Option<&ObservedTable>) {
+        match side {
+            Side::Requests => (self.guard.as_ref(), self.owned.as_ref()),
+            Side::Replies => (self.egress_guard.as_ref(), self.egress_owned.as_ref()),
+        }
+    }
+
+    /// The sides that have a table in the kernel.
+    pub fn present_sides(&self) -> Vec<Side> {
+        Side::ALL
+            .into_iter()
+            .filter(|&s| {
+                let (g, o) = self.side(s);
+                g.is_some() || o.is_some()
+            })
+            .collect()
+    }
+
+    /// The verdict: a missing guard is reported first because it is the dangerous state. With both sides present
+    /// (requests and replies), the more open of the two is reported; no table at all is [`Verdict::Unguarded`].
     pub fn verdict(&self) -> Verdict {
-        match (&self.guard, &self.owned) {
+        let verdicts: Vec<Verdict> = self.present_sides().into_iter().map(|s| self.side_verdict(s)).collect();
+        const OPENNESS: [Verdict; 6] = [
+            Verdict::Unguarded,
+            Verdict::Leader,
+            Verdict::Fenced,
+            Verdict::Follower,
+            Verdict::Blocked,
+            Verdict::Closed,
+        ];
+        OPENNESS.into_iter().find(|v| verdicts.contains(v)).unwrap_or(Verdict::Unguarded)
+    }
+
+    /// The verdict of one side's pair of tables.
+    pub fn side_verdict(&self, side: Side) -> Verdict {
+        match self.side(side) {
             (None, _) => Verdict::Unguarded,
             (Some(g), _) if !g.guard_drops() => Verdict::Unguarded,
             (Some(_), None) => Verdict::Closed,
@@ -188,26 +253,42 @@ impl Observed {
         }
     }
 
+    /// What is wrong with the guards for `config`, every side it uses (empty: installed as configured).
+    pub fn guard_problems(&self, config: &crate::RulesetConfig) -> Vec<String> {
+        let mut out = Vec::new();
+        for side in Side::for_config(config) {
+            match self.side(side).0 {
+                None => out.push(format!("guard table {} {GUARD_TABLE} is missing", side.family_name())),
+                Some(g) => out.extend(g.guard_problems(side, config)),
+            }
+        }
+        out
+    }
+
     /// Differences between what the kernel holds and `desired`. Empty means no drift. Set members are compared
     /// only if they were read (`observe(true)`); otherwise sizes are compared.
     pub fn drift(&self, desired: &DesiredState) -> Vec<String> {
-        let mut out = Vec::new();
-        match &self.guard {
-            None => out.push(format!("guard table inet {GUARD_TABLE} is missing")),
-            Some(g) => out.extend(g.guard_problems(&desired.config)),
+        let mut out = self.guard_problems(&desired.config);
+        for side in Side::for_config(&desired.config) {
+            self.side_drift(side, desired, &mut out);
         }
-        let Some(t) = &self.owned else {
-            out.push(format!("table inet {OWNED_TABLE} is missing"));
-            return out;
+        out
+    }
+
+    fn side_drift(&self, side: Side, desired: &DesiredState, out: &mut Vec<String>) {
+        let fam = side.family_name();
+        let Some(t) = self.side(side).1 else {
+            out.push(format!("table {fam} {OWNED_TABLE} is missing"));
+            return;
         };
         if t.mode() != desired.mode {
-            out.push(format!("mode is {} in the kernel, {} desired", t.mode(), desired.mode));
+            out.push(format!("{fam}: mode is {} in the kernel, {} desired", t.mode(), desired.mode));
         }
         if desired.mode == Mode::Leader {
             let want_pass = desired.unknown_mac_policy == UnknownMacPolicy::Allow;
             if t.has_pass_rule() != want_pass {
                 out.push(format!(
-                    "pass rule present={} but unknown-MAC policy is {}",
+                    "{fam}: pass rule present={} but unknown-MAC policy is {}",
                     t.has_pass_rule(),
                     desired.unknown_mac_policy
                 ));
@@ -215,41 +296,49 @@ impl Observed {
         }
         for chain in ["pxe", "whitelist", "blacklist"] {
             if t.chain(chain).is_none() {
-                out.push(format!("chain {chain} is missing"));
+                out.push(format!("{fam}: chain {chain} is missing"));
             }
         }
         if t.set(LEASE_SET).is_none() {
-            out.push(format!("set {LEASE_SET} is missing"));
+            out.push(format!("{fam}: set {LEASE_SET} is missing"));
         }
-        for &h in &desired.config.hooks {
-            let want = desired.config.ports.len() * desired.config.interfaces.len().max(1);
-            match t.chain(h.chain_name()) {
-                None => out.push(format!("base chain {} is missing", h.chain_name())),
+        let want = side.rules_per_base_chain(&desired.config);
+        for name in side.base_chains(&desired.config) {
+            match t.chain(name) {
+                None => out.push(format!("{fam}: base chain {name} is missing")),
                 Some(c) if c.rules.len() != want => {
-                    out.push(format!("base chain {} has {} rules, {want} expected", c.name, c.rules.len()))
+                    out.push(format!("{fam}: base chain {} has {} rules, {want} expected", c.name, c.rules.len()))
                 }
-                Some(_) => {}
+                Some(c) => {
+                    if let Some(p) = device_problem(side, c, &desired.config) {
+                        out.push(format!("{fam}: base chain {name}: {p}"));
+                    }
+                }
             }
         }
-        for k in SetKind::for_config(&desired.config) {
+        for k in side.set_kinds(&desired.config) {
             let want = if k.is_allow() { &desired.allow } else { &desired.deny };
             match t.set(k.name()) {
-                None => out.push(format!("set {} is missing", k.name())),
+                None => out.push(format!("{fam}: set {} is missing", k.name())),
                 Some(s) => {
                     if s.elements != want.len() {
-                        out.push(format!("set {} holds {} elements, {} desired", k.name(), s.elements, want.len()));
+                        out.push(format!(
+                            "{fam}: set {} holds {} elements, {} desired",
+                            k.name(),
+                            s.elements,
+                            want.len()
+                        ));
                     }
                     if let Some(members) = &s.members {
                         let missing = want.difference(members).count();
                         let extra = members.difference(want).count();
                         if missing + extra > 0 {
-                            out.push(format!("set {}: {missing} missing, {extra} unexpected", k.name()));
+                            out.push(format!("{fam}: set {}: {missing} missing, {extra} unexpected", k.name()));
                         }
                     }
                 }
             }
         }
-        out
     }
 }
 
@@ -262,7 +351,7 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
         let Some(tables) = read_tables(&sock)? else {
             continue;
         };
-        let mut observed = Observed { guard: None, owned: None };
+        let mut observed = Observed::default();
         let mut consistent = true;
         for mut t in tables {
             match read_contents(&sock, &mut t, with_members) {
@@ -275,10 +364,11 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
                 }
                 Err(e) => return Err(e),
             }
-            if t.name == GUARD_TABLE {
-                observed.guard = Some(t);
-            } else {
-                observed.owned = Some(t);
+            match (t.family.as_str(), t.name == GUARD_TABLE) {
+                ("netdev", true) => observed.egress_guard = Some(t),
+                ("netdev", false) => observed.egress_owned = Some(t),
+                (_, true) => observed.guard = Some(t),
+                (_, false) => observed.owned = Some(t),
             }
         }
         if consistent && sock.generation()? == before {
@@ -293,8 +383,18 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
 /// dumps of the agent's table: cheap enough to sample every few milliseconds. No table: nothing can be open.
 pub fn leader_rules_present() -> Result<bool, NftError> {
     let sock = DumpSocket::open()?;
+    for side in Side::ALL {
+        if side_open(&sock, side.nfproto())? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// [`leader_rules_present`] for the agent's table of one family.
+fn side_open(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
     let mut open = false;
-    let d = sock.dump(NFT_MSG_GETRULE, NFPROTO_INET, &[(1, OWNED_TABLE)], &mut |m| {
+    let d = sock.dump(NFT_MSG_GETRULE, family, &[(1, OWNED_TABLE)], &mut |m| {
         for a in m.nft_attrs()? {
             let (ty, v) = a?;
             if ty == 7 {
@@ -317,7 +417,7 @@ pub fn leader_rules_present() -> Result<bool, NftError> {
         return Ok(false);
     }
     let mut live = 0usize;
-    let d = sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, OWNED_TABLE), (2, LEASE_SET)], &mut |m| {
+    let d = sock.dump(NFT_MSG_GETSETELEM, family, &[(1, OWNED_TABLE), (2, LEASE_SET)], &mut |m| {
         for a in m.nft_attrs()? {
             let (ty, v) = a?;
             if ty == 3 {
@@ -387,12 +487,22 @@ pub(crate) fn decode_table(m: &Message<'_>) -> Result<ObservedTable, NftError> {
         }
     }
     let owner_portid = if flags & NFT_TABLE_F_OWNER != 0 { owner } else { None };
-    Ok(ObservedTable { name, flags, owner_portid, chains: vec![], sets: vec![] })
+    let family = family_name(m.payload.first().copied().unwrap_or(NFPROTO_INET));
+    Ok(ObservedTable { name, family, flags, owner_portid, chains: vec![], sets: vec![] })
+}
+
+fn family_name(nfproto: u8) -> String {
+    match Side::of_nfproto(nfproto) {
+        Some(side) => side.family_name().to_string(),
+        None => format!("family {nfproto}"),
+    }
 }
 
 /// One chain of an `NFT_MSG_GETCHAIN` dump and the name of its table.
 pub(crate) fn decode_chain(m: &Message<'_>) -> Result<(String, ObservedChain), NftError> {
     let (mut tname, mut name, mut hook, mut priority) = (String::new(), String::new(), None, None);
+    let mut devices = Vec::new();
+    let netdev = m.payload.first() == Some(&Side::Replies.nfproto());
     for a in m.nft_attrs()? {
         let (ty, v) = a?;
         match ty {
@@ -403,13 +513,23 @@ pub(crate) fn decode_chain(m: &Message<'_>) -> Result<(String, ObservedChain), N
                     let (hty, hv) = h?;
                     match hty {
                         1 => {
-                            hook = be_u32(hv).map(|n| match n {
-                                1 => "input".to_string(),
-                                2 => "forward".to_string(),
-                                n => format!("hook {n}"),
+                            hook = be_u32(hv).map(|n| match (netdev, n) {
+                                (false, 1) => "input".to_string(),
+                                (false, 2) => "forward".to_string(),
+                                (true, 0) => "ingress".to_string(),
+                                (true, 1) => EGRESS_CHAIN.to_string(),
+                                (_, n) => format!("hook {n}"),
                             })
                         }
                         2 => priority = be_u32(hv).map(|p| p as i32),
+                        // NFTA_HOOK_DEV (one device), NFTA_HOOK_DEVS (a list of NFTA_DEVICE_NAME)
+                        3 => devices.push(netlink::string(hv)),
+                        4 => {
+                            for d in Attrs::new(hv) {
+                                let (_, dv) = d?;
+                                devices.push(netlink::string(dv));
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -417,7 +537,9 @@ pub(crate) fn decode_chain(m: &Message<'_>) -> Result<(String, ObservedChain), N
             _ => {}
         }
     }
-    Ok((tname, ObservedChain { name, hook, priority, rules: vec![] }))
+    devices.sort();
+    devices.dedup(); // a chain on one device is reported as NFTA_HOOK_DEV and as NFTA_HOOK_DEVS
+    Ok((tname, ObservedChain { name, hook, priority, devices, rules: vec![] }))
 }
 
 /// One rule of an `NFT_MSG_GETRULE` dump and the names of its table and chain.
@@ -540,9 +662,10 @@ impl ElementTally {
 /// Reads only whether each table exists (cheap; for status checks).
 pub(crate) fn read_tables(sock: &DumpSocket) -> Result<Option<Vec<ObservedTable>>, NftError> {
     let mut tables = Vec::new();
-    let done = sock.dump(NFT_MSG_GETTABLE, NFPROTO_INET, &[], &mut |m| {
+    let done = sock.dump(NFT_MSG_GETTABLE, NFPROTO_UNSPEC, &[], &mut |m| {
         let t = decode_table(m)?;
-        if t.name == GUARD_TABLE || t.name == OWNED_TABLE {
+        let ours = t.family == "inet" || t.family == "netdev";
+        if ours && (t.name == GUARD_TABLE || t.name == OWNED_TABLE) {
             tables.push(t);
         }
         Ok(())
@@ -552,9 +675,10 @@ pub(crate) fn read_tables(sock: &DumpSocket) -> Result<Option<Vec<ObservedTable>
 
 fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -> Result<Dumped, NftError> {
     let table = t.name.clone();
+    let family = if t.family == "netdev" { Side::Replies.nfproto() } else { NFPROTO_INET };
     let mut interrupted = false;
     let mut chains = Vec::new();
-    let d = sock.dump(NFT_MSG_GETCHAIN, NFPROTO_INET, &[], &mut |m| {
+    let d = sock.dump(NFT_MSG_GETCHAIN, family, &[], &mut |m| {
         let (tname, chain) = decode_chain(m)?;
         if tname == table {
             chains.push(chain);
@@ -564,7 +688,7 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
     interrupted |= matches!(d, Dumped::Interrupted);
 
     let mut rules: Vec<(String, ObservedRule)> = Vec::new();
-    let d = sock.dump(NFT_MSG_GETRULE, NFPROTO_INET, &[(1, table.as_str())], &mut |m| {
+    let d = sock.dump(NFT_MSG_GETRULE, family, &[(1, table.as_str())], &mut |m| {
         let (tname, chain, rule) = decode_rule(m)?;
         if tname == table {
             rules.push((chain, rule));
@@ -580,7 +704,7 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
     t.chains = chains;
 
     let mut sets = Vec::new();
-    let d = sock.dump(NFT_MSG_GETSET, NFPROTO_INET, &[(1, table.as_str())], &mut |m| {
+    let d = sock.dump(NFT_MSG_GETSET, family, &[(1, table.as_str())], &mut |m| {
         let (tname, set) = decode_set(m)?;
         if tname == table {
             sets.push(set);
@@ -591,10 +715,9 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
     for s in &mut sets {
         let mut tally = ElementTally::default();
         let keys = with_members && s.name != LEASE_SET;
-        let d =
-            sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, table.as_str()), (2, s.name.as_str())], &mut |m| {
-                tally.add(m, keys)
-            })?;
+        let d = sock.dump(NFT_MSG_GETSETELEM, family, &[(1, table.as_str()), (2, s.name.as_str())], &mut |m| {
+            tally.add(m, keys)
+        })?;
         interrupted |= matches!(d, Dumped::Interrupted);
         s.elements = tally.count;
         s.invalid_members = tally.invalid;
@@ -683,19 +806,25 @@ pub fn decide(i: MacInputs) -> MacDecision {
 }
 
 impl Observed {
-    /// The inputs of [`decide`] for `mac`, from what the kernel holds. Set members must have been read
-    /// (`observe(true)`); without them the MAC counts as in neither set.
+    /// The inputs of [`decide`] for `mac`, from what the kernel holds: the request side's tables, or the reply
+    /// side's where only those exist (keyed by chaddr). Set members must have been read (`observe(true)`); without
+    /// them the MAC counts as in neither set.
     pub fn mac_inputs(&self, mac: MacAddr) -> MacInputs {
         let member = |t: &ObservedTable, k: SetKind| {
             t.set(k.name()).and_then(|s| s.members.as_ref()).is_some_and(|m| m.contains(&mac))
         };
-        let owned = self.owned.as_ref();
+        let side = if self.present_sides() == [Side::Replies] { Side::Replies } else { Side::Requests };
+        let (guard, owned) = self.side(side);
+        let (allow, deny) = match side {
+            Side::Requests => (SetKind::AllowMac, SetKind::DenyMac),
+            Side::Replies => (SetKind::AllowChaddr, SetKind::DenyChaddr),
+        };
         MacInputs {
-            guarded: self.guard.as_ref().is_some_and(|g| g.guard_drops()),
+            guarded: guard.is_some_and(|g| g.guard_drops()),
             mode: owned.map(|t| t.mode()),
             lease_live: owned.and_then(|t| t.lease_expires_in_ms()).is_some(),
-            in_allow: owned.is_some_and(|t| member(t, SetKind::AllowMac)),
-            in_deny: owned.is_some_and(|t| member(t, SetKind::DenyMac)),
+            in_allow: owned.is_some_and(|t| member(t, allow)),
+            in_deny: owned.is_some_and(|t| member(t, deny)),
             policy: if owned.is_some_and(|t| t.has_pass_rule()) {
                 UnknownMacPolicy::Allow
             } else {

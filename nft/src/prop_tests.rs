@@ -17,7 +17,7 @@ use crate::netlink::{Attrs, Message, Messages, parse_error};
 use crate::observe::{
     ElementTally, Observed, ObservedTable, decode_chain, decode_rule, decode_set, decode_table, element_key,
 };
-use crate::ruleset::{self, GUARD_TABLE, LEASE_SET, OWNED_TABLE, parse_comment};
+use crate::ruleset::{self, EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, Side, parse_comment};
 use crate::{MacAddr, NftError};
 
 const DEFAULT_CASES: u32 = 2000;
@@ -169,17 +169,21 @@ fn desired_state() -> impl Strategy<Value = DesiredState> {
         prop::sample::select(vec![MatchMode::Chaddr, MatchMode::EtherSaddr, MatchMode::Both]),
         prop::sample::select(vec![vec![67u16], vec![67, 4011], vec![4011]]),
         prop::sample::select(vec![
+            vec![],
             vec![HookKind::Input],
             vec![HookKind::Forward],
             vec![HookKind::Input, HookKind::Forward],
         ]),
         prop::sample::select(vec![vec![], vec!["eth0".to_string()], vec!["eth0".to_string(), "br-pxe".to_string()]]),
+        prop::sample::select(vec![vec![], vec!["eth1".to_string()], vec!["eth2".to_string(), "eth1".to_string()]]),
     )
-        .prop_map(|(match_mode, ports, hooks, interfaces)| RulesetConfig {
+        .prop_map(|(match_mode, ports, hooks, interfaces, egress_interfaces)| RulesetConfig {
             match_mode,
             ports,
-            hooks,
+            // no hook and no egress interface is refused; the input hook stands in
+            hooks: if hooks.is_empty() && egress_interfaces.is_empty() { vec![HookKind::Input] } else { hooks },
             interfaces,
+            egress_interfaces,
             ..RulesetConfig::default()
         });
     (
@@ -201,7 +205,7 @@ fn desired_state() -> impl Strategy<Value = DesiredState> {
 /// The messages ironguard sends to build the guard and the agent's table for `s`: the kernel answers dumps with
 /// messages of the same layout.
 fn written(s: &DesiredState, lease_ms: u64) -> Vec<u8> {
-    let mut bytes = ruleset::guard_install(&s.config, 0, None).unwrap().finish().bytes;
+    let mut bytes = ruleset::guard_install(&s.config, 0, Default::default()).unwrap().finish().bytes;
     bytes.extend(ruleset::full_owned(s, lease_ms).unwrap().finish().bytes);
     bytes
 }
@@ -212,19 +216,20 @@ fn read_back(bytes: &[u8]) -> Result<Observed, NftError> {
     let mut chains = Vec::new();
     let mut rules = Vec::new();
     let mut sets = Vec::new();
-    let mut elements: Vec<(String, String, Vec<u8>)> = Vec::new();
+    let mut elements: Vec<(u8, String, String, Vec<u8>)> = Vec::new();
+    let fam = |m: &Message<'_>| m.payload.first().copied().unwrap_or(0);
     for msg in Messages::new(bytes) {
         let msg = msg?;
         match nft_op(&msg) {
             Some(op::NEWTABLE) => {
                 let t = decode_table(&msg)?;
-                if !tables.iter().any(|x| x.name == t.name) {
+                if !tables.iter().any(|x| x.name == t.name && x.family == t.family) {
                     tables.push(t);
                 }
             }
-            Some(op::NEWCHAIN) => chains.push(decode_chain(&msg)?),
-            Some(op::NEWRULE) => rules.push(decode_rule(&msg)?),
-            Some(op::NEWSET) => sets.push(decode_set(&msg)?),
+            Some(op::NEWCHAIN) => chains.push((fam(&msg), decode_chain(&msg)?)),
+            Some(op::NEWRULE) => rules.push((fam(&msg), decode_rule(&msg)?)),
+            Some(op::NEWSET) => sets.push((fam(&msg), decode_set(&msg)?)),
             Some(op::NEWSETELEM) => {
                 let mut table = String::new();
                 let mut set = String::new();
@@ -236,25 +241,27 @@ fn read_back(bytes: &[u8]) -> Result<Observed, NftError> {
                         _ => {}
                     }
                 }
-                elements.push((table, set, message(msg.ty, msg.flags, msg.portid, msg.payload)));
+                elements.push((fam(&msg), table, set, message(msg.ty, msg.flags, msg.portid, msg.payload)));
             }
             _ => {}
         }
     }
     for t in &mut tables {
-        t.chains = chains.iter().filter(|(tn, _)| *tn == t.name).map(|(_, c)| c.clone()).collect();
-        for (tn, cn, r) in &rules {
-            if *tn == t.name {
+        let f = if t.family == "netdev" { 5 } else { 1 };
+        t.chains =
+            chains.iter().filter(|(cf, (tn, _))| *cf == f && *tn == t.name).map(|(_, (_, c))| c.clone()).collect();
+        for (rf, (tn, cn, r)) in &rules {
+            if *rf == f && *tn == t.name {
                 if let Some(c) = t.chains.iter_mut().find(|c| c.name == *cn) {
                     c.rules.push(r.clone());
                 }
             }
         }
-        t.sets = sets.iter().filter(|(tn, _)| *tn == t.name).map(|(_, s)| s.clone()).collect();
+        t.sets = sets.iter().filter(|(sf, (tn, _))| *sf == f && *tn == t.name).map(|(_, (_, s))| s.clone()).collect();
         for s in &mut t.sets {
             let mut tally = ElementTally::default();
-            for (tn, sn, raw) in &elements {
-                if *tn == t.name && *sn == s.name {
+            for (ef, tn, sn, raw) in &elements {
+                if *ef == f && *tn == t.name && *sn == s.name {
                     for m in Messages::new(raw) {
                         tally.add(&m?, s.name != LEASE_SET)?;
                     }
@@ -266,8 +273,13 @@ fn read_back(bytes: &[u8]) -> Result<Observed, NftError> {
             s.members = Some(tally.members);
         }
     }
-    let take = |name: &str| tables.iter().find(|t| t.name == name).cloned();
-    Ok(Observed { guard: take(GUARD_TABLE), owned: take(OWNED_TABLE) })
+    let take = |family: &str, name: &str| tables.iter().find(|t| t.family == family && t.name == name).cloned();
+    Ok(Observed {
+        guard: take("inet", GUARD_TABLE),
+        owned: take("inet", OWNED_TABLE),
+        egress_guard: take("netdev", GUARD_TABLE),
+        egress_owned: take("netdev", OWNED_TABLE),
+    })
 }
 
 #[test]
@@ -276,23 +288,33 @@ fn what_ironguard_writes_reads_back_without_drift() {
         let bytes = written(&s, lease_ms);
         let observed = read_back(&bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(observed.drift(&s), Vec::<String>::new());
-        let owned = observed.owned.as_ref().unwrap();
-        prop_assert_eq!(owned.mode(), s.mode);
-        prop_assert_eq!(
-            owned.has_pass_rule(),
-            s.mode == Mode::Leader && s.unknown_mac_policy == UnknownMacPolicy::Allow
-        );
-        for set in &owned.sets {
-            prop_assert_eq!(set.invalid_members, 0, "set {}", set.name);
+        prop_assert_eq!(observed.present_sides(), Side::for_config(&s.config).collect::<Vec<_>>());
+        for side in Side::for_config(&s.config) {
+            let (guard, owned) = observed.side(side);
+            let owned = owned.unwrap();
+            prop_assert_eq!(owned.mode(), s.mode);
+            prop_assert_eq!(
+                owned.has_pass_rule(),
+                s.mode == Mode::Leader && s.unknown_mac_policy == UnknownMacPolicy::Allow
+            );
+            for set in &owned.sets {
+                prop_assert_eq!(set.invalid_members, 0, "set {}", set.name);
+            }
+            // (The kernel adds each element's expiration to its dump; what ironguard writes is only the timeout.)
+            let lease = owned.set(LEASE_SET).unwrap();
+            if lease_ms > 0 {
+                prop_assert_eq!(lease.elements, s.config.ports.len());
+            } else {
+                prop_assert_eq!(lease.elements, 0);
+            }
+            prop_assert!(guard.unwrap().guard_drops());
+            if side == Side::Replies {
+                let mut want = s.config.egress_interfaces.clone();
+                want.sort();
+                prop_assert_eq!(&owned.chain(EGRESS_CHAIN).unwrap().devices, &want);
+                prop_assert_eq!(owned.chain(EGRESS_CHAIN).unwrap().hook.as_deref(), Some(EGRESS_CHAIN));
+            }
         }
-        // (The kernel adds each element's expiration to its dump; what ironguard writes is only the timeout.)
-        let lease = owned.set(LEASE_SET).unwrap();
-        if lease_ms > 0 {
-            prop_assert_eq!(lease.elements, s.config.ports.len());
-        } else {
-            prop_assert_eq!(lease.elements, 0);
-        }
-        prop_assert!(observed.guard.as_ref().unwrap().guard_drops());
         Ok(())
     });
 }

@@ -17,6 +17,10 @@
 //! }
 //! ```
 //!
+//! With `egress_interfaces` configured, the same two tables also exist in the `netdev` family for the server's
+//! replies ([`Side::Replies`]): a base chain `egress` bound to those devices matching `udp sport PORT` (clearing
+//! ironguard's mark bits first), chaddr sets only, `udp sport @lease`. Every transaction below covers every side.
+//!
 //! The lease: every rule that marks a packet also looks the packet's DHCP port up in `lease`, whose elements (one
 //! per configured port) carry a kernel timeout set to the leader's fence deadline. The agent moves that timeout
 //! forward after each successful keep-alive ([`lease_refresh`]: flush and re-add in one batch, so there is no
@@ -331,12 +335,106 @@ pub fn set_capacity(n: usize) -> u32 {
 /// Smallest set size: small sites pay ~64 KiB of kernel memory per set, and rebuild only past 2048 MACs.
 pub const MIN_SET_CAPACITY: u32 = 4096;
 
-fn table(name: &str) -> Table {
-    Table::new(ProtocolFamily::Inet).with_name(name)
+/// Which packets a pair of tables (guard and agent's table) filters.
+///
+/// * [`Side::Requests`]: `table inet`, base chains on the input/forward hooks, the clients' requests (udp dport
+///   PORT), keyed by Ethernet source and BOOTP chaddr.
+/// * [`Side::Replies`]: `table netdev`, one base chain on the egress hook of the configured devices, the server's
+///   replies (udp sport PORT), keyed by BOOTP chaddr only (the Ethernet source of a reply is the server's). A DHCP
+///   server reading AF_PACKET sockets (ISC dhcpd, Kea in raw mode) sees a request before any netfilter hook runs,
+///   so its replies are the only thing the kernel can stop.
+///
+/// Both sides have the same tables, sets, chains, lease and modes, and are changed in the same transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    Requests,
+    Replies,
 }
 
-fn owned_table() -> Table {
-    table(OWNED_TABLE).with_flags(NFT_TABLE_F_OWNER)
+impl Side {
+    pub const ALL: [Side; 2] = [Side::Requests, Side::Replies];
+
+    /// The sides a configuration uses.
+    pub fn for_config(config: &RulesetConfig) -> impl Iterator<Item = Side> + '_ {
+        Self::ALL.into_iter().filter(|s| match s {
+            Side::Requests => config.uses_inet(),
+            Side::Replies => config.uses_egress(),
+        })
+    }
+
+    fn family(self) -> ProtocolFamily {
+        match self {
+            Side::Requests => ProtocolFamily::Inet,
+            Side::Replies => ProtocolFamily::NetDev,
+        }
+    }
+
+    /// The nfgenmsg family byte.
+    pub(crate) fn nfproto(self) -> u8 {
+        match self {
+            Side::Requests => NFPROTO_INET,
+            Side::Replies => NFPROTO_NETDEV,
+        }
+    }
+
+    /// `inet` or `netdev`, as nft names the family.
+    pub fn family_name(self) -> &'static str {
+        match self {
+            Side::Requests => "inet",
+            Side::Replies => "netdev",
+        }
+    }
+
+    /// The side whose tables are in family `nfproto`, if any.
+    pub(crate) fn of_nfproto(nfproto: u8) -> Option<Side> {
+        Self::ALL.into_iter().find(|s| s.nfproto() == nfproto)
+    }
+
+    /// The sets of the agent's table on this side.
+    pub fn set_kinds(self, config: &RulesetConfig) -> Vec<SetKind> {
+        match self {
+            Side::Requests => SetKind::for_config(config).collect(),
+            Side::Replies => vec![SetKind::AllowChaddr, SetKind::DenyChaddr],
+        }
+    }
+
+    /// The base chain names of this side for a configuration.
+    pub fn base_chains(self, config: &RulesetConfig) -> Vec<&'static str> {
+        match self {
+            Side::Requests => config.hooks.iter().map(|h| h.chain_name()).collect(),
+            Side::Replies => vec![EGRESS_CHAIN],
+        }
+    }
+
+    /// Rules each base chain of this side holds (one per port and, on the request side, per interface).
+    pub fn rules_per_base_chain(self, config: &RulesetConfig) -> usize {
+        match self {
+            Side::Requests => config.ports.len() * config.interfaces.len().max(1),
+            Side::Replies => config.ports.len(),
+        }
+    }
+
+    /// Set ids are unique within a transaction, which may build both sides.
+    fn set_id_base(self) -> u32 {
+        match self {
+            Side::Requests => 0,
+            Side::Replies => 32,
+        }
+    }
+}
+
+/// The base chain of the reply side (netdev tables).
+pub const EGRESS_CHAIN: &str = "egress";
+const NFPROTO_NETDEV: u8 = 5;
+const NF_NETDEV_EGRESS: u32 = 1;
+const ETH_P_IP: u16 = 0x0800;
+
+fn table(side: Side, name: &str) -> Table {
+    Table::new(side.family()).with_name(name)
+}
+
+fn owned_table(side: Side) -> Table {
+    table(side, OWNED_TABLE).with_flags(NFT_TABLE_F_OWNER)
 }
 
 fn hook_class(h: HookKind) -> HookClass {
@@ -354,17 +452,83 @@ fn base_chain(t: &Table, h: HookKind, priority: i32) -> Chain {
         .with_policy(ChainPolicy::Accept)
 }
 
+/// `add chain netdev TABLE egress { type filter hook egress devices = { DEV, ... } priority P; policy accept; }`.
+/// rustables' `Hook` has no device attribute, so the message is written here.
+fn egress_chain_message(table: &str, devices: &[String], priority: i32) -> Vec<u8> {
+    let mut devs = Vec::new();
+    for d in devices {
+        nla_str(&mut devs, NFTA_DEVICE_NAME, d);
+    }
+    let mut hook = Vec::new();
+    nla(&mut hook, NFTA_HOOK_HOOKNUM, &NF_NETDEV_EGRESS.to_be_bytes());
+    nla(&mut hook, NFTA_HOOK_PRIORITY, &priority.to_be_bytes());
+    nla(&mut hook, NFTA_HOOK_DEVS | NLA_F_NESTED, &devs);
+    let mut body = nfgen(NFPROTO_NETDEV);
+    nla_str(&mut body, NFTA_CHAIN_TABLE, table);
+    nla_str(&mut body, NFTA_CHAIN_NAME, EGRESS_CHAIN);
+    nla(&mut body, NFTA_CHAIN_HOOK | NLA_F_NESTED, &hook);
+    nla(&mut body, NFTA_CHAIN_POLICY, &NF_ACCEPT.to_be_bytes());
+    nla_str(&mut body, NFTA_CHAIN_TYPE, "filter");
+    nft_message(NFT_MSG_NEWCHAIN, NLM_F_ACK | NLM_F_CREATE, &body)
+}
+
+/// Adds the base chains of `side` to table `t` (named `name`), each with `rules` (built by [`dhcp_rules`]).
+fn add_base_chains(
+    tx: &mut Tx,
+    side: Side,
+    t: &Table,
+    config: &RulesetConfig,
+    priority: i32,
+    comment: &str,
+    build: &dyn Fn(Rule) -> Result<Rule, NftError>,
+) -> Result<(), NftError> {
+    let fam = side.family_name();
+    let verb = if comment == comments::GUARD_DROP { "unmarked drop" } else { "jump pxe" };
+    let name = t.get_name().map(String::as_str).unwrap_or_default().to_string();
+    let chains: Vec<(Chain, &str)> = match side {
+        Side::Requests => {
+            let mut v = Vec::new();
+            for &h in &config.hooks {
+                let chain = base_chain(t, h, priority);
+                tx.chain(&chain, MsgType::Add, format!("base chain {fam} {name} {}", h.chain_name()));
+                v.push((chain, h.chain_name()));
+            }
+            v
+        }
+        Side::Replies => {
+            tx.raw(
+                egress_chain_message(&name, &config.egress_interfaces, priority),
+                format!(
+                    "base chain {fam} {name} {EGRESS_CHAIN} (hook egress, devices {:?}; needs Linux 5.16 or later)",
+                    config.egress_interfaces
+                ),
+            );
+            vec![(regular_chain(t, EGRESS_CHAIN), EGRESS_CHAIN)]
+        }
+    };
+    for (chain, cname) in chains {
+        for (rule, what) in dhcp_rules(side, &chain, config, build)? {
+            tx.rule(
+                &with_comment(rule, comment),
+                MsgType::Add,
+                format!("rule \"{what} {verb}\" in chain {fam} {name} {cname}"),
+            );
+        }
+    }
+    Ok(())
+}
+
 fn regular_chain(t: &Table, name: &str) -> Chain {
     Chain::new(t).with_name(name)
 }
 
-fn set_object(kind: SetKind, with_id: bool) -> Set {
+fn set_object(side: Side, kind: SetKind, with_id: bool) -> Set {
     // rustables does not derive the set's family from its table: without this the kernel looks the table up in
     // family "unspec" and answers ENOENT.
-    let s = Set { family: ProtocolFamily::Inet, ..Set::default() };
+    let s = Set { family: side.family(), ..Set::default() };
     let mut s = s.with_table(OWNED_TABLE).with_name(kind.name()).with_key_len(6u32);
     if with_id {
-        s.set_id(kind.id());
+        s.set_id(side.set_id_base() + kind.id());
     }
     if kind.is_chaddr() {
         s.with_key_type(NFT_TYPE_INTEGER).with_userdata(UDATA_TYPEOF_CHADDR.to_vec())
@@ -373,8 +537,8 @@ fn set_object(kind: SetKind, with_id: bool) -> Set {
     }
 }
 
-fn lease_set_object(with_id: bool) -> Set {
-    let s = Set { family: ProtocolFamily::Inet, ..Set::default() };
+fn lease_set_object(side: Side, with_id: bool) -> Set {
+    let s = Set { family: side.family(), ..Set::default() };
     let mut s = s
         .with_table(OWNED_TABLE)
         .with_name(LEASE_SET)
@@ -384,15 +548,16 @@ fn lease_set_object(with_id: bool) -> Set {
         .with_key_len(2u32)
         .with_userdata(UDATA_KEY_BIG_ENDIAN.to_vec());
     if with_id {
-        s.set_id(LEASE_SET_ID);
+        s.set_id(side.set_id_base() + LEASE_SET_ID);
     }
     s
 }
 
 /// Adds (or removes) `macs` to (from) a set, in as many messages as needed, all in this transaction.
-fn set_elements(tx: &mut Tx, kind: SetKind, macs: &[MacAddr], op: MsgType) -> Result<(), NftError> {
-    let t = table(OWNED_TABLE);
+fn set_elements(tx: &mut Tx, side: Side, kind: SetKind, macs: &[MacAddr], op: MsgType) -> Result<(), NftError> {
+    let t = table(side, OWNED_TABLE);
     let verb = if op == MsgType::Add { "add" } else { "delete" };
+    let fam = side.family_name();
     for (i, chunk) in macs.chunks(ELEMENTS_PER_MESSAGE).enumerate() {
         let mut b = SetBuilder::<[u8; 6]>::new(kind.name(), &t)?;
         for m in chunk {
@@ -404,7 +569,7 @@ fn set_elements(tx: &mut Tx, kind: SetKind, macs: &[MacAddr], op: MsgType) -> Re
             &list,
             op,
             format!(
-                "{verb} elements {first}..{} ({}..) of set inet {OWNED_TABLE} {}",
+                "{verb} elements {first}..{} ({}..) of set {fam} {OWNED_TABLE} {}",
                 first + chunk.len() - 1,
                 chunk[0],
                 kind.name()
@@ -419,8 +584,16 @@ fn with_comment(rule: Rule, comment: &str) -> Rule {
     rule.with_userdata(comment_udata(comment))
 }
 
-/// `[iifname IF] udp dport PORT`
-fn match_dhcp(mut rule: Rule, iface: Option<&str>, port: u16) -> Rule {
+/// The UDP port that identifies DHCP traffic on a side: the destination of a request, the source of a reply.
+fn udp_port_field(side: Side) -> UDPHeaderField {
+    match side {
+        Side::Requests => UDPHeaderField::Dport,
+        Side::Replies => UDPHeaderField::Sport,
+    }
+}
+
+/// Requests: `[iifname IF] udp dport PORT`. Replies: `udp sport PORT` (the chain is bound to its devices).
+fn match_dhcp(side: Side, mut rule: Rule, iface: Option<&str>, port: u16) -> Rule {
     if let Some(name) = iface {
         let mut bytes = [0u8; 16];
         bytes[..name.len()].copy_from_slice(name.as_bytes());
@@ -428,27 +601,37 @@ fn match_dhcp(mut rule: Rule, iface: Option<&str>, port: u16) -> Rule {
     }
     rule.with_expr(Meta::new(MetaType::L4Proto))
         .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
-        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(UDPHeaderField::Dport)).build())
+        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(udp_port_field(side))).build())
         .with_expr(Cmp::new(CmpOp::Eq, port.to_be_bytes().to_vec()))
 }
 
-/// `udp dport @lease`: the rule matches only while the lease element of the packet's port has not expired.
-fn require_lease(rule: Rule) -> Result<Rule, NftError> {
+/// `udp dport @lease` (replies: `udp sport @lease`): the rule matches only while the lease element of the packet's
+/// port has not expired.
+fn require_lease(side: Side, rule: Rule) -> Result<Rule, NftError> {
     Ok(rule
         .with_expr(Meta::new(MetaType::L4Proto))
         .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
-        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(UDPHeaderField::Dport)).build())
-        .with_expr(Lookup::new(&lease_set_object(false))?))
+        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(udp_port_field(side))).build())
+        .with_expr(Lookup::new(&lease_set_object(side, false))?))
 }
 
 /// Loads the address a set of this kind is keyed by into register 1.
 ///
-/// The chaddr key is read from IPv4 packets only (`meta nfproto ipv4`): `@th,288,48` is BOOTP's chaddr, while in a
-/// DHCPv6 message the same six bytes are whatever option sits there — in a SOLICIT with IA_NA first, the MAC of a
-/// DUID-LL, which a client chooses freely. DHCPv6 is identified by its Ethernet source alone (architecture.md).
-fn load_key(rule: Rule, kind: SetKind) -> Rule {
+/// The chaddr key is read from IPv4 packets only (`meta nfproto ipv4`; in the netdev family, where nfproto is
+/// netdev, `meta protocol ip`): `@th,288,48` is BOOTP's chaddr, while in a DHCPv6 message the same six bytes are
+/// whatever option sits there — in a SOLICIT with IA_NA first, the MAC of a DUID-LL, which a client chooses
+/// freely. DHCPv6 is identified by its Ethernet source alone (architecture.md).
+fn load_key(side: Side, rule: Rule, kind: SetKind) -> Rule {
     if kind.is_chaddr() {
-        rule.with_expr(Meta::new(MetaType::NfProto)).with_expr(Cmp::new(CmpOp::Eq, vec![NFPROTO_IPV4])).with_expr(
+        let rule = match side {
+            Side::Requests => {
+                rule.with_expr(Meta::new(MetaType::NfProto)).with_expr(Cmp::new(CmpOp::Eq, vec![NFPROTO_IPV4]))
+            }
+            Side::Replies => rule
+                .with_expr(Meta::new(MetaType::Protocol))
+                .with_expr(Cmp::new(CmpOp::Eq, ETH_P_IP.to_be_bytes().to_vec())),
+        };
+        rule.with_expr(
             Payload::default()
                 .with_base(NFT_PAYLOAD_TRANSPORT_HEADER)
                 .with_offset(CHADDR_OFFSET_BYTES)
@@ -462,9 +645,9 @@ fn load_key(rule: Rule, kind: SetKind) -> Rule {
     }
 }
 
-fn lookup(kind: SetKind) -> Result<Lookup, NftError> {
+fn lookup(side: Side, kind: SetKind) -> Result<Lookup, NftError> {
     // By name: the kernel finds a set created earlier in the same transaction by name as well.
-    Ok(Lookup::new(&set_object(kind, false))?)
+    Ok(Lookup::new(&set_object(side, kind, false))?)
 }
 
 /// `meta mark set meta mark & ~MASK | MARK`
@@ -472,6 +655,15 @@ fn set_mark(rule: Rule, config: &RulesetConfig) -> Result<Rule, NftError> {
     Ok(rule
         .with_expr(Meta::new(MetaType::Mark))
         .with_expr(Bitwise::new((!config.mask).to_ne_bytes().to_vec(), config.mark.to_ne_bytes().to_vec())?)
+        .with_expr(Meta::default().with_key(MetaType::Mark).with_sreg(Register::Reg1)))
+}
+
+/// `meta mark set meta mark & ~MASK`: a reply leaves with ironguard's mark bits cleared, whatever its sender set
+/// (SO_MARK), so only the agent's table can mark it for the guard.
+fn clear_mark(rule: Rule, config: &RulesetConfig) -> Result<Rule, NftError> {
+    Ok(rule
+        .with_expr(Meta::new(MetaType::Mark))
+        .with_expr(Bitwise::new((!config.mask).to_ne_bytes().to_vec(), vec![0u8; 4])?)
         .with_expr(Meta::default().with_key(MetaType::Mark).with_sreg(Register::Reg1)))
 }
 
@@ -485,22 +677,24 @@ fn counter(rule: Rule) -> Rule {
 
 /// The DHCP-matching rules of one base chain, each ending with `verdict`.
 fn dhcp_rules(
+    side: Side,
     chain: &Chain,
     config: &RulesetConfig,
     build: &dyn Fn(Rule) -> Result<Rule, NftError>,
 ) -> Result<Vec<(Rule, String)>, NftError> {
-    let ifaces: Vec<Option<&str>> = if config.interfaces.is_empty() {
+    let ifaces: Vec<Option<&str>> = if config.interfaces.is_empty() || side == Side::Replies {
         vec![None]
     } else {
         config.interfaces.iter().map(|s| Some(s.as_str())).collect()
     };
+    let dir = if side == Side::Replies { "sport" } else { "dport" };
     let mut out = Vec::new();
     for iface in &ifaces {
         for &port in &config.ports {
-            let rule = build(match_dhcp(Rule::new(chain)?, *iface, port))?;
+            let rule = build(match_dhcp(side, Rule::new(chain)?, *iface, port))?;
             let what = match iface {
-                Some(i) => format!("iifname {i} udp dport {port}"),
-                None => format!("udp dport {port}"),
+                Some(i) => format!("iifname {i} udp {dir} {port}"),
+                None => format!("udp {dir} {port}"),
             };
             out.push((rule, what));
         }
@@ -510,17 +704,24 @@ fn dhcp_rules(
 
 /// The rules of `pxe`, `whitelist` and `blacklist` for a mode and policy. These are the only rules a mode switch
 /// rewrites, so its cost does not depend on the size of the sets.
-fn mode_rules(tx: &mut Tx, config: &RulesetConfig, mode: Mode, policy: UnknownMacPolicy) -> Result<(), NftError> {
-    let t = table(OWNED_TABLE);
+fn mode_rules(
+    tx: &mut Tx,
+    side: Side,
+    config: &RulesetConfig,
+    mode: Mode,
+    policy: UnknownMacPolicy,
+) -> Result<(), NftError> {
+    let t = table(side, OWNED_TABLE);
+    let fam = side.family_name();
     let pxe = regular_chain(&t, "pxe");
     let white = regular_chain(&t, "whitelist");
     let black = regular_chain(&t, "blacklist");
-    let sets: Vec<SetKind> = SetKind::for_config(config).collect();
+    let sets = side.set_kinds(config);
     let add = |tx: &mut Tx, rule: Rule, chain: &str, comment: &str| {
         tx.rule(
             &with_comment(rule, comment),
             MsgType::Add,
-            format!("rule \"{comment}\" in chain inet {OWNED_TABLE} {chain}"),
+            format!("rule \"{comment}\" in chain {fam} {OWNED_TABLE} {chain}"),
         );
     };
 
@@ -533,109 +734,131 @@ fn mode_rules(tx: &mut Tx, config: &RulesetConfig, mode: Mode, policy: UnknownMa
 
     if mode == Mode::Leader {
         for &k in sets.iter().filter(|k| k.is_allow()) {
-            let r = load_key(require_lease(Rule::new(&white)?)?, k).with_expr(lookup(k)?);
+            let r = load_key(side, require_lease(side, Rule::new(&white)?)?, k).with_expr(lookup(side, k)?);
             let r = verdict(set_mark(counter(r), config)?, VerdictKind::Accept);
             let c = if k.is_chaddr() { comments::ALLOW_CHADDR } else { comments::ALLOW_MAC };
             add(tx, r, "whitelist", c);
         }
     }
     for &k in sets.iter().filter(|k| !k.is_allow()) {
-        let r = load_key(Rule::new(&black)?, k).with_expr(lookup(k)?);
+        let r = load_key(side, Rule::new(&black)?, k).with_expr(lookup(side, k)?);
         let c = if k.is_chaddr() { comments::DENY_CHADDR } else { comments::DENY_MAC };
         add(tx, verdict(counter(r), VerdictKind::Drop), "blacklist", c);
     }
     if mode == Mode::Leader && policy == UnknownMacPolicy::Allow {
-        let r = verdict(set_mark(counter(require_lease(Rule::new(&black)?)?), config)?, VerdictKind::Accept);
+        let r = verdict(set_mark(counter(require_lease(side, Rule::new(&black)?)?), config)?, VerdictKind::Accept);
         add(tx, r, "blacklist", comments::PASS);
     }
     Ok(())
 }
 
-/// Rebuilds the whole agent's table in one transaction: create (no-op if present), delete, create, then
-/// sets, elements, chains and rules. Packets see either the old table or the new one, never a mix.
+/// Rebuilds the agent's tables (one per side the configuration uses) in one transaction: create (no-op if
+/// present), delete, create, then sets, elements, chains and rules. Packets see either the old tables or the new
+/// ones, never a mix.
 pub(crate) fn full_owned(s: &DesiredState, lease_ms: u64) -> Result<Tx, NftError> {
     s.config.validate()?;
     let mut tx = Tx::new();
-    let t = owned_table();
-    let desc = format!("table inet {OWNED_TABLE}");
+    for side in Side::for_config(&s.config) {
+        full_owned_side(&mut tx, side, s, lease_ms)?;
+    }
+    Ok(tx)
+}
+
+fn full_owned_side(tx: &mut Tx, side: Side, s: &DesiredState, lease_ms: u64) -> Result<(), NftError> {
+    let t = owned_table(side);
+    let fam = side.family_name();
+    let desc = format!("table {fam} {OWNED_TABLE}");
     tx.table(&t, MsgType::Add, format!("{desc} (create)"));
     tx.table(&t, MsgType::Del, format!("{desc} (delete for rebuild)"));
     tx.table(&t, MsgType::Add, format!("{desc} (rebuild)"));
-    for k in SetKind::for_config(&s.config) {
+    for k in side.set_kinds(&s.config) {
         let macs: Vec<MacAddr> =
             if k.is_allow() { s.allow.iter().copied().collect() } else { s.deny.iter().copied().collect() };
         let size = set_capacity(macs.len());
-        tx.set_with_size(&set_object(k, true), size, format!("set inet {OWNED_TABLE} {} (size {size})", k.name()));
-        set_elements(&mut tx, k, &macs, MsgType::Add)?;
+        tx.set_with_size(
+            &set_object(side, k, true),
+            size,
+            format!("set {fam} {OWNED_TABLE} {} (size {size})", k.name()),
+        );
+        set_elements(tx, side, k, &macs, MsgType::Add)?;
     }
-    tx.set(&lease_set_object(true), MsgType::Add, format!("set inet {OWNED_TABLE} {LEASE_SET}"));
+    tx.set(&lease_set_object(side, true), MsgType::Add, format!("set {fam} {OWNED_TABLE} {LEASE_SET}"));
     if lease_ms > 0 {
-        lease_add(&mut tx, &s.config.ports, lease_ms);
+        lease_add(tx, side, &s.config.ports, lease_ms);
     }
     for name in ["whitelist", "blacklist", "pxe"] {
-        tx.chain(&regular_chain(&t, name), MsgType::Add, format!("chain inet {OWNED_TABLE} {name}"));
+        tx.chain(&regular_chain(&t, name), MsgType::Add, format!("chain {fam} {OWNED_TABLE} {name}"));
     }
-    mode_rules(&mut tx, &s.config, s.mode, s.unknown_mac_policy)?;
-    for &h in &s.config.hooks {
-        let chain = base_chain(&t, h, OWNED_PRIORITY);
-        tx.chain(&chain, MsgType::Add, format!("base chain inet {OWNED_TABLE} {}", h.chain_name()));
-        let jump = |r: Rule| Ok(verdict(counter(r), VerdictKind::Jump { chain: "pxe".into() }));
-        for (rule, what) in dhcp_rules(&chain, &s.config, &jump)? {
-            tx.rule(
-                &with_comment(rule, comments::DHCP_JUMP),
-                MsgType::Add,
-                format!("rule \"{what} jump pxe\" in chain inet {OWNED_TABLE} {}", h.chain_name()),
-            );
-        }
-    }
-    Ok(tx)
+    mode_rules(tx, side, &s.config, s.mode, s.unknown_mac_policy)?;
+    let config = &s.config;
+    let jump = |r: Rule| -> Result<Rule, NftError> {
+        let r = counter(r);
+        // A reply's mark is the sender's to set (SO_MARK): clear ironguard's bits before the agent decides.
+        let r = if side == Side::Replies { clear_mark(r, config)? } else { r };
+        Ok(verdict(r, VerdictKind::Jump { chain: "pxe".into() }))
+    };
+    add_base_chains(tx, side, &t, &s.config, OWNED_PRIORITY, comments::DHCP_JUMP, &jump)
 }
 
 /// Flushes and rebuilds the mode-dependent rules.
 pub(crate) fn switch_mode(config: &RulesetConfig, mode: Mode, policy: UnknownMacPolicy) -> Result<Tx, NftError> {
     let mut tx = Tx::new();
-    let t = table(OWNED_TABLE);
-    for name in ["pxe", "whitelist", "blacklist"] {
-        // A rule deletion naming only table and chain flushes the chain.
-        tx.rule(&Rule::new(&regular_chain(&t, name))?, MsgType::Del, format!("flush chain inet {OWNED_TABLE} {name}"));
+    for side in Side::for_config(config) {
+        let t = table(side, OWNED_TABLE);
+        for name in ["pxe", "whitelist", "blacklist"] {
+            // A rule deletion naming only table and chain flushes the chain.
+            tx.rule(
+                &Rule::new(&regular_chain(&t, name))?,
+                MsgType::Del,
+                format!("flush chain {} {OWNED_TABLE} {name}", side.family_name()),
+            );
+        }
+        mode_rules(&mut tx, side, config, mode, policy)?;
     }
-    mode_rules(&mut tx, config, mode, policy)?;
     Ok(tx)
 }
 
 /// The element changes of an effective delta (only MACs that really change).
 pub(crate) fn delta(config: &RulesetConfig, effective: &Delta) -> Result<Tx, NftError> {
     let mut tx = Tx::new();
-    for k in SetKind::for_config(config) {
-        let (add, remove) = if k.is_allow() {
-            (&effective.allow_add, &effective.allow_remove)
-        } else {
-            (&effective.deny_add, &effective.deny_remove)
-        };
-        set_elements(&mut tx, k, remove, MsgType::Del)?;
-        set_elements(&mut tx, k, add, MsgType::Add)?;
+    for side in Side::for_config(config) {
+        for k in side.set_kinds(config) {
+            let (add, remove) = if k.is_allow() {
+                (&effective.allow_add, &effective.allow_remove)
+            } else {
+                (&effective.deny_add, &effective.deny_remove)
+            };
+            set_elements(&mut tx, side, k, remove, MsgType::Del)?;
+            set_elements(&mut tx, side, k, add, MsgType::Add)?;
+        }
     }
     Ok(tx)
 }
 
-/// Moves the lease: flushes the lease set and, when `lease_ms` > 0, adds one element per port that the kernel
-/// expires `lease_ms` after it applies the batch. One transaction: a packet sees the old elements or the new ones.
+/// Moves the lease: flushes the lease set of each side and, when `lease_ms` > 0, adds one element per port that
+/// the kernel expires `lease_ms` after it applies the batch. One transaction: a packet sees the old elements or the
+/// new ones.
 pub(crate) fn lease_refresh(config: &RulesetConfig, lease_ms: u64) -> Tx {
     let mut tx = Tx::new();
-    let mut body = nfgen(NFPROTO_INET);
-    nla_str(&mut body, NFTA_SET_ELEM_LIST_TABLE, OWNED_TABLE);
-    nla_str(&mut body, NFTA_SET_ELEM_LIST_SET, LEASE_SET);
-    // DELSETELEM without an element list flushes the set.
-    tx.raw(nft_message(NFT_MSG_DELSETELEM, NLM_F_ACK, &body), format!("flush set inet {OWNED_TABLE} {LEASE_SET}"));
-    if lease_ms > 0 {
-        lease_add(&mut tx, &config.ports, lease_ms);
+    for side in Side::for_config(config) {
+        let mut body = nfgen(side.nfproto());
+        nla_str(&mut body, NFTA_SET_ELEM_LIST_TABLE, OWNED_TABLE);
+        nla_str(&mut body, NFTA_SET_ELEM_LIST_SET, LEASE_SET);
+        // DELSETELEM without an element list flushes the set.
+        tx.raw(
+            nft_message(NFT_MSG_DELSETELEM, NLM_F_ACK, &body),
+            format!("flush set {} {OWNED_TABLE} {LEASE_SET}", side.family_name()),
+        );
+        if lease_ms > 0 {
+            lease_add(&mut tx, side, &config.ports, lease_ms);
+        }
     }
     tx
 }
 
 /// `add element inet ironguard lease { PORT timeout LEASE_MSms, ... }`. rustables cannot give an element its own
 /// timeout, so the message is written here.
-fn lease_add(tx: &mut Tx, ports: &[u16], lease_ms: u64) {
+fn lease_add(tx: &mut Tx, side: Side, ports: &[u16], lease_ms: u64) {
     let mut elements = Vec::new();
     for port in ports {
         let mut key = Vec::new();
@@ -645,18 +868,22 @@ fn lease_add(tx: &mut Tx, ports: &[u16], lease_ms: u64) {
         nla(&mut elem, NFTA_SET_ELEM_TIMEOUT, &lease_ms.to_be_bytes());
         nla(&mut elements, NFTA_LIST_ELEM | NLA_F_NESTED, &elem);
     }
-    let mut body = nfgen(NFPROTO_INET);
+    let mut body = nfgen(side.nfproto());
     nla_str(&mut body, NFTA_SET_ELEM_LIST_TABLE, OWNED_TABLE);
     nla_str(&mut body, NFTA_SET_ELEM_LIST_SET, LEASE_SET);
     nla(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED, &elements);
     tx.raw(
         nft_message(NFT_MSG_NEWSETELEM, NLM_F_ACK | NLM_F_CREATE, &body),
-        format!("add lease elements {ports:?} timeout {lease_ms}ms to set inet {OWNED_TABLE} {LEASE_SET}"),
+        format!(
+            "add lease elements {ports:?} timeout {lease_ms}ms to set {} {OWNED_TABLE} {LEASE_SET}",
+            side.family_name()
+        ),
     );
     tx.elements += ports.len();
 }
 
 const NFPROTO_INET: u8 = 1;
+const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
 const NLM_F_REQUEST: u16 = 0x1;
@@ -669,6 +896,16 @@ const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_CHAIN_TYPE: u16 = 7;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
+const NFTA_HOOK_DEVS: u16 = 4;
+const NFTA_DEVICE_NAME: u16 = 1;
+const NF_ACCEPT: u32 = 1;
 
 /// The 4-byte nfgenmsg header: family, version 0, resource id 0.
 fn nfgen(family: u8) -> Vec<u8> {
@@ -702,25 +939,51 @@ fn nft_message(op: u16, flags: u16, body: &[u8]) -> Vec<u8> {
     m
 }
 
-/// Installs or replaces the guard table in one transaction, with table `flags` (`owner|persist` where the kernel
-/// has `persist`; none otherwise). `existing`: the flags of the guard now in the kernel, if there is one. An
-/// existing guard is deleted and rebuilt in the same batch (a `create` first would have to repeat its flags,
-/// which the kernel refuses to change), so DHCP is never open in between.
-pub(crate) fn guard_install(config: &RulesetConfig, flags: u32, existing: Option<u32>) -> Result<Tx, NftError> {
+/// The table flags of the guards now in the kernel, per side (`None`: that side has no guard).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct GuardFlags {
+    pub(crate) requests: Option<u32>,
+    pub(crate) replies: Option<u32>,
+}
+
+impl GuardFlags {
+    pub(crate) fn get(&self, side: Side) -> Option<u32> {
+        match side {
+            Side::Requests => self.requests,
+            Side::Replies => self.replies,
+        }
+    }
+
+    pub(crate) fn set(&mut self, side: Side, flags: Option<u32>) {
+        match side {
+            Side::Requests => self.requests = flags,
+            Side::Replies => self.replies = flags,
+        }
+    }
+}
+
+/// Installs or replaces the guard tables in one transaction, with table `flags` (`owner|persist` where the kernel
+/// has `persist`; none otherwise): one per side the configuration uses; a guard of a side it does not use is
+/// deleted. `existing`: the flags of the guards now in the kernel. An existing guard is deleted and rebuilt in the
+/// same batch (a `create` first would have to repeat its flags, which the kernel refuses to change), so DHCP is
+/// never open in between.
+pub(crate) fn guard_install(config: &RulesetConfig, flags: u32, existing: GuardFlags) -> Result<Tx, NftError> {
     config.validate()?;
     let mut tx = Tx::new();
-    if let Some(old) = existing {
-        tx.table(
-            &table(GUARD_TABLE).with_flags(old),
-            MsgType::Del,
-            format!("table inet {GUARD_TABLE} (delete for rebuild)"),
-        );
-    }
-    let t = table(GUARD_TABLE).with_flags(flags);
-    tx.table(&t, MsgType::Add, format!("table inet {GUARD_TABLE} (flags {flags:#x})"));
-    for &h in &config.hooks {
-        let chain = base_chain(&t, h, GUARD_PRIORITY);
-        tx.chain(&chain, MsgType::Add, format!("base chain inet {GUARD_TABLE} {}", h.chain_name()));
+    for side in Side::ALL {
+        let fam = side.family_name();
+        if let Some(old) = existing.get(side) {
+            tx.table(
+                &table(side, GUARD_TABLE).with_flags(old),
+                MsgType::Del,
+                format!("table {fam} {GUARD_TABLE} (delete for rebuild)"),
+            );
+        }
+        if !Side::for_config(config).any(|s| s == side) {
+            continue;
+        }
+        let t = table(side, GUARD_TABLE).with_flags(flags);
+        tx.table(&t, MsgType::Add, format!("table {fam} {GUARD_TABLE} (flags {flags:#x})"));
         let drop_unmarked = |r: Rule| -> Result<Rule, NftError> {
             let r = r
                 .with_expr(Meta::new(MetaType::Mark))
@@ -728,13 +991,7 @@ pub(crate) fn guard_install(config: &RulesetConfig, flags: u32, existing: Option
                 .with_expr(Cmp::new(CmpOp::Neq, config.mark.to_ne_bytes().to_vec()));
             Ok(verdict(counter(r), VerdictKind::Drop))
         };
-        for (rule, what) in dhcp_rules(&chain, config, &drop_unmarked)? {
-            tx.rule(
-                &with_comment(rule, comments::GUARD_DROP),
-                MsgType::Add,
-                format!("rule \"{what} unmarked drop\" in chain inet {GUARD_TABLE} {}", h.chain_name()),
-            );
-        }
+        add_base_chains(&mut tx, side, &t, config, GUARD_PRIORITY, comments::GUARD_DROP, &drop_unmarked)?;
     }
     Ok(tx)
 }
@@ -743,24 +1000,30 @@ pub(crate) fn guard_install(config: &RulesetConfig, flags: u32, existing: Option
 /// `NFT_TABLE_F_PERSIST` (Linux 6.9 and later).
 pub(crate) fn persist_probe(name: &str) -> Tx {
     let mut tx = Tx::new();
-    let t = table(name).with_flags(NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST);
+    let t = table(Side::Requests, name).with_flags(NFT_TABLE_F_OWNER | NFT_TABLE_F_PERSIST);
     tx.table(&t, MsgType::Add, format!("table inet {name} (persist probe)"));
     tx.table(&t, MsgType::Del, format!("table inet {name} (persist probe, delete)"));
     tx
 }
 
-/// Removes the guard table whose current flags are `existing` (nothing to do when there is none).
-pub(crate) fn guard_remove(existing: Option<u32>) -> Tx {
+/// Removes the guard tables whose current flags are `existing` (nothing to do when there is none).
+pub(crate) fn guard_remove(existing: GuardFlags) -> Tx {
     let mut tx = Tx::new();
-    if let Some(flags) = existing {
-        tx.table(&table(GUARD_TABLE).with_flags(flags), MsgType::Del, format!("table inet {GUARD_TABLE} (delete)"));
+    for side in Side::ALL {
+        if let Some(flags) = existing.get(side) {
+            tx.table(
+                &table(side, GUARD_TABLE).with_flags(flags),
+                MsgType::Del,
+                format!("table {} {GUARD_TABLE} (delete)", side.family_name()),
+            );
+        }
     }
     tx
 }
 
 /// Test hook: appends an object the kernel must reject (a rule in a chain that does not exist).
 pub(crate) fn add_invalid_object(tx: &mut Tx) -> Result<(), NftError> {
-    let t = table(OWNED_TABLE);
+    let t = table(Side::Requests, OWNED_TABLE);
     let chain = regular_chain(&t, "ironguard-fault-injection");
     tx.rule(
         &verdict(Rule::new(&chain)?, VerdictKind::Drop),
@@ -818,7 +1081,7 @@ mod tests {
     #[test]
     fn one_chunk_is_well_below_the_attribute_limit() {
         let mut tx = Tx::new();
-        set_elements(&mut tx, SetKind::DenyMac, &macs(ELEMENTS_PER_MESSAGE), MsgType::Add).unwrap();
+        set_elements(&mut tx, Side::Requests, SetKind::DenyMac, &macs(ELEMENTS_PER_MESSAGE), MsgType::Add).unwrap();
         let f = tx.finish();
         let msg = Messages::new(&f.bytes).nth(1).unwrap().unwrap();
         assert!(msg.payload.len() < 60_000, "{}", msg.payload.len());

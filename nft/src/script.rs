@@ -6,25 +6,39 @@ use std::fmt::Write as _;
 
 use crate::MacAddr;
 use crate::model::{DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
-use crate::ruleset::{GUARD_PRIORITY, LEASE_DEFAULT_TIMEOUT_MS, LEASE_SET, OWNED_PRIORITY, SetKind, comments};
+use crate::ruleset::{
+    EGRESS_CHAIN, GUARD_PRIORITY, LEASE_DEFAULT_TIMEOUT_MS, LEASE_SET, OWNED_PRIORITY, SetKind, Side, comments,
+};
 
-fn dhcp_matches(config: &RulesetConfig) -> Vec<String> {
+fn dhcp_matches(side: Side, config: &RulesetConfig) -> Vec<String> {
     let mut out = Vec::new();
-    let ifaces: Vec<Option<&String>> =
-        if config.interfaces.is_empty() { vec![None] } else { config.interfaces.iter().map(Some).collect() };
+    let ifaces: Vec<Option<&String>> = if config.interfaces.is_empty() || side == Side::Replies {
+        vec![None]
+    } else {
+        config.interfaces.iter().map(Some).collect()
+    };
+    let dir = port_dir(side);
     for iface in ifaces {
         for port in &config.ports {
             out.push(match iface {
-                Some(i) => format!("iifname \"{i}\" udp dport {port}"),
-                None => format!("udp dport {port}"),
+                Some(i) => format!("iifname \"{i}\" udp {dir} {port}"),
+                None => format!("udp {dir} {port}"),
             });
         }
     }
     out
 }
 
-fn key(kind: SetKind) -> &'static str {
-    if kind.is_chaddr() { "meta nfproto ipv4 @th,288,48" } else { "ether saddr" }
+fn port_dir(side: Side) -> &'static str {
+    if side == Side::Replies { "sport" } else { "dport" }
+}
+
+fn key(side: Side, kind: SetKind) -> &'static str {
+    match (side, kind.is_chaddr()) {
+        (Side::Requests, true) => "meta nfproto ipv4 @th,288,48",
+        (Side::Replies, true) => "meta protocol ip @th,288,48",
+        (_, false) => "ether saddr",
+    }
 }
 
 fn element(kind: SetKind, m: &MacAddr) -> String {
@@ -44,16 +58,49 @@ fn hook_line(h: HookKind, priority: i32) -> String {
     format!("\t\ttype filter hook {} priority {priority}; policy accept;\n", h.chain_name())
 }
 
-/// The agent's table as an nft script. `owner` adds `flags owner` (the table then lives only as long as the
-/// `nft` process, so the benchmark leaves it out).
+/// The base chains of a side, each with one rule per DHCP match: `match` + `rest`.
+fn base_chains(out: &mut String, side: Side, c: &RulesetConfig, priority: i32, rest: &str) {
+    let chains: Vec<(&str, String)> = match side {
+        Side::Requests => c.hooks.iter().map(|&h| (h.chain_name(), hook_line(h, priority))).collect(),
+        Side::Replies => {
+            let devs: Vec<String> = c.egress_interfaces.iter().map(|d| format!("\"{d}\"")).collect();
+            vec![(
+                EGRESS_CHAIN,
+                format!(
+                    "\t\ttype filter hook egress devices = {{ {} }} priority {priority}; policy accept;\n",
+                    devs.join(", ")
+                ),
+            )]
+        }
+    };
+    for (name, hook) in chains {
+        let _ = writeln!(out, "\tchain {name} {{");
+        out.push_str(&hook);
+        for m in dhcp_matches(side, c) {
+            let _ = writeln!(out, "\t\t{m} {rest}");
+        }
+        out.push_str("\t}\n");
+    }
+}
+
+/// The agent's tables (one per side the configuration uses) as an nft script. `owner` adds `flags owner` (the
+/// table then lives only as long as the `nft` process, so the benchmark leaves it out).
 pub fn owned_table_script(table: &str, s: &DesiredState, owner: bool) -> String {
-    let c = &s.config;
     let mut out = String::with_capacity(64 + (s.allow.len() + s.deny.len()) * 40);
-    let _ = writeln!(out, "table inet {table} {{");
+    for side in Side::for_config(&s.config) {
+        owned_side_script(&mut out, side, table, s, owner);
+    }
+    out
+}
+
+fn owned_side_script(out: &mut String, side: Side, table: &str, s: &DesiredState, owner: bool) {
+    let c = &s.config;
+    let dir = port_dir(side);
+    let _ = writeln!(out, "table {} {table} {{", side.family_name());
     if owner {
         out.push_str("\tflags owner\n");
     }
-    for k in SetKind::for_config(c) {
+    for k in side.set_kinds(c) {
         let _ = writeln!(out, "\tset {} {{", k.name());
         if k.is_chaddr() {
             out.push_str("\t\ttypeof @th,288,48\n");
@@ -81,25 +128,25 @@ pub fn owned_table_script(table: &str, s: &DesiredState, owner: bool) -> String 
     );
     let _ = writeln!(out, "\tchain whitelist {{");
     if s.mode == Mode::Leader {
-        for k in SetKind::for_config(c).filter(|k| k.is_allow()) {
+        for k in side.set_kinds(c).into_iter().filter(|k| k.is_allow()) {
             let cm = if k.is_chaddr() { comments::ALLOW_CHADDR } else { comments::ALLOW_MAC };
             let _ = writeln!(
                 out,
-                "\t\tudp dport @{LEASE_SET} {} @{} counter {} accept comment \"{cm}\"",
-                key(k),
+                "\t\tudp {dir} @{LEASE_SET} {} @{} counter {} accept comment \"{cm}\"",
+                key(side, k),
                 k.name(),
                 mark_set(c)
             );
         }
     }
     out.push_str("\t}\n\tchain blacklist {\n");
-    for k in SetKind::for_config(c).filter(|k| !k.is_allow()) {
+    for k in side.set_kinds(c).into_iter().filter(|k| !k.is_allow()) {
         let cm = if k.is_chaddr() { comments::DENY_CHADDR } else { comments::DENY_MAC };
-        let _ = writeln!(out, "\t\t{} @{} counter drop comment \"{cm}\"", key(k), k.name());
+        let _ = writeln!(out, "\t\t{} @{} counter drop comment \"{cm}\"", key(side, k), k.name());
     }
     if s.mode == Mode::Leader && s.unknown_mac_policy == UnknownMacPolicy::Allow {
         let _ =
-            writeln!(out, "\t\tudp dport @{LEASE_SET} counter {} accept comment \"{}\"", mark_set(c), comments::PASS);
+            writeln!(out, "\t\tudp {dir} @{LEASE_SET} counter {} accept comment \"{}\"", mark_set(c), comments::PASS);
     }
     out.push_str("\t}\n\tchain pxe {\n");
     if s.mode == Mode::Blocked {
@@ -109,35 +156,27 @@ pub fn owned_table_script(table: &str, s: &DesiredState, owner: bool) -> String 
     let _ = writeln!(out, "\t\tjump blacklist comment \"{}\"", comments::TO_BLACKLIST);
     let _ = writeln!(out, "\t\tcounter drop comment \"{}\"", comments::NOT_MARKED);
     out.push_str("\t}\n");
-    for &h in &c.hooks {
-        let _ = writeln!(out, "\tchain {} {{", h.chain_name());
-        out.push_str(&hook_line(h, OWNED_PRIORITY));
-        for m in dhcp_matches(c) {
-            let _ = writeln!(out, "\t\t{m} counter jump pxe comment \"{}\"", comments::DHCP_JUMP);
-        }
-        out.push_str("\t}\n");
-    }
+    let clear = match side {
+        Side::Requests => String::new(),
+        Side::Replies => format!("meta mark set meta mark & 0x{:08x} ", !c.mask),
+    };
+    base_chains(out, side, c, OWNED_PRIORITY, &format!("counter {clear}jump pxe comment \"{}\"", comments::DHCP_JUMP));
     out.push_str("}\n");
-    out
 }
 
-/// The guard table as an nft script.
+/// The guard tables (one per side the configuration uses) as an nft script.
 pub fn guard_table_script(table: &str, c: &RulesetConfig) -> String {
-    let mut out = format!("table inet {table} {{\n");
-    for &h in &c.hooks {
-        let _ = writeln!(out, "\tchain {} {{", h.chain_name());
-        out.push_str(&hook_line(h, GUARD_PRIORITY));
-        for m in dhcp_matches(c) {
-            let _ = writeln!(
-                out,
-                "\t\t{m} meta mark & 0x{:08x} != 0x{:08x} counter drop comment \"{}\"",
-                c.mask,
-                c.mark,
-                comments::GUARD_DROP
-            );
-        }
-        out.push_str("\t}\n");
+    let mut out = String::new();
+    for side in Side::for_config(c) {
+        let _ = writeln!(out, "table {} {table} {{", side.family_name());
+        let rest = format!(
+            "meta mark & 0x{:08x} != 0x{:08x} counter drop comment \"{}\"",
+            c.mask,
+            c.mark,
+            comments::GUARD_DROP
+        );
+        base_chains(&mut out, side, c, GUARD_PRIORITY, &rest);
+        out.push_str("}\n");
     }
-    out.push_str("}\n");
     out
 }

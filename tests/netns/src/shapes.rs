@@ -173,28 +173,51 @@ impl GuardedHost {
         assert!(got.is_some(), "verdict never became {want} (now {}):\n{}", verdict(pxe), self.agent.log_text());
     }
 
-    /// `ironguardctl filters allow|deny MAC`, then waits until the leader's kernel set holds it.
+    /// `ironguardctl filters allow|deny MAC`, then waits until the leader's kernel sets hold it (the chaddr set on
+    /// the reply side when there is one, else the Ethernet-source set).
     pub fn filter(&self, pxe: &Netns, verb: &str, mac: MacAddr) {
         let m = mac.to_string();
         let out = ctl(pxe, &["--controlplane", &self.cp.url(), "filters", verb, &m]);
         assert!(out.status.success(), "ironguardctl filters {verb} {m}: {out:?}");
-        let set = if verb == "allow" { "allow_mac" } else { "deny_mac" };
-        let got = wait_for(Duration::from_secs(5), || set_has(pxe, set, mac).then_some(()));
-        assert!(got.is_some(), "{m} never reached {set}:\n{}", self.agent.log_text());
+        let got = wait_for(Duration::from_secs(5), || {
+            let j = elements_json(pxe);
+            let (table, set) = match (j["egress_owned"].is_null(), verb == "allow") {
+                (true, true) => ("owned", "allow_mac"),
+                (true, false) => ("owned", "deny_mac"),
+                (false, true) => ("egress_owned", "allow_chaddr"),
+                (false, false) => ("egress_owned", "deny_chaddr"),
+            };
+            members_of(&j, table, set, mac).then_some(())
+        });
+        assert!(got.is_some(), "{m} never reached the {verb} set:\n{}", self.agent.log_text());
     }
 }
 
-/// Whether the agent's kernel set `set` holds `mac` (read with `ironguardctl chains --elements`).
-pub fn set_has(ns: &Netns, set: &str, mac: MacAddr) -> bool {
+/// `ironguardctl chains --json --elements` of `ns`.
+fn elements_json(ns: &Netns) -> serde_json::Value {
     let out = run_ok(Command::new(bin("ironguardctl")).args(["chains", "--json", "--elements", "--netns", ns.name()]));
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ironguardctl chains --json prints JSON");
+    serde_json::from_slice(&out.stdout).expect("ironguardctl chains --json prints JSON")
+}
+
+fn members_of(j: &serde_json::Value, table: &str, set: &str, mac: MacAddr) -> bool {
     let want = mac.to_string();
-    j["owned"]["sets"]
+    j[table]["sets"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|s| s["name"] == set)
         .any(|s| s["members"].as_array().is_some_and(|m| m.iter().any(|x| x.as_str() == Some(want.as_str()))))
+}
+
+/// Whether the agent's kernel set `set` holds `mac` (read with `ironguardctl chains --elements`): `table` is
+/// `owned` (the request side) or `egress_owned` (the reply side).
+pub fn set_has_in(ns: &Netns, table: &str, set: &str, mac: MacAddr) -> bool {
+    members_of(&elements_json(ns), table, set, mac)
+}
+
+/// Whether the request side's kernel set `set` holds `mac`.
+pub fn set_has(ns: &Netns, set: &str, mac: MacAddr) -> bool {
+    set_has_in(ns, "owned", set, mac)
 }
 
 /// The packet counter of the rule with `comment` in chain `chain` of `table` ("guard" or "owned") in
@@ -419,4 +442,36 @@ pub fn solicit_with_duid(node: &Netns, iface: &str, duid_mac: MacAddr) -> Solici
         src_mac: j["src_mac"].as_str().unwrap_or_default().to_string(),
         at_chaddr_offset: j["at_chaddr_offset"].as_str().unwrap_or_default().to_string(),
     }
+}
+
+/// A running ISC dhcpd (`isc-dhcp-server`): it reads and writes its interfaces through AF_PACKET sockets (Linux
+/// packet filter), so it sees a DISCOVER before any netfilter hook runs.
+#[derive(Debug)]
+pub struct Dhcpd {
+    pub proc: Proc,
+}
+
+/// Starts ISC dhcpd in `ns` on `interfaces`, authoritative, with `subnets` (`(network, netmask, first, last)`; an
+/// empty `first` declares the subnet without a range, as dhcpd wants for an interface it serves nobody on), and
+/// waits until it listens on udp/67 (its fallback socket, which relayed requests also reach).
+pub fn dhcpd(ns: &Netns, dir: &TempDir, tag: &str, interfaces: &[&str], subnets: &[(&str, &str, &str, &str)]) -> Dhcpd {
+    require_tools(&[("dhcpd", "isc-dhcp-server")]);
+    let file = |ext: &str| dir.join(&format!("dhcpd-{tag}.{ext}"));
+    let mut conf = String::from("default-lease-time 600;\nmax-lease-time 600;\nauthoritative;\nping-check false;\n");
+    for (net, mask, first, last) in subnets {
+        let range = if first.is_empty() { String::new() } else { format!(" range {first} {last};") };
+        conf.push_str(&format!("subnet {net} netmask {mask} {{{range} }}\n"));
+    }
+    std::fs::write(file("conf"), conf).expect("write dhcpd.conf");
+    std::fs::write(file("leases"), "").expect("write dhcpd leases");
+    let mut cmd = ns.cmd("dhcpd");
+    cmd.args(["-4", "-f", "-d", "--no-pid", "-cf"]).arg(file("conf")).arg("-lf").arg(file("leases")).args(interfaces);
+    let mut proc = Proc::spawn(&format!("dhcpd {tag}"), cmd, file("log"));
+    let listening = wait_for(Duration::from_secs(10), || {
+        let out = ns.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
+        let text = proc.log_text();
+        (!out.stdout.is_empty() && text.contains("Sending on")).then_some(())
+    });
+    assert!(listening.is_some() && proc.running(), "dhcpd {tag} did not start:\n{}", proc.log_text());
+    Dhcpd { proc }
 }

@@ -1,0 +1,262 @@
+//! DHCP servers on raw sockets (ISC dhcpd here; Kea in raw mode works the same way): they read requests from an
+//! AF_PACKET socket, which sees a frame before any netfilter hook, so dropping DISCOVERs at the input hook stops
+//! nothing. ironguard filters their *replies* instead, at the netdev egress hook of the provisioning interfaces
+//! (`egress_interfaces`), by the BOOTP chaddr — with the same owned table, guard, modes and kernel lease as the
+//! request side. Every test uses the real ISC dhcpd from Debian and busybox udhcpc clients.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use ironguard_netns_tests::shapes::*;
+use ironguard_netns_tests::*;
+use nix::sys::signal::Signal;
+
+const M1: &str = "52:54:00:13:e0:01";
+const M2: &str = "52:54:00:13:e0:02";
+const UNKNOWN: &str = "52:54:00:13:e0:99";
+const SERVER: &str = "10.92.0.1";
+
+/// A PXE host running dhcpd on `br0` (10.92.0.1/24, nodes on the bridge) and on `s0` (10.92.2.1/24, towards a DHCP
+/// relay whose clients are on 10.92.1.0/24):
+///
+/// ```text
+/// nodes[i] --(eth0 | p{i})-- br0 [pxe: dhcpd] s0 --(s0 | r1 10.92.2.2)-- relay (dnsmasq --dhcp-relay) r0 10.92.1.1 --(eth0)-- far
+/// ```
+struct RawLan {
+    // Dropped in this order: the servers (their logs printed if the test failed), the namespaces, the directory.
+    dhcpd: Dhcpd,
+    _relay_dnsmasq: Dnsmasq,
+    nodes: Vec<Netns>,
+    far: Netns,
+    _relay: Netns,
+    pxe: Netns,
+    dir: TempDir,
+}
+
+impl RawLan {
+    fn new(n: usize) -> Self {
+        let dir = TempDir::new("raw");
+        let pxe = Netns::new("rawpxe");
+        pxe.ip(&["link", "add", "br0", "type", "bridge", "forward_delay", "0"]);
+        pxe.ip(&["addr", "add", "10.92.0.1/24", "dev", "br0"]);
+        pxe.ip(&["link", "set", "br0", "up"]);
+        let nodes: Vec<Netns> = (0..n)
+            .map(|i| {
+                let node = Netns::new("rawnode");
+                veth(&node, "eth0", &pxe, &format!("p{i}"));
+                pxe.ip(&["link", "set", &format!("p{i}"), "master", "br0"]);
+                node
+            })
+            .collect();
+        let relay = Netns::new("rawrelay");
+        let far = Netns::new("rawfar");
+        veth(&far, "eth0", &relay, "r0");
+        veth(&relay, "r1", &pxe, "s0");
+        relay.ip(&["addr", "add", "10.92.1.1/24", "dev", "r0"]);
+        relay.ip(&["addr", "add", "10.92.2.2/24", "dev", "r1"]);
+        pxe.ip(&["addr", "add", "10.92.2.1/24", "dev", "s0"]);
+        pxe.ip(&["route", "add", "10.92.1.0/24", "via", "10.92.2.2"]);
+        let relay_dnsmasq = dnsmasq(
+            &relay,
+            &dir,
+            "relay",
+            &["--interface=r0", "--interface=r1", "--dhcp-relay=10.92.1.1,10.92.2.1"],
+            67,
+        );
+        let dhcpd = Self::start_dhcpd(&pxe, &dir);
+        Self { dhcpd, _relay_dnsmasq: relay_dnsmasq, nodes, far, _relay: relay, pxe, dir }
+    }
+
+    fn start_dhcpd(pxe: &Netns, dir: &TempDir) -> Dhcpd {
+        dhcpd(
+            pxe,
+            dir,
+            "pxe",
+            &["br0", "s0"],
+            &[
+                ("10.92.0.0", "255.255.255.0", "10.92.0.100", "10.92.0.200"),
+                ("10.92.1.0", "255.255.255.0", "10.92.1.100", "10.92.1.200"),
+                ("10.92.2.0", "255.255.255.0", "", ""),
+            ],
+        )
+    }
+
+    /// One DHCP client per MAC, on nodes 0.., at the same time.
+    fn dhcp_all(&self, macs: &[&str]) -> Vec<Option<Lease>> {
+        let attempts: Vec<DhcpAttempt> =
+            macs.iter().enumerate().map(|(i, m)| dhcp_start(&self.nodes[i], "eth0", mac(m))).collect();
+        attempts.into_iter().map(DhcpAttempt::finish).collect()
+    }
+
+    /// A DHCP exchange through the relay.
+    fn relayed(&self, m: &str) -> Option<Lease> {
+        dhcp(&self.far, "eth0", mac(m))
+    }
+
+    /// The `[dataplane]` lines of an agent on this host: no request-side hook, replies filtered on both interfaces.
+    const DATAPLANE: &'static str = "hooks = []\negress_interfaces = [\"br0\", \"s0\"]\n";
+}
+
+fn served_by(l: &Option<Lease>) -> Option<String> {
+    l.as_ref().map(|l| l.server_id.to_string())
+}
+
+fn stop(mut p: Proc) {
+    p.signal(Signal::SIGTERM);
+    assert!(p.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()), "{}", p.log_text());
+}
+
+/// Why the egress hook: a guard on the input hook drops every DISCOVER dhcpd's fallback UDP socket would see, yet
+/// dhcpd, reading its AF_PACKET socket, answers an unknown MAC anyway. The guard on the egress hook of the same
+/// interface drops its OFFER, and the client gets nothing.
+#[test]
+fn an_af_packet_server_ignores_the_input_hook_and_is_stopped_at_egress() {
+    let lan = RawLan::new(1);
+    let pxe = &lan.pxe;
+    assert_eq!(served_by(&dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN))).as_deref(), Some(SERVER), "no firewall");
+
+    run_ok(pxe.cmd(bin("ironguard-agent")).args(["guard", "install", "--interface", "br0"]));
+    assert_eq!(
+        served_by(&dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN))).as_deref(),
+        Some(SERVER),
+        "the input-hook guard does not stop a server on raw sockets"
+    );
+    assert!(rule_packets(pxe, "guard", "input", "ironguard-guard:drop-unmarked") >= 1, "it saw and dropped them");
+
+    run_ok(pxe.cmd(bin("ironguard-agent")).args(["guard", "install", "--hook", "none", "--egress-interface", "br0"]));
+    let j = chains_json(pxe);
+    assert!(j["guard"].is_null(), "the guard is reinstalled as configured: no input chain left");
+    assert_eq!(j["egress_guard"]["chains"][0]["devices"], serde_json::json!(["br0"]));
+    assert_eq!(j["verdict"], "CLOSED");
+    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "the egress guard drops dhcpd's replies");
+    assert!(rule_packets(pxe, "egress_guard", "egress", "ironguard-guard:drop-unmarked") >= 1);
+    assert!(lan.dhcpd.proc.log_text().contains("DHCPOFFER"), "dhcpd did answer; the kernel dropped the answer");
+}
+
+/// The real agent and control plane (embedded store, unknown MACs denied) filtering dhcpd's replies on br0 and s0:
+/// an allowed MAC gets a lease, denied and unknown ones do not, on the bridge and behind a relay (dhcpd's reply to
+/// the relay leaves through its UDP socket and the egress hook of s0, keyed by the same chaddr); `nft flush
+/// ruleset` changes nothing; once the agent is killed nobody is served. Then a follower serves nobody, and a leader
+/// with policy allow serves unknown MACs but not denied ones.
+#[test]
+fn dhcpd_on_raw_sockets_is_filtered_at_egress_by_the_agent() {
+    let lan = RawLan::new(3);
+    let pxe = &lan.pxe;
+    let mut host = GuardedHost::start(pxe, &lan.dir, "br0", RawLan::DATAPLANE, "");
+    let j = chains_json(pxe);
+    assert!(j["guard"].is_null() && j["owned"].is_null(), "no request-side tables with hooks = []");
+    assert_eq!(j["egress_owned"]["chains"].as_array().unwrap().iter().filter(|c| c["hook"] == "egress").count(), 1);
+    host.filter(pxe, "allow", mac(M1));
+    host.filter(pxe, "deny", mac(M2));
+    assert!(set_has_in(pxe, "egress_owned", "allow_chaddr", mac(M1)), "the reply side's allow set holds M1");
+
+    let r = lan.dhcp_all(&[M1, M2, UNKNOWN]);
+    assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "allowed\n{}", lan.dhcpd.proc.log_text());
+    assert_eq!(r[1], None, "denied: dhcpd's offer is dropped at egress");
+    assert_eq!(r[2], None, "unknown under policy deny: dropped at egress");
+    assert!(rule_packets(pxe, "egress_owned", "whitelist", "ironguard:allow-chaddr") >= 1);
+    assert!(rule_packets(pxe, "egress_owned", "blacklist", "ironguard:deny-chaddr") >= 1);
+    assert!(rule_packets(pxe, "egress_owned", "pxe", "ironguard:not-marked") >= 1);
+
+    let far = lan.relayed(M1).expect("allowed behind the relay: served");
+    assert!(far.ip.to_string().starts_with("10.92.1."), "{far:?}");
+    assert_eq!(lan.relayed(M2), None, "denied behind the relay");
+    assert_eq!(lan.relayed(UNKNOWN), None, "unknown behind the relay");
+
+    // Debian's nftables.service restart: the held guard and the agent's tables are left alone.
+    run_ok(pxe.cmd("nft").args(["flush", "ruleset"]));
+    host.wait_verdict(pxe, "LEADER", Duration::from_secs(2));
+    let r = lan.dhcp_all(&[M1, UNKNOWN]);
+    assert!(r[0].is_some() && r[1].is_none(), "after nft flush ruleset: {r:?}");
+
+    // SIGKILL: the agent's tables vanish with its socket; the egress guard drops every reply.
+    host.agent.signal(Signal::SIGKILL);
+    host.agent.wait_exit(Duration::from_secs(2));
+    host.wait_verdict(pxe, "CLOSED", Duration::from_secs(2));
+    let dropped = rule_packets(pxe, "egress_guard", "egress", "ironguard-guard:drop-unmarked");
+    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "agent killed: no lease, even for the allowed MAC");
+    assert_eq!(lan.relayed(M1), None, "agent killed: nobody behind the relay either");
+    assert!(rule_packets(pxe, "egress_guard", "egress", "ironguard-guard:drop-unmarked") > dropped);
+
+    let hold_args = |extra: &[&str]| -> Vec<String> {
+        ["--hook", "none", "--egress-interface", "br0", "--egress-interface", "s0"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let args = hold_args(&["--mode", "follower", "--allow", M1]);
+    let hold = start_hold(pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(verdict(pxe), "FOLLOWER");
+    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "a follower serves nobody");
+    stop(hold);
+    let args = hold_args(&["--mode", "leader", "--unknown-mac-policy", "allow", "--deny", M2]);
+    let hold = start_hold(pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let r = lan.dhcp_all(&[UNKNOWN, M2]);
+    assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "policy allow: an unknown MAC is served");
+    assert_eq!(r[1], None, "policy allow: a denied MAC is not");
+    assert!(lan.relayed(UNKNOWN).is_some(), "policy allow, behind the relay");
+    stop(hold);
+}
+
+/// The kernel lease on the reply side: a holder frozen with SIGSTOP stops serving when its lease element expires,
+/// without running any code (FENCED), and serves again once thawed.
+#[test]
+fn a_frozen_holder_stops_serving_at_its_kernel_lease_on_egress() {
+    let lan = RawLan::new(1);
+    let pxe = &lan.pxe;
+    let agent = start_hold(
+        pxe,
+        &lan.dir,
+        &["--hook", "none", "--egress-interface", "br0", "--mode", "leader", "--unknown-mac-policy", "allow"],
+    );
+    assert_eq!(verdict(pxe), "LEADER");
+    assert!(chains_json(pxe)["lease_expires_in_ms"].as_u64().is_some(), "a live lease on the reply side");
+    assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_some());
+    agent.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    // The holder refreshes its lease every 250 ms for 2 s: it has ended 2 s after the freeze.
+    let fenced = wait_for(Duration::from_secs(4), || (verdict(pxe).starts_with("FENCED")).then_some(()));
+    assert!(fenced.is_some(), "the frozen holder's lease ended (verdict {})", verdict(pxe));
+    assert!(stopped.elapsed() >= Duration::from_millis(1700), "fenced only once its lease could have ended");
+    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "a frozen holder serves nobody");
+    agent.signal(Signal::SIGCONT);
+    let back = wait_for(Duration::from_secs(3), || (verdict(pxe) == "LEADER").then_some(()));
+    assert!(back.is_some(), "thawed, it serves again");
+    assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_some());
+}
+
+/// A provisioning interface removed and created again under the same name (a bridge or VLAN rebuilt by the network
+/// configuration) while the agent leads: dhcpd, restarted on the new interface, still reaches nobody the filter
+/// does not allow, and the allowed MAC is served again. (Linux 6.16 and later bind a netdev chain to the device
+/// name and re-attach it by itself; on older kernels the chain loses the device and the agent's read-back repairs
+/// the guard and its tables.)
+#[test]
+fn the_egress_filter_follows_a_recreated_interface() {
+    let mut lan = RawLan::new(2);
+    let pxe = &lan.pxe;
+    let host = GuardedHost::start(pxe, &lan.dir, "br0", RawLan::DATAPLANE, "");
+    host.filter(pxe, "allow", mac(M1));
+
+    lan.dhcpd.proc.kill();
+    pxe.ip(&["link", "del", "br0"]);
+    pxe.ip(&["link", "add", "br0", "type", "bridge", "forward_delay", "0"]);
+    pxe.ip(&["addr", "add", "10.92.0.1/24", "dev", "br0"]);
+    for i in 0..2 {
+        pxe.ip(&["link", "set", &format!("p{i}"), "master", "br0"]);
+    }
+    pxe.ip(&["link", "set", "br0", "up"]);
+    lan.dhcpd = RawLan::start_dhcpd(pxe, &lan.dir);
+    host.wait_verdict(pxe, "LEADER", Duration::from_secs(10));
+    let healed = wait_for(Duration::from_secs(10), || {
+        let j = chains_json(pxe);
+        let bound = |t: &str| {
+            j[t]["chains"].as_array().into_iter().flatten().any(|c| c["devices"] == serde_json::json!(["br0", "s0"]))
+        };
+        (bound("egress_guard") && bound("egress_owned")).then_some(())
+    });
+    assert!(healed.is_some(), "both egress chains are bound to the new br0:\n{}", host.agent.log_text());
+    let r = lan.dhcp_all(&[M1, UNKNOWN]);
+    assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "the allowed MAC is served on the new interface");
+    assert_eq!(r[1], None, "an unknown MAC is not");
+}
