@@ -260,3 +260,32 @@ fn the_egress_filter_follows_a_recreated_interface() {
     assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "the allowed MAC is served on the new interface");
     assert_eq!(r[1], None, "an unknown MAC is not");
 }
+
+/// Where the guard is a plain table (`[guard] claim = false`, or a kernel without `persist`), another process can
+/// delete it; the agent hears of it from nf_tables' notifications and puts the reply side's guard back at once.
+#[test]
+fn a_deleted_egress_guard_is_repaired_at_once() {
+    let lan = RawLan::new(1);
+    let pxe = &lan.pxe;
+    let dataplane = format!("{}\n[guard]\nclaim = false\n", RawLan::DATAPLANE);
+    let host = GuardedHost::start(pxe, &lan.dir, "br0", &dataplane, "");
+    assert_eq!(chains_json(pxe)["egress_guard"]["flags"], 0, "a plain guard");
+    for tamper in [
+        vec!["delete", "table", "netdev", "ironguard_guard"],
+        vec!["flush", "chain", "netdev", "ironguard_guard", "egress"],
+        vec!["flush", "ruleset"],
+    ] {
+        run_ok(pxe.cmd("nft").args(&tamper));
+        let t = Instant::now();
+        let repaired = wait_for(Duration::from_secs(2), || {
+            let j = chains_json(pxe);
+            let drops = j["egress_guard"]["chains"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["rules"].as_array().is_some_and(|r| !r.is_empty())));
+            drops.then_some(())
+        });
+        assert!(repaired.is_some(), "nft {tamper:?}: the egress guard was not repaired:\n{}", host.agent.log_text());
+        eprintln!("nft {tamper:?}: repaired in {:?}", t.elapsed());
+    }
+    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "still filtered");
+}
