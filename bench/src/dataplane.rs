@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy};
+use nix::sys::resource::{UsageWho, getrusage};
 use serde_json::json;
 
 use crate::stats::{Samples, human, macs, ms};
@@ -52,9 +53,33 @@ fn nft(args: &[&str]) -> anyhow::Result<()> {
 }
 
 fn timed_nft(args: &[&str]) -> anyhow::Result<Duration> {
+    Ok(timed_nft_cpu(args)?.0)
+}
+
+/// CPU time spent in user space and in the kernel.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    user: Duration,
+    sys: Duration,
+}
+
+fn rusage(who: UsageWho) -> Cpu {
+    let tv = |t: nix::sys::time::TimeVal| Duration::from_micros((t.tv_sec() * 1_000_000 + t.tv_usec()) as u64);
+    getrusage(who).map(|r| Cpu { user: tv(r.user_time()), sys: tv(r.system_time()) }).unwrap_or_default()
+}
+
+fn cpu_since(before: Cpu, who: UsageWho) -> Cpu {
+    let after = rusage(who);
+    Cpu { user: after.user.saturating_sub(before.user), sys: after.sys.saturating_sub(before.sys) }
+}
+
+/// Runs `nft args`, returning its wall time and its CPU time (the kernel's work on its batch runs in its `sendmsg`,
+/// so it counts as the process's system time).
+fn timed_nft_cpu(args: &[&str]) -> anyhow::Result<(Duration, Cpu)> {
+    let before = rusage(UsageWho::RUSAGE_CHILDREN);
     let t = Instant::now();
     nft(args)?;
-    Ok(t.elapsed())
+    Ok((t.elapsed(), cpu_since(before, UsageWho::RUSAGE_CHILDREN)))
 }
 
 fn set_sizes_in(table: &str) -> anyhow::Result<Vec<usize>> {
@@ -88,25 +113,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 1. Full loads.
     let mut loads = vec![];
+    let mut cpu_rows: Vec<(usize, Duration, Duration, Duration, Duration)> = vec![];
     for &n in &args.sizes {
         let s = state(n);
         let script_path = dir.join(format!("load-{n}.nft"));
         std::fs::write(&script_path, ironguard_nft::script::owned_table_script(NFT_TABLE, &s, false))?;
         let script = script_path.to_string_lossy().to_string();
         let (mut ig, mut nf) = (vec![], vec![]);
+        let (mut ig_cpu, mut nf_cpu) = (vec![], vec![]);
+        let run_nft = |nf: &mut Vec<Duration>, nf_cpu: &mut Vec<Cpu>| -> anyhow::Result<()> {
+            let (wall, cpu) = timed_nft_cpu(&["-f", &script])?;
+            nf.push(wall);
+            nf_cpu.push(cpu);
+            Ok(())
+        };
         for rep in 0..args.load_reps {
             // Alternate which goes first so neither benefits from a warm cache.
             let first_nft = rep % 2 == 1;
             if first_nft {
-                nf.push(timed_nft(&["-f", &script])?);
+                run_nft(&mut nf, &mut nf_cpu)?;
             }
             let mut dp = KernelDataplane::open()?;
-            let r = dp.apply(&s)?;
-            ig.push(r.elapsed);
+            // The whole call: building the batch from the model, sending it, the kernel's acknowledgements (nft -f
+            // is timed from its start to its exit: parsing, building, sending). The kernel processes a batch inside
+            // the sender's sendmsg, so the thread's system time is the kernel's share.
+            let before = rusage(UsageWho::RUSAGE_THREAD);
+            let t = Instant::now();
+            dp.apply(&s)?;
+            ig.push(t.elapsed());
+            ig_cpu.push(cpu_since(before, UsageWho::RUSAGE_THREAD));
             if rep == 0 {
                 // Same content: both tables hold the same number of elements in every set.
                 if !first_nft {
-                    nf.push(timed_nft(&["-f", &script])?);
+                    run_nft(&mut nf, &mut nf_cpu)?;
                 }
                 let a = set_sizes_in(ironguard_nft::OWNED_TABLE)?;
                 let b = set_sizes_in(NFT_TABLE)?;
@@ -114,20 +153,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     bail!("content differs: ironguard {a:?} vs nft -f {b:?}");
                 }
             } else if !first_nft {
-                nf.push(timed_nft(&["-f", &script])?);
+                run_nft(&mut nf, &mut nf_cpu)?;
             }
             drop(dp); // closing the owner socket deletes the table
             nft(&["delete", "table", "inet", NFT_TABLE])?;
+            // The kernel frees a deleted table's elements in a deferred work item; let it finish before the next
+            // load, so neither tool is timed while that work competes for the CPU and the allocator.
+            std::thread::sleep(settle(n));
         }
+        let med = |v: &[Cpu], f: fn(&Cpu) -> Duration| Samples::new(v.iter().map(f).collect()).median();
+        let (ig_user, ig_sys) = (med(&ig_cpu, |c| c.user), med(&ig_cpu, |c| c.sys));
+        let (nf_user, nf_sys) = (med(&nf_cpu, |c| c.user), med(&nf_cpu, |c| c.sys));
+        eprintln!(
+            "full load {n} CPU (median): ironguard user {} kernel {}; nft -f user {} kernel {}",
+            human(ig_user),
+            human(ig_sys),
+            human(nf_user),
+            human(nf_sys)
+        );
+        cpu_rows.push((n, ig_user, ig_sys, nf_user, nf_sys));
         let (ig, nf) = (Samples::new(ig), Samples::new(nf));
-        eprintln!("full load {n}: ironguard {} nft -f {}", human(ig.median()), human(nf.median()));
+        eprintln!("full load {n}: ironguard {} nft -f {}", ig.list(), nf.list());
         rows.push(Row {
             name: format!("full load {n} MACs ({} elements)", 2 * (n + 10)),
             ironguard: ig.median(),
             nft: Some(nf.median()),
             note: format!("median of {}", ig.len()),
         });
-        loads.push(full_load_json(n, &ig, &nf));
+        let mut j = full_load_json(n, &ig, &nf);
+        j["ironguard_user_ms"] = json!(ms(ig_user));
+        j["ironguard_kernel_ms"] = json!(ms(ig_sys));
+        j["nft_f_user_ms"] = json!(ms(nf_user));
+        j["nft_f_kernel_ms"] = json!(ms(nf_sys));
+        loads.push(j);
     }
     results.insert("full_load".into(), json!(loads));
 
@@ -299,6 +357,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         println!("iptables per MAC / ironguard per MAC: {:.0}×", ms(per_mac) / ig);
     }
+    println!();
+    println!(
+        "Where the full-load time goes (CPU time, medians; the kernel processes a batch inside the sender's sendmsg):"
+    );
+    println!();
+    println!(
+        "| MACs | ironguard user | ironguard kernel | nft -f user | nft -f kernel | floor: ironguard kernel / nft -f wall |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for (n, iu, is, nu, ns) in &cpu_rows {
+        let wall =
+            loads.iter().find(|l| l["macs"] == json!(n)).and_then(|l| l["nft_f_ms"].as_f64()).unwrap_or(f64::NAN);
+        println!(
+            "| {n} | {} | {} | {} | {} | {:.2}× |",
+            human(*iu),
+            human(*is),
+            human(*nu),
+            human(*ns),
+            ms(*is) / wall
+        );
+    }
     results.insert("kernel".into(), json!(kernel));
     results.insert("nft_version".into(), json!(nft_version));
     let results = serde_json::Value::Object(results);
@@ -312,7 +391,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// `ironguard_ms`, `nft_f_ms` and `reps`).
 pub(crate) fn full_load_json(n: usize, ironguard: &Samples, nft_f: &Samples) -> serde_json::Value {
     json!({"macs": n, "elements": 2 * (n + 10), "ironguard_ms": ms(ironguard.median()), "nft_f_ms": ms(nft_f.median()),
-        "ratio": ms(ironguard.median()) / ms(nft_f.median()), "reps": ironguard.len()})
+        "ratio": ms(ironguard.median()) / ms(nft_f.median()), "reps": ironguard.len(),
+        "ironguard_min_ms": ms(ironguard.percentile(0.0)), "ironguard_max_ms": ms(ironguard.percentile(100.0)),
+        "nft_f_min_ms": ms(nft_f.percentile(0.0)), "nft_f_max_ms": ms(nft_f.percentile(100.0))})
 }
 
 /// `iptables_per_mac`: `macs` MACs added with one iptables process each, in `total` (the chart reads `macs`,
@@ -340,6 +421,11 @@ fn measure_switch(s: &DesiredState, reps: usize) -> anyhow::Result<Samples> {
         samples.push(t.elapsed());
     }
     Ok(Samples::new(samples))
+}
+
+/// How long to wait after deleting a table of `n` MACs before the next timed load.
+fn settle(n: usize) -> Duration {
+    Duration::from_millis(50 + (n / 500) as u64)
 }
 
 fn ratio(a: Duration, b: Duration) -> String {

@@ -37,6 +37,11 @@ impl Samples {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+
+    /// Every sample, smallest first, for logs.
+    pub fn list(&self) -> String {
+        self.0.iter().map(|d| human(*d)).collect::<Vec<_>>().join(" ")
+    }
 }
 
 /// Milliseconds as a float, for JSON.
