@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use ironguard_nft::{HookKind, MacAddr, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_nft::{Backend, HookKind, MacAddr, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
 
 use crate::AgentConfig;
 use crate::logging::LogFormat;
@@ -144,7 +144,10 @@ pub enum GuardAction {
         ruleset: RulesetArgs,
     },
     /// Remove the guard (idempotent). DHCP is then unfiltered while no agent runs.
-    Remove,
+    Remove {
+        #[command(flatten)]
+        ruleset: RulesetArgs,
+    },
     /// Show whether the guard is installed as configured. Exit status 1 if it is missing or differs.
     Status {
         #[command(flatten)]
@@ -172,6 +175,15 @@ pub struct RulesetArgs {
     /// dhcpd, Kea in raw mode; Linux 5.16 or later) (repeat; default none).
     #[arg(long = "egress-interface", value_name = "IFNAME")]
     pub egress_interfaces: Vec<String>,
+    /// What enforces the filter (repeat to combine: nftables with dnsmasq-hostsdir; default nftables).
+    #[arg(long = "backend", value_enum)]
+    pub backends: Vec<BackendArg>,
+    /// The dnsmasq --dhcp-hostsdir directory the dnsmasq-hostsdir backend writes.
+    #[arg(long, value_name = "DIR")]
+    pub hostsdir: Option<PathBuf>,
+    /// The iptables command of the ipset backend (default iptables-legacy).
+    #[arg(long, value_name = "COMMAND")]
+    pub iptables: Option<String>,
     /// Which address is matched: chaddr, ether-saddr or both.
     #[arg(long, value_enum)]
     pub match_mode: Option<MatchArg>,
@@ -189,6 +201,13 @@ pub enum HookArg {
     Forward,
     /// No input or forward hook.
     None,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum BackendArg {
+    Nftables,
+    DnsmasqHostsdir,
+    Ipset,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -289,6 +308,23 @@ impl RulesetArgs {
         }
         if !self.egress_interfaces.is_empty() {
             c.egress_interfaces = self.egress_interfaces.clone();
+        }
+        if !self.backends.is_empty() {
+            c.backends = self
+                .backends
+                .iter()
+                .map(|b| match b {
+                    BackendArg::Nftables => Backend::Nftables,
+                    BackendArg::DnsmasqHostsdir => Backend::DnsmasqHostsdir,
+                    BackendArg::Ipset => Backend::Ipset,
+                })
+                .collect();
+        }
+        if let Some(d) = &self.hostsdir {
+            c.hostsdir.dir = d.clone();
+        }
+        if let Some(i) = &self.iptables {
+            c.ipset.iptables = i.clone();
         }
         if let Some(m) = self.match_mode {
             c.match_mode = match m {

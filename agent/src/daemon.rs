@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ironguard_coord::Expiry;
 use ironguard_nft::monitor::{GuardEvent, Monitor};
-use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, NftError, UnknownMacPolicy};
+use ironguard_nft::{Dataplane, Delta, DesiredState, MacAddr, Mode, NftError, UnknownMacPolicy};
 use ironguard_proto::v1::{self as pb, AgentStatus, DhcpHealth, filter_event::Event};
 use rand::Rng as _;
 use tokio::signal::unix::{SignalKind, signal};
@@ -221,7 +221,7 @@ fn macs(v: &[String]) -> Result<Vec<MacAddr>, ironguard_nft::MacError> {
 }
 
 /// The table, reachable from the panic hook for a best-effort switch to `Blocked`.
-static TABLE: OnceLock<Arc<Mutex<KernelDataplane>>> = OnceLock::new();
+static TABLE: OnceLock<Arc<Mutex<Box<dyn Dataplane>>>> = OnceLock::new();
 
 fn install_panic_hook() {
     let previous = std::panic::take_hook();
@@ -237,7 +237,7 @@ fn install_panic_hook() {
 
 struct Daemon {
     cfg: AgentConfig,
-    dp: Arc<Mutex<KernelDataplane>>,
+    dp: Arc<Mutex<Box<dyn Dataplane>>>,
     metrics: Arc<Metrics>,
     applied: Arc<AtomicU64>,
     have_state: bool,
@@ -269,7 +269,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn lock(&self) -> std::sync::MutexGuard<'_, KernelDataplane> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Dataplane>> {
         self.dp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -401,17 +401,7 @@ impl Daemon {
     /// What is wrong with the guard now: missing, not dropping as configured, or (where the kernel has
     /// `persist`) not held by this agent.
     fn guard_problems(&self) -> Vec<String> {
-        match ironguard_nft::guard::status(&self.cfg.dataplane) {
-            Ok(s) => {
-                let mut p = s.problems;
-                let want_held = self.cfg.guard.claim && ironguard_nft::guard::persist_supported().unwrap_or(false);
-                if s.installed && want_held && s.held_by != Some(self.lock().owner_portid()) {
-                    p.push("the guard is not held by this agent".into());
-                }
-                p
-            }
-            Err(e) => vec![format!("cannot read the guard back: {e}")],
-        }
+        self.lock().guard_problems(&self.cfg.dataplane, self.cfg.guard.claim)
     }
 
     /// Rebuilds the guard through the agent's own socket (claiming it where the kernel allows). Logged, counted;
@@ -820,29 +810,38 @@ pub async fn run(
     });
 
     // 1. the guard, claimed by this process where the kernel allows, 2. the agent's table, Blocked.
-    let mut dp = KernelDataplane::open().context("opening the agent's netlink socket")?;
-    dp.claim_guard(&cfg.dataplane, cfg.guard.claim).context("installing and claiming the guard table")?;
-    let persistent = cfg.guard.claim && ironguard_nft::guard::persist_supported().unwrap_or(false);
+    let mut dp = ironguard_nft::backend::open(&cfg.dataplane).context("opening the dataplane")?;
+    dp.claim_guard(&cfg.dataplane, cfg.guard.claim).context("installing and claiming the guard")?;
     dp.apply(&DesiredState::blocked(cfg.dataplane.clone())).context("creating the agent's table (Blocked)")?;
     info!(
-        owner_portid = dp.owner_portid(),
-        guard = if persistent {
-            "held (owner, persist)"
-        } else if cfg.guard.claim {
-            "plain table (this kernel has no NFT_TABLE_F_PERSIST)"
-        } else {
-            "plain table ([guard] claim = false)"
-        },
+        backends = ?cfg.dataplane.backends,
+        owner_portid = dp.nftables_port(),
+        guard = %dp.guard_description(cfg.guard.claim),
         agent = %cfg.agent.id,
         network = %cfg.agent.network,
         "agent's table created, Blocked"
     );
-    let own_portid = dp.owner_portid();
+    if !dp.kernel_lease() {
+        warn!(
+            backends = ?cfg.dataplane.backends,
+            "no backend enforces the leader's lease in the kernel: a frozen or killed agent keeps serving until \
+             something else closes DHCP; run the nftables backend alongside where the kernel has it \
+             (docs/operations.md, \"Backends\")"
+        );
+    }
+    let own_portid = dp.nftables_port();
     let dp = Arc::new(Mutex::new(dp));
     let _ = TABLE.set(dp.clone());
     install_panic_hook();
     let (guard_tx, mut guard_rx) = mpsc::channel::<GuardEvent>(16);
-    spawn_guard_monitor(own_portid, guard_tx);
+    // Without an nftables guard there are no notifications to watch; the sender is kept so the arm stays idle.
+    let _no_monitor = match own_portid {
+        Some(port) => {
+            spawn_guard_monitor(port, guard_tx);
+            None
+        }
+        None => Some(guard_tx),
+    };
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
 
     let (stop_tx, stop_rx) = watch::channel(false);

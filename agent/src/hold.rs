@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_nft::{Dataplane, Delta, DesiredState, MacAddr, Mode, RulesetConfig, UnknownMacPolicy};
 use serde::Deserialize;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
@@ -60,9 +60,9 @@ pub struct HoldOptions {
 pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
     opts.config.validate().context("invalid [dataplane] configuration")?;
     if opts.install_guard {
-        ironguard_nft::guard::install(&opts.config).context("installing the guard table")?;
+        ironguard_nft::backend::guard_install(&opts.config).context("installing the guard")?;
     }
-    let mut dp = KernelDataplane::open().context("opening the agent's table")?;
+    let mut dp = ironguard_nft::backend::open(&opts.config).context("opening the dataplane")?;
     let desired = opts.state.desired(&opts.config);
     let report = dp.apply(&desired).context("applying the initial state")?;
     refresh_watchdog(&mut dp)?;
@@ -71,7 +71,7 @@ pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
         allow = desired.allow.len(),
         deny = desired.deny.len(),
         elapsed_ms = report.elapsed.as_millis() as u64,
-        owner_portid = dp.owner_portid(),
+        owner_portid = dp.nftables_port(),
         "holding the agent's table"
     );
     if let Some(path) = &opts.ready_file {
@@ -109,7 +109,7 @@ pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
 }
 
 /// A leader's kernel lease, as a watchdog: valid for [`crate::daemon::LOCAL_LEASE`] from now.
-fn refresh_watchdog(dp: &mut KernelDataplane) -> anyhow::Result<()> {
+fn refresh_watchdog(dp: &mut Box<dyn Dataplane>) -> anyhow::Result<()> {
     if dp.committed().is_some_and(|c| c.mode == Mode::Leader) {
         let until = std::time::Instant::now() + crate::daemon::LOCAL_LEASE;
         dp.refresh_lease(Some(until)).context("refreshing the kernel lease")?;
@@ -117,7 +117,7 @@ fn refresh_watchdog(dp: &mut KernelDataplane) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn reload(dp: &mut KernelDataplane, opts: &HoldOptions) -> anyhow::Result<()> {
+fn reload(dp: &mut Box<dyn Dataplane>, opts: &HoldOptions) -> anyhow::Result<()> {
     let Some(path) = &opts.state_file else {
         info!("SIGHUP without --state file: nothing to reload");
         return Ok(());

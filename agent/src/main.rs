@@ -9,6 +9,9 @@ use ironguard_agent::AgentConfig;
 use ironguard_agent::cli::{Cli, Command, GuardAction};
 use ironguard_agent::hold::{self, HoldOptions, StaticState};
 use ironguard_agent::logging;
+use ironguard_nft::backend::GuardInstalled;
+use ironguard_nft::guard::Installed;
+use ironguard_nft::{Backend, RulesetConfig};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,21 +26,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let file = AgentConfig::load(cli.config.as_deref())?;
-    match cli.command {
-        Command::Guard { action: GuardAction::Install { ruleset } } => {
-            let c = ruleset.apply(file.dataplane)?;
-            let installed = ironguard_nft::guard::install(&c).context("installing the guard table")?;
-            if let ironguard_nft::guard::Installed::HeldAsConfigured { portid } = installed {
-                println!(
-                    "guard in place: table inet {} is held by the running agent (netlink port {portid}) and is as \
-                     configured; nothing to do",
-                    ironguard_nft::GUARD_TABLE
-                );
-                return Ok(ExitCode::SUCCESS);
-            }
-            println!(
+fn backends(c: &RulesetConfig) -> String {
+    c.backends.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(" + ")
+}
+
+fn guard_installed_text(c: &RulesetConfig, done: &GuardInstalled) -> String {
+    match done {
+        GuardInstalled::Nftables(Installed::HeldAsConfigured { portid }) => format!(
+            "guard in place: table inet {} is held by the running agent (netlink port {portid}) and is as \
+             configured; nothing to do",
+            ironguard_nft::GUARD_TABLE
+        ),
+        GuardInstalled::Nftables(Installed::Installed) => {
+            let mut t = format!(
                 "guard installed: table inet {} drops udp dport {:?} on {} unless mark & 0x{:08x} == 0x{:08x}",
                 ironguard_nft::GUARD_TABLE,
                 c.ports,
@@ -45,27 +46,66 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 c.mask,
                 c.mark
             );
+            if c.uses_egress() {
+                t.push_str(&format!(
+                    "; table netdev {} drops DHCP replies (udp sport {:?}) leaving {} unless marked",
+                    ironguard_nft::GUARD_TABLE,
+                    c.ports,
+                    c.egress_interfaces.join(",")
+                ));
+            }
+            if !c.uses_inet() {
+                t = t.replacen("guard installed: table inet", "guard installed: no table inet (hooks = []);", 1);
+            }
+            t
+        }
+        GuardInstalled::Hostsdir { rewritten } => format!(
+            "hostsdir closed: {}/{} ignores unknown MACs and every MAC file says ignore ({rewritten} files written)",
+            c.hostsdir.dir.display(),
+            ironguard_nft::hostsdir::UNKNOWN_HOSTS_FILE
+        ),
+        GuardInstalled::Ipset => format!(
+            "guard installed: {} chain {} drops udp dport {:?} unless mark & 0x{:08x} == 0x{:08x}",
+            c.ipset.iptables,
+            ironguard_nft::ipset::GUARD_CHAIN,
+            c.ports,
+            c.mask,
+            c.mark
+        ),
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let file = AgentConfig::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Guard { action: GuardAction::Install { ruleset } } => {
+            let c = ruleset.apply(file.dataplane)?;
+            for done in ironguard_nft::backend::guard_install(&c).context("installing the guard")? {
+                println!("{}", guard_installed_text(&c, &done));
+            }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Guard { action: GuardAction::Remove } => {
-            ironguard_nft::guard::remove()
-                .context("removing the guard table (stop ironguard-agent first: it holds the guard)")?;
-            println!("guard removed: table inet {} is gone", ironguard_nft::GUARD_TABLE);
+        Command::Guard { action: GuardAction::Remove { ruleset } } => {
+            let c = ruleset.apply(file.dataplane)?;
+            ironguard_nft::backend::guard_remove(&c)
+                .context("removing the guard (stop ironguard-agent first: it holds the guard)")?;
+            println!("guard removed ({})", backends(&c));
             Ok(ExitCode::SUCCESS)
         }
         Command::Guard { action: GuardAction::Status { ruleset, json } } => {
             let c = ruleset.apply(file.dataplane)?;
-            let st = ironguard_nft::guard::status(&c).context("reading the guard table")?;
+            let st = ironguard_nft::backend::guard_status(&c).context("reading the guard")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&st)?);
             } else {
                 let held = match (st.persistent, st.held_by) {
                     (true, Some(port)) => format!("owner, persist: held by netlink port {port} (the running agent)"),
                     (true, None) => "owner, persist: orphaned (no agent holds it; it keeps dropping)".to_string(),
-                    (false, _) => "plain table".to_string(),
+                    (false, _) if c.uses(Backend::Nftables) => "plain table".to_string(),
+                    (false, _) => backends(&c),
                 };
                 if st.installed && st.problems.is_empty() {
-                    println!("guard: installed as configured (table inet {}; {held})", ironguard_nft::GUARD_TABLE);
+                    println!("guard: installed as configured ({held})");
                 } else {
                     println!("guard: {}", if st.installed { "installed, but differs" } else { "NOT INSTALLED" });
                     for p in &st.problems {

@@ -1,14 +1,15 @@
 //! The narrow interface every other crate uses: apply a desired state, a delta or a mode, each as one atomic
-//! batch; read back what the kernel holds. Implemented by [`crate::KernelDataplane`] (netlink) and
-//! [`crate::FakeDataplane`] (memory, for unit tests elsewhere).
+//! batch; install and check the fail-closed guard; compare what the backend holds with what was committed.
+//! Implemented by [`crate::KernelDataplane`] (nftables over netlink), [`crate::HostsdirDataplane`] (dnsmasq's
+//! `dhcp-hostsdir`), [`crate::IpsetDataplane`] (iptables-legacy and ipset), [`crate::backend::Combined`] (several
+//! at once) and [`crate::FakeDataplane`] (memory, for unit tests elsewhere).
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::NftError;
-use crate::model::{Delta, DesiredState, Mode, UnknownMacPolicy};
-use crate::observe::Observed;
+use crate::model::{Delta, DesiredState, Mode, RulesetConfig, UnknownMacPolicy};
 
 /// What one successful apply did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -68,15 +69,29 @@ pub trait Dataplane: Send {
     /// The state last committed, if any.
     fn committed(&self) -> Option<&DesiredState>;
 
-    /// Reads back what the kernel (or the fake) holds.
-    fn observe(&self, with_members: bool) -> Result<Observed, NftError>;
+    /// Installs (or repairs, atomically where the backend can) what keeps DHCP closed while no agent runs, as
+    /// `config` says; with `hold`, this process holds it where the backend can (nftables: `owner, persist`).
+    fn claim_guard(&mut self, config: &RulesetConfig, hold: bool) -> Result<(), NftError>;
 
-    /// Differences between the kernel and the committed state; empty means none.
-    fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
-        let observed = self.observe(with_members)?;
-        Ok(match self.committed() {
-            Some(d) => observed.drift(d),
-            None => vec!["nothing committed yet".to_string()],
-        })
+    /// What is wrong with the guard now (empty: in place as configured and, with `hold`, held by this process).
+    fn guard_problems(&self, config: &RulesetConfig, hold: bool) -> Vec<String>;
+
+    /// The guard in words, for the log line at start (e.g. "held (owner, persist)").
+    fn guard_description(&self, hold: bool) -> String;
+
+    /// Differences between what the backend holds and the committed state; empty means none. Set members are
+    /// compared only `with_members` (otherwise sizes).
+    fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError>;
+
+    /// The netlink port of the nftables owner socket, when this dataplane has one: its guard can then be watched
+    /// through nf_tables change notifications (changes made by this port are the agent's own).
+    fn nftables_port(&self) -> Option<u32> {
+        None
+    }
+
+    /// Whether the fence is enforced without this process ([`Dataplane::refresh_lease`] sets a deadline the kernel
+    /// keeps even if this process is frozen). Where it is not, the agent's own timer is the only fence.
+    fn kernel_lease(&self) -> bool {
+        false
     }
 }

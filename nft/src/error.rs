@@ -56,4 +56,14 @@ pub enum NftError {
     NotInitialised,
     #[error("the ruleset kept changing while it was being read ({0} attempts)")]
     Unstable(u32),
+    #[error("{what} failed")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command} failed ({status}): {stderr}")]
+    Command { command: String, status: String, stderr: String },
+    #[error("{0}")]
+    Unsupported(String),
 }

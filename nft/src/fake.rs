@@ -113,7 +113,40 @@ impl Dataplane for FakeDataplane {
         self.committed.as_ref()
     }
 
-    fn observe(&self, with_members: bool) -> Result<Observed, NftError> {
+    fn claim_guard(&mut self, config: &crate::RulesetConfig, _hold: bool) -> Result<(), NftError> {
+        config.validate()?;
+        let mut st = self.lock();
+        if let Some(errno) = st.fail_next.pop_front() {
+            return Err(NftError::Rejected { object: "guard (fake)".into(), errno, reason: None });
+        }
+        st.guard_installed = true;
+        Ok(())
+    }
+
+    fn guard_problems(&self, _config: &crate::RulesetConfig, _hold: bool) -> Vec<String> {
+        if self.lock().guard_installed { vec![] } else { vec!["the guard is missing (fake)".into()] }
+    }
+
+    fn guard_description(&self, _hold: bool) -> String {
+        "fake guard".into()
+    }
+
+    fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
+        let observed = self.observe(with_members)?;
+        Ok(match self.committed() {
+            Some(d) => observed.drift(d),
+            None => vec!["nothing committed yet".to_string()],
+        })
+    }
+
+    fn kernel_lease(&self) -> bool {
+        true
+    }
+}
+
+impl FakeDataplane {
+    /// What the kernel backend would read back for the committed state.
+    pub fn observe(&self, with_members: bool) -> Result<Observed, NftError> {
         let st = self.lock();
         let config = st.committed.as_ref().map(|d| d.config.clone()).unwrap_or_default();
         let mut o = Observed::default();

@@ -20,7 +20,7 @@ use crate::observe::{self, ObservedTable};
 use crate::ruleset::{self, GUARD_TABLE, GuardFlags, NFT_TABLE_F_OWNER, NFT_TABLE_F_PERSIST, Side};
 
 /// Whether the guard is installed, and as what.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct GuardStatus {
     /// Every guard table the configuration needs is in the kernel.
     pub installed: bool,

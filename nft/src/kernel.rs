@@ -70,13 +70,9 @@ impl KernelDataplane {
         self.sock.portid()
     }
 
-    /// Installs or rebuilds the guard through this table's socket: where the kernel has `persist`, the guard is
-    /// then held by this process (no other process can change or delete it, `nft flush ruleset` skips it) and
-    /// stays in place, orphaned, when this process dies. Refused if another live process holds it.
-    /// With `hold = false` the guard is rebuilt as a plain table (what older kernels get anyway).
-    pub fn claim_guard(&mut self, config: &crate::RulesetConfig, hold: bool) -> Result<(), NftError> {
-        let flags = if hold { crate::guard::guard_flags()? } else { 0 };
-        crate::guard::install_with(&mut self.sock, config, flags)
+    /// Reads back what the kernel holds (both tables, both families).
+    pub fn observe(&self, with_members: bool) -> Result<Observed, NftError> {
+        observe::observe(with_members)
     }
 
     /// Makes the next batch carry an object the kernel must reject. For tests of the all-or-nothing guarantee.
@@ -223,7 +219,54 @@ impl Dataplane for KernelDataplane {
         self.committed.as_ref()
     }
 
-    fn observe(&self, with_members: bool) -> Result<Observed, NftError> {
-        observe::observe(with_members)
+    /// Installs or rebuilds the guard through this table's socket: where the kernel has `persist`, the guard is
+    /// then held by this process (no other process can change or delete it, `nft flush ruleset` skips it) and
+    /// stays in place, orphaned, when this process dies. Refused if another live process holds it.
+    /// With `hold = false` the guard is rebuilt as a plain table (what older kernels get anyway).
+    fn claim_guard(&mut self, config: &crate::RulesetConfig, hold: bool) -> Result<(), NftError> {
+        let flags = if hold { crate::guard::guard_flags()? } else { 0 };
+        crate::guard::install_with(&mut self.sock, config, flags)
+    }
+
+    /// Missing, not dropping as configured, or (where the kernel has `persist` and `hold`) not held by this agent.
+    fn guard_problems(&self, config: &crate::RulesetConfig, hold: bool) -> Vec<String> {
+        match crate::guard::status(config) {
+            Ok(s) => {
+                let mut p = s.problems;
+                let want_held = hold && crate::guard::persist_supported().unwrap_or(false);
+                if s.installed && want_held && s.held_by != Some(self.owner_portid()) {
+                    p.push("the guard is not held by this agent".into());
+                }
+                p
+            }
+            Err(e) => vec![format!("cannot read the guard back: {e}")],
+        }
+    }
+
+    fn guard_description(&self, hold: bool) -> String {
+        let persistent = hold && crate::guard::persist_supported().unwrap_or(false);
+        if persistent {
+            "nftables guard held (owner, persist)".into()
+        } else if hold {
+            "nftables guard, a plain table (this kernel has no NFT_TABLE_F_PERSIST)".into()
+        } else {
+            "nftables guard, a plain table ([guard] claim = false)".into()
+        }
+    }
+
+    fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
+        let observed = self.observe(with_members)?;
+        Ok(match self.committed() {
+            Some(d) => observed.drift(d),
+            None => vec!["nothing committed yet".to_string()],
+        })
+    }
+
+    fn nftables_port(&self) -> Option<u32> {
+        Some(self.owner_portid())
+    }
+
+    fn kernel_lease(&self) -> bool {
+        true
     }
 }

@@ -1,9 +1,15 @@
-//! `ironguard-nft` — the only ironguard crate that talks to the kernel.
+//! `ironguard-nft` — the only ironguard crate that enforces the filter: every dataplane backend behind one trait
+//! (the name is from when nftables was the only one).
 //!
 //! - [`mac`]: [`MacAddr`], the strict MAC address type every API takes.
 //! - [`model`]: the desired state ([`RulesetConfig`], [`Mode`], [`DesiredState`], [`Delta`]).
-//! - [`dataplane`]: the [`Dataplane`] trait — apply a state, a delta or a mode as one atomic batch; read back.
+//! - [`dataplane`]: the [`Dataplane`] trait — apply a state, a delta or a mode as one atomic batch; the guard;
+//!   drift against what was committed.
+//! - [`backend`]: [`backend::open`] builds the configured backends (`[dataplane] backends`), alone or combined,
+//!   and the standalone guard commands.
 //! - `kernel`: [`KernelDataplane`], the agent's table (`flags owner`) over one long-lived netlink socket.
+//! - [`hostsdir`]: [`HostsdirDataplane`], dnsmasq's `--dhcp-hostsdir` in Ironic's `ironic-pxe-filter` format.
+//! - [`ipset`]: [`IpsetDataplane`], iptables-legacy and `hash:mac` ipsets for hosts without nftables.
 //! - [`guard`]: install / remove / status of the guard table (`owner, persist` where the kernel has it).
 //! - [`monitor`]: nf_tables change notifications, so a tampered guard is repaired at once.
 //! - [`observe`]: read-back of both tables, the verdict line and drift detection.
@@ -15,10 +21,13 @@
 //! drops DHCP/PXE traffic without the ironguard mark; only the agent's table sets the mark, and the kernel deletes
 //! that table when the agent's socket closes.
 
+pub mod backend;
 mod dataplane;
 mod error;
 mod fake;
 pub mod guard;
+pub mod hostsdir;
+pub mod ipset;
 mod kernel;
 pub mod mac;
 pub mod model;
@@ -33,9 +42,14 @@ pub mod script;
 pub use dataplane::{ApplyReport, Dataplane};
 pub use error::NftError;
 pub use fake::{FakeDataplane, FakeState};
+pub use hostsdir::HostsdirDataplane;
+pub use ipset::IpsetDataplane;
 pub use kernel::{KernelDataplane, LEASE_APPLY_SLACK, LEASE_REWRITES};
 pub use mac::{MacAddr, MacError};
-pub use model::{ConfigError, Delta, DesiredState, HookKind, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
+pub use model::{
+    Backend, ConfigError, Delta, DesiredState, HookKind, HostsdirConfig, IpsetConfig, MatchMode, Mode, RulesetConfig,
+    UnknownMacPolicy,
+};
 pub use observe::{
     MacDecision, MacInputs, Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, decide,
     leader_rules_present, observe, set_members,

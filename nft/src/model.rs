@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -98,6 +99,67 @@ impl HookKind {
     }
 }
 
+/// What enforces the filter on a PXE host. Several can run together (`backends = ["nftables",
+/// "dnsmasq-hostsdir"]`): every change is applied to each, nftables first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// The kernel's nftables: an owned table that dies with the agent, the guard, the kernel lease (the default).
+    Nftables,
+    /// dnsmasq's `--dhcp-hostsdir`, written in the format of Ironic's `ironic-pxe-filter` and ironic-inspector's
+    /// dnsmasq filter. Nothing in the kernel: see docs/operations.md for what it does not guarantee alone.
+    DnsmasqHostsdir,
+    /// iptables-legacy rules in a dedicated chain and `hash:mac` ipsets swapped with `ipset swap`, for hosts
+    /// without nftables.
+    Ipset,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Nftables => "nftables",
+            Backend::DnsmasqHostsdir => "dnsmasq-hostsdir",
+            Backend::Ipset => "ipset",
+        })
+    }
+}
+
+/// `[dataplane.hostsdir]`: the dnsmasq hostsdir backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostsdirConfig {
+    /// The directory dnsmasq reads with `--dhcp-hostsdir` (Ironic: `[pxe_filter] dhcp_hostsdir`; ironic-inspector:
+    /// `[dnsmasq_pxe_filter] dhcp_hostsdir`). It must exist before dnsmasq starts and never be replaced: dnsmasq
+    /// watches the directory it found at start.
+    pub dir: PathBuf,
+}
+
+impl Default for HostsdirConfig {
+    fn default() -> Self {
+        Self { dir: PathBuf::from("/var/lib/ironguard/dhcp-hostsdir") }
+    }
+}
+
+/// `[dataplane.ipset]`: the iptables-legacy and ipset backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IpsetConfig {
+    /// The iptables command whose rules live in the legacy (x_tables) ruleset.
+    pub iptables: String,
+    /// The ipset command.
+    pub ipset: String,
+}
+
+impl Default for IpsetConfig {
+    fn default() -> Self {
+        Self { iptables: "iptables-legacy".into(), ipset: "ipset".into() }
+    }
+}
+
+fn default_backends() -> Vec<Backend> {
+    vec![Backend::Nftables]
+}
+
 /// Default packet mark: a single bit, so ironguard coexists with other users of marks.
 pub const DEFAULT_MARK: u32 = 0x0010_0000;
 /// Default mark mask.
@@ -126,6 +188,12 @@ pub struct RulesetConfig {
     pub mark: u32,
     /// The bits of the packet mark that belong to ironguard.
     pub mask: u32,
+    /// What enforces the filter: `["nftables"]` (the default), `["dnsmasq-hostsdir"]`, `["ipset"]`, or nftables or
+    /// ipset together with the hostsdir.
+    #[serde(default = "default_backends")]
+    pub backends: Vec<Backend>,
+    pub hostsdir: HostsdirConfig,
+    pub ipset: IpsetConfig,
 }
 
 impl Default for RulesetConfig {
@@ -138,6 +206,9 @@ impl Default for RulesetConfig {
             match_mode: MatchMode::Both,
             mark: DEFAULT_MARK,
             mask: DEFAULT_MASK,
+            backends: default_backends(),
+            hostsdir: HostsdirConfig::default(),
+            ipset: IpsetConfig::default(),
         }
     }
 }
@@ -172,6 +243,18 @@ pub enum ConfigError {
     MarkOutsideMask { mark: u32, mask: u32 },
     #[error("the mark is 0: an unmarked packet would look like an allowed one")]
     ZeroMark,
+    #[error("no backend configured (backends = []); use [\"nftables\"]")]
+    NoBackend,
+    #[error("backend {0} is listed twice")]
+    DuplicateBackend(Backend),
+    #[error("backends nftables and ipset cannot run together: both filter the same packets in the kernel")]
+    TwoKernelBackends,
+    #[error("egress_interfaces needs the nftables backend (the netdev egress hook)")]
+    EgressNeedsNftables,
+    #[error("the ipset backend filters DHCPv4 only (iptables); port 547 (DHCPv6) needs the nftables backend")]
+    IpsetNoDhcpv6,
+    #[error("[dataplane.hostsdir] dir must be an absolute path, not {0:?}")]
+    HostsdirRelative(PathBuf),
 }
 
 impl RulesetConfig {
@@ -225,7 +308,37 @@ impl RulesetConfig {
         if self.mark == 0 {
             return Err(ConfigError::ZeroMark);
         }
+        self.validate_backends()
+    }
+
+    fn validate_backends(&self) -> Result<(), ConfigError> {
+        if self.backends.is_empty() {
+            return Err(ConfigError::NoBackend);
+        }
+        let mut seen = BTreeSet::new();
+        for &b in &self.backends {
+            if !seen.insert(b) {
+                return Err(ConfigError::DuplicateBackend(b));
+            }
+        }
+        if self.uses(Backend::Nftables) && self.uses(Backend::Ipset) {
+            return Err(ConfigError::TwoKernelBackends);
+        }
+        if self.uses_egress() && !self.uses(Backend::Nftables) {
+            return Err(ConfigError::EgressNeedsNftables);
+        }
+        if self.uses(Backend::Ipset) && self.ports.contains(&547) {
+            return Err(ConfigError::IpsetNoDhcpv6);
+        }
+        if self.uses(Backend::DnsmasqHostsdir) && !self.hostsdir.dir.is_absolute() {
+            return Err(ConfigError::HostsdirRelative(self.hostsdir.dir.clone()));
+        }
         Ok(())
+    }
+
+    /// Whether `backend` is one of the configured backends.
+    pub fn uses(&self, backend: Backend) -> bool {
+        self.backends.contains(&backend)
     }
 }
 
@@ -380,6 +493,29 @@ mod tests {
             (RulesetConfig { mask: 0, ..base.clone() }, "mask is 0"),
             (RulesetConfig { mark: 0x3, mask: 0x1, ..base.clone() }, "outside the mask"),
             (RulesetConfig { mark: 0, ..base.clone() }, "mark is 0"),
+            (RulesetConfig { backends: vec![], ..base.clone() }, "no backend"),
+            (RulesetConfig { backends: vec![Backend::Nftables, Backend::Nftables], ..base.clone() }, "twice"),
+            (
+                RulesetConfig { backends: vec![Backend::Nftables, Backend::Ipset], ..base.clone() },
+                "cannot run together",
+            ),
+            (
+                RulesetConfig {
+                    backends: vec![Backend::DnsmasqHostsdir],
+                    egress_interfaces: vec!["e0".into()],
+                    ..base.clone()
+                },
+                "needs the nftables backend",
+            ),
+            (RulesetConfig { backends: vec![Backend::Ipset], ports: vec![67, 547], ..base.clone() }, "DHCPv4 only"),
+            (
+                RulesetConfig {
+                    backends: vec![Backend::DnsmasqHostsdir],
+                    hostsdir: HostsdirConfig { dir: "hosts".into() },
+                    ..base.clone()
+                },
+                "absolute path",
+            ),
         ];
         for (cfg, want) in cases {
             let err = cfg.validate().unwrap_err().to_string();

@@ -149,6 +149,39 @@ impl GuardedHost {
         host
     }
 
+    /// Like [`GuardedHost::start`] for backends that keep nothing in nftables (the dnsmasq hostsdir): waits until
+    /// the agent's own `ironguard_agent_mode` metric says Leader.
+    pub fn start_without_nftables(
+        pxe: &Netns,
+        dir: &TempDir,
+        interface: &str,
+        dataplane: &str,
+        dhcp_health: &str,
+    ) -> Self {
+        let cp = ControlPlane::start(pxe, dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
+        let agent = Self::start_agent(pxe, dir, &cp, interface, dataplane, dhcp_health);
+        let host = Self { agent, cp, ns: pxe.name().to_string() };
+        host.wait_mode(pxe, 3, Duration::from_secs(10));
+        host
+    }
+
+    /// Waits until the agent's `ironguard_agent_mode` metric is `mode` (1 blocked, 2 follower, 3 leader).
+    pub fn wait_mode(&self, pxe: &Netns, mode: u32, timeout: Duration) {
+        let got = wait_for(timeout, || {
+            (crate::metric(pxe, AGENT_ADMIN, "ironguard_agent_mode") == Some(f64::from(mode))).then_some(())
+        });
+        assert!(got.is_some(), "the agent's mode never became {mode}:\n{}", self.agent.log_text());
+    }
+
+    /// `ironguardctl filters allow|deny MAC`, then waits until `done` says the dataplane has it.
+    pub fn filter_until(&self, pxe: &Netns, verb: &str, mac: MacAddr, done: impl Fn() -> bool) {
+        let m = mac.to_string();
+        let out = ctl(pxe, &["--controlplane", &self.cp.url(), "filters", verb, &m]);
+        assert!(out.status.success(), "ironguardctl filters {verb} {m}: {out:?}");
+        let got = wait_for(Duration::from_secs(5), || done().then_some(()));
+        assert!(got.is_some(), "{m} never reached the {verb} set:\n{}", self.agent.log_text());
+    }
+
     /// Starts (or restarts) the agent against this control plane.
     pub fn start_agent(
         pxe: &Netns,
