@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  nftables iptables iproute2 util-linux procps   # the kernel's firewall tools, ip netns, setpriv
+  nftables iptables ipset iproute2 util-linux procps   # the kernel's firewall tools (ipset: the ipset backend), ip netns, setpriv
   dnsmasq-base busybox                            # a real DHCP server and a real DHCP client (udhcpc)
   isc-dhcp-client                                 # a real DHCPv6 client (dhclient -6)
   isc-dhcp-server                                 # a real DHCP server on raw (AF_PACKET) sockets (ISC dhcpd)

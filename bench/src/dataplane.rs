@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use ironguard_nft::{Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_nft::{Backend, Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy};
 use nix::sys::resource::{UsageWho, getrusage};
 use serde_json::json;
 
@@ -28,6 +28,10 @@ pub struct Args {
     /// MACs added with one iptables process each (ironic-inspector's approach).
     #[arg(long, default_value_t = 2000)]
     iptables_macs: usize,
+    /// Full-load sizes for the other backends (dnsmasq hostsdir, ipset); their one-MAC changes are measured at the
+    /// largest.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    backend_sizes: Vec<usize>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/dataplane.json")]
     json: PathBuf,
@@ -285,7 +289,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     results.insert("mode_switch_nft_f_p50_ms".into(), json!(ms(nsw.median())));
     let _ = nft(&["delete", "table", "inet", NFT_TABLE]);
 
-    // 3. One iptables process per MAC, as ironic-inspector does.
+    // 3. The other backends, on the same states.
+    let backend_rows = other_backends(&args, &dir)?;
+    results.insert("backends".into(), json!(backend_rows.iter().map(BackendRow::json).collect::<Vec<_>>()));
+
+    // 4. One iptables process per MAC, as ironic-inspector does.
     let ipt_version = Command::new("iptables")
         .arg("-V")
         .output()
@@ -378,6 +386,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ms(*is) / wall
         );
     }
+    println!();
+    println!("Other backends, same states (the nftables figures above are from this run):");
+    println!();
+    println!("| backend | full load | one-MAC add | one-MAC delete | notes |");
+    println!("|---|---:|---:|---:|---|");
+    for b in &backend_rows {
+        println!("{}", b.markdown());
+    }
     results.insert("kernel".into(), json!(kernel));
     results.insert("nft_version".into(), json!(nft_version));
     let results = serde_json::Value::Object(results);
@@ -431,4 +447,95 @@ fn settle(n: usize) -> Duration {
 fn ratio(a: Duration, b: Duration) -> String {
     let r = a.as_secs_f64() / b.as_secs_f64();
     if r < 0.01 { format!("{r:.4}×") } else { format!("{r:.2}×") }
+}
+
+/// One backend's figures: full loads by size, one-MAC changes at the largest size (or why it could not run).
+struct BackendRow {
+    backend: Backend,
+    loads: Vec<(usize, Duration)>,
+    add: Option<Samples>,
+    delete: Option<Samples>,
+    at: usize,
+    note: String,
+}
+
+impl BackendRow {
+    fn markdown(&self) -> String {
+        let loads = if self.loads.is_empty() {
+            "—".to_string()
+        } else {
+            self.loads.iter().map(|(n, d)| format!("{n}: {}", human(*d))).collect::<Vec<_>>().join("; ")
+        };
+        let med = |s: &Option<Samples>| {
+            s.as_ref().map_or("—".to_string(), |s| format!("{} (at {})", human(s.median()), self.at))
+        };
+        format!("| {} | {loads} | {} | {} | {} |", self.backend, med(&self.add), med(&self.delete), self.note)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({"backend": self.backend.to_string(),
+            "full_load": self.loads.iter().map(|(n, d)| json!({"macs": n, "ms": ms(*d)})).collect::<Vec<_>>(),
+            "one_mac_at": self.at,
+            "add_p50_ms": self.add.as_ref().map(|s| ms(s.median())),
+            "delete_p50_ms": self.delete.as_ref().map(|s| ms(s.median())),
+            "note": self.note})
+    }
+}
+
+/// Full loads and one-MAC changes of the dnsmasq hostsdir and ipset backends, on the states the nftables rows use.
+fn other_backends(args: &Args, dir: &std::path::Path) -> anyhow::Result<Vec<BackendRow>> {
+    let mut rows = vec![];
+    for backend in [Backend::DnsmasqHostsdir, Backend::Ipset] {
+        let mut row = BackendRow { backend, loads: vec![], add: None, delete: None, at: 0, note: String::new() };
+        let config = |run: usize| RulesetConfig {
+            backends: vec![backend],
+            hostsdir: ironguard_nft::HostsdirConfig { dir: dir.join(format!("hostsdir-{run}")) },
+            ..RulesetConfig::default()
+        };
+        match backend_figures(args, &mut row, &config) {
+            Ok(()) => {
+                if backend == Backend::DnsmasqHostsdir {
+                    row.note = "one file per MAC written (dot file + rename); dnsmasq's inotify re-read not included; \
+                                unknown MACs denied"
+                        .into();
+                } else {
+                    row.note = "ipset restore + swap, iptables-legacy-restore; unknown MACs denied".into();
+                }
+            }
+            Err(e) => row.note = format!("not measured here: {e:#}"),
+        }
+        eprintln!("{}", row.markdown());
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn backend_figures(args: &Args, row: &mut BackendRow, config: &dyn Fn(usize) -> RulesetConfig) -> anyhow::Result<()> {
+    let mut dp = None;
+    for (run, &n) in args.backend_sizes.iter().enumerate() {
+        let mut s = state(n);
+        s.config = config(run);
+        // Unknown MACs denied, so that allowing a MAC and removing it again each change what the backend holds
+        // (with policy allow, a removed MAC stays served as unknown: nothing to write for the hostsdir).
+        s.unknown_mac_policy = UnknownMacPolicy::Deny;
+        let mut d = ironguard_nft::backend::open(&s.config)?;
+        let t = Instant::now();
+        d.apply(&s)?;
+        row.loads.push((n, t.elapsed()));
+        row.at = n;
+        dp = Some(d);
+    }
+    let Some(mut dp) = dp else { return Ok(()) };
+    let (mut add, mut del) = (vec![], vec![]);
+    for m in macs(args.reps.min(100), 0x78) {
+        let t = Instant::now();
+        dp.apply_delta(&Delta { allow_add: vec![m], ..Default::default() })?;
+        add.push(t.elapsed());
+        let t = Instant::now();
+        dp.apply_delta(&Delta { allow_remove: vec![m], ..Default::default() })?;
+        del.push(t.elapsed());
+    }
+    row.add = Some(Samples::new(add));
+    row.delete = Some(Samples::new(del));
+    Ok(())
 }

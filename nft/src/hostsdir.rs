@@ -70,22 +70,28 @@ impl Entry {
     }
 }
 
-/// What every file of the directory should say for `s`: `(per-MAC entries for every MAC named in `known`, the
-/// wildcard)`. `known` is every MAC that has a file (files are never deleted, see the module documentation).
-pub fn desired_entries(s: &DesiredState, known: &BTreeSet<MacAddr>) -> (BTreeMap<MacAddr, Entry>, Entry) {
+/// What the unknown-hosts file should say for `s`.
+pub fn wildcard_entry(s: &DesiredState) -> Entry {
+    if s.mode == Mode::Leader && s.unknown_mac_policy == UnknownMacPolicy::Allow { Entry::Serve } else { Entry::Ignore }
+}
+
+/// What the file of `m` should say for `s` (the whitelist first, as in the nftables backend).
+pub fn entry_for(s: &DesiredState, m: &MacAddr) -> Entry {
     let leader = s.mode == Mode::Leader;
-    let wildcard = if leader && s.unknown_mac_policy == UnknownMacPolicy::Allow { Entry::Serve } else { Entry::Ignore };
-    let entry = |m: &MacAddr| {
-        if leader && s.allow.contains(m) {
-            Entry::Serve
-        } else if s.deny.contains(m) || !leader {
-            Entry::Ignore
-        } else {
-            wildcard
-        }
-    };
+    if leader && s.allow.contains(m) {
+        Entry::Serve
+    } else if s.deny.contains(m) || !leader {
+        Entry::Ignore
+    } else {
+        wildcard_entry(s)
+    }
+}
+
+/// What every file of the directory should say for `s`: `(per-MAC entries for every MAC named in `known` or in a
+/// set, the wildcard)`. `known` is every MAC that has a file (files are never deleted, see the module docs).
+pub fn desired_entries(s: &DesiredState, known: &BTreeSet<MacAddr>) -> (BTreeMap<MacAddr, Entry>, Entry) {
     let all = known.iter().chain(&s.allow).chain(&s.deny);
-    (all.map(|m| (*m, entry(m))).collect(), wildcard)
+    (all.map(|m| (*m, entry_for(s, m))).collect(), wildcard_entry(s))
 }
 
 /// The hostsdir backend.
@@ -180,9 +186,20 @@ impl HostsdirDataplane {
     /// and first when it closes (so no MAC is served in between that neither state serves). Returns the report; on
     /// error the files written so far stay written and the caller (the agent) drops to Blocked.
     fn converge(&mut self, next: &DesiredState) -> Result<ApplyReport, NftError> {
-        let start = Instant::now();
         let known: BTreeSet<MacAddr> = self.files.keys().copied().collect();
         let (files, wildcard) = desired_entries(next, &known);
+        self.write_entries(files, wildcard)
+    }
+
+    /// Like [`Self::converge`] when only `macs` may have changed (a delta: the mode and policy, hence the
+    /// wildcard, are the same): costs what the delta names, not what the directory holds.
+    fn converge_macs(&mut self, next: &DesiredState, macs: &[MacAddr]) -> Result<ApplyReport, NftError> {
+        let files = macs.iter().map(|m| (*m, entry_for(next, m))).collect();
+        self.write_entries(files, wildcard_entry(next))
+    }
+
+    fn write_entries(&mut self, files: BTreeMap<MacAddr, Entry>, wildcard: Entry) -> Result<ApplyReport, NftError> {
+        let start = Instant::now();
         let mut writes = 0usize;
         let closing = wildcard == Entry::Ignore;
         if closing && self.wildcard != Some(wildcard) {
@@ -237,12 +254,22 @@ impl Dataplane for HostsdirDataplane {
         Ok(r)
     }
 
+    /// Rewrites only the files of the MACs the delta changes. On error the files written so far stay written
+    /// (`self.files` knows which), and the agent's drop to Blocked rewrites whatever is left open.
     fn apply_delta(&mut self, delta: &Delta) -> Result<ApplyReport, NftError> {
-        let mut next = self.committed.clone().ok_or(NftError::NotInitialised)?;
-        next.merge(delta);
-        let r = self.converge(&next)?;
+        let mut next = self.committed.take().ok_or(NftError::NotInitialised)?;
+        let eff = next.merge(delta);
+        let named: Vec<MacAddr> = eff
+            .allow_add
+            .iter()
+            .chain(&eff.allow_remove)
+            .chain(&eff.deny_add)
+            .chain(&eff.deny_remove)
+            .copied()
+            .collect();
+        let r = self.converge_macs(&next, &named);
         self.committed = Some(next);
-        Ok(r)
+        r
     }
 
     fn set_mode(&mut self, mode: Mode, policy: UnknownMacPolicy) -> Result<ApplyReport, NftError> {
