@@ -24,7 +24,7 @@ stage "unit, integration and end-to-end tests (network namespaces: real kernel, 
 # on DHCP timeouts and leases, so more threads than cores.
 cargo test --workspace --locked -- --test-threads 8
 stage "benchmark smoke run (small sizes; full figures: see docs/benchmarks.md)"
-target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
+target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 --backend-sizes 1000 \
   --json target/bench-smoke/dataplane.json
 if [ "${IRONGUARD_SKIP_FRESH_ROOT:-0}" = 1 ] && [ "${CI:-}" != true ]; then
   stage "fresh Debian 12 root skipped (IRONGUARD_SKIP_FRESH_ROOT=1)"
