@@ -27,6 +27,10 @@ pub struct Cli {
     /// http://127.0.0.1:9100).
     #[arg(long, global = true, value_name = "URL", env = "IRONGUARD_CONTROLPLANE")]
     pub controlplane: Option<String>,
+    /// How errors are printed on stderr: text, or one JSON object (`{"level":"error","message":…,"causes":[…]}`)
+    /// for scripts and log collectors.
+    #[arg(long, global = true, value_enum, default_value = "text", env = "IRONGUARD_LOG_FORMAT")]
+    pub log_format: LogFormat,
     #[command(flatten)]
     pub auth: AuthArgs,
     #[command(subcommand)]
@@ -345,6 +349,21 @@ pub struct MacList {
 
 /// How `ironguardctl` prints an error: the message, then each cause, `: `-separated, leaving out a cause whose
 /// text the line already ends with (hyper's connect errors wrap themselves: "tcp connect error: tcp connect error").
+/// How `ironguardctl` prints its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The error as one JSON object: the whole message (as [`error_text`]) and each cause on its own.
+pub fn error_json(error: &anyhow::Error) -> String {
+    let causes: Vec<String> = error.chain().map(|c| c.to_string()).collect();
+    serde_json::json!({"level": "error", "program": "ironguardctl", "message": error_text(error), "causes": causes})
+        .to_string()
+}
+
 pub fn error_text(error: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in error.chain() {
@@ -365,6 +384,16 @@ mod tests {
 
     use super::*;
     use crate::filters::FilterAction;
+
+    #[test]
+    fn errors_print_as_one_json_object() {
+        let e = anyhow::anyhow!("connection refused").context("calling the control plane at https://cp:9100");
+        let j: serde_json::Value = serde_json::from_str(&error_json(&e)).unwrap();
+        assert_eq!(j["level"], "error");
+        assert_eq!(j["message"], "calling the control plane at https://cp:9100: connection refused");
+        assert_eq!(j["causes"].as_array().unwrap().len(), 2);
+        assert_eq!(parse(&["--log-format", "json", "agents"]).unwrap().log_format, LogFormat::Json);
+    }
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("ironguardctl").chain(args.iter().copied()))

@@ -10,7 +10,9 @@ use clap::Parser as _;
 use ironguard_proto::v1::{ListRequest, StartRequest};
 use ironguardctl::agents::AgentsReport;
 use ironguardctl::chains::ChainsReport;
-use ironguardctl::cli::{Cli, Command, FiltersCommand, InspectCommand, RulesCommand, error_text};
+use ironguardctl::cli::{
+    Cli, Command, FiltersCommand, InspectCommand, LogFormat, RulesCommand, error_json, error_text,
+};
 use ironguardctl::controlplane::{ControlPlane, Target};
 use ironguardctl::explain::ExplainReport;
 use ironguardctl::filters::{self, FilterAction, FilterStateReport, UpdateReport};
@@ -19,10 +21,14 @@ use ironguardctl::inspect::{self, InspectionReport, ListReport, NodeAction};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let format = cli.log_format;
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ironguardctl: {}", error_text(&e));
+            match format {
+                LogFormat::Text => eprintln!("ironguardctl: {}", error_text(&e)),
+                LogFormat::Json => eprintln!("{}", error_json(&e)),
+            }
             ExitCode::from(2)
         }
     }
