@@ -5,9 +5,11 @@ set -euo pipefail
 
 packages=(
   nftables iptables ipset iproute2 util-linux procps   # the kernel's firewall tools (ipset: the ipset backend), ip netns, setpriv
-  dnsmasq-base busybox                            # a real DHCP server and a real DHCP client (udhcpc)
+  dnsmasq-base busybox-static                     # a real DHCP server and a real DHCP client (udhcpc); static busybox
+                                                  # also serves as the init of the qemu guest (scripts/guest-kernel.sh)
   isc-dhcp-client                                 # a real DHCPv6 client (dhclient -6)
   isc-dhcp-server                                 # a real DHCP server on raw (AF_PACKET) sockets (ISC dhcpd)
+  qemu-system-x86 kmod                            # a stock Debian kernel under qemu for the ipset backend's tests
   etcd-server etcd-client                         # the coordination service for HA tests
   python3-scapy tcpdump                           # crafted (relayed) DHCP packets; tcpdump compiles scapy's BPF filters
   python3 python3-venv                            # the real Ironic 39 and OpenStack clients (scripts/ironic-venv.sh)

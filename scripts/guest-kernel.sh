@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A stock Debian 12 kernel to boot under qemu, for the tests that need what this machine's kernel lacks (the
+# ipset backend needs the hash:mac set type, CONFIG_IP_SET_HASH_MAC, which production kernels have as a module).
+#
+# Prints the directory that holds, cached after the first run:
+#   boot/vmlinuz-*          the kernel of Debian's linux-image-amd64 (apt-get download; never installed)
+#   lib/modules/*           its modules, with modules.dep (depmod)
+#   initrd.gz               busybox (static) and the virtio/9p modules; its /init mounts this machine's root
+#                           read-only over 9p, mounts tmpfs on /tmp and /run, and runs the script named on the
+#                           kernel command line (ig.script=PATH ig.args=A,B,...) chrooted in it, then powers off.
+# Run as root; needs qemu-system-x86, busybox-static and kmod (scripts/install-deps.sh installs them).
+set -euo pipefail
+cache=/var/cache/ironguard/guest-kernel
+stamp="$cache/.ready-v1"
+if [ -f "$stamp" ]; then echo "$cache"; exit 0; fi
+rm -rf "$cache" && mkdir -p "$cache"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+# The metapackage names the current kernel package; download that one.
+pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+[ -n "$pkg" ] || { echo "guest-kernel: cannot find the kernel package behind linux-image-amd64" >&2; exit 1; }
+apt-get download -q "$pkg" >/dev/null 2>&1 || { chmod 777 "$work"; apt-get download -q "$pkg" >/dev/null; }
+dpkg-deb -x ./*.deb "$cache"
+version=$(ls "$cache/lib/modules")
+depmod -b "$cache" "$version"
+
+initrd="$work/initrd"
+mkdir -p "$initrd"/{bin,mods,proc,sys,dev,host}
+cp "$(command -v busybox)" "$initrd/bin/busybox"
+if ldd "$initrd/bin/busybox" >/dev/null 2>&1; then
+  echo "guest-kernel: busybox must be the static one (Debian package busybox-static)" >&2
+  exit 1
+fi
+k="$cache/lib/modules/$version/kernel"
+mods="drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_legacy_dev
+  drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci fs/netfs/netfs fs/fscache/fscache net/9p/9pnet
+  net/9p/9pnet_virtio fs/9p/9p"
+order=""
+for m in $mods; do cp "$k/$m.ko" "$initrd/mods/"; order="$order $(basename "$m")"; done
+cat >"$initrd/init" <<EOF
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in $order; do insmod /mods/\$m.ko || echo "guest: insmod \$m failed"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,ro hostroot /host || echo "guest: mounting the host's root failed"
+for d in proc sys dev; do mount --bind /\$d /host/\$d; done
+mount -t tmpfs tmpfs /host/tmp; mount -t tmpfs tmpfs /host/run
+script=\$(sed -n 's/.*ig\.script=\([^ ]*\).*/\1/p' /proc/cmdline)
+args=\$(sed -n 's/.*ig\.args=\([^ ]*\).*/\1/p' /proc/cmdline | tr , ' ')
+echo "guest: kernel \$(uname -r), running \$script"
+chroot /host /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin GUEST_KERNEL=$cache /bin/sh "\$script" \$args
+echo "guest: script exited \$?"
+poweroff -f
+EOF
+chmod 755 "$initrd/init"
+(cd "$initrd" && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1 >"$cache/initrd.gz")
+touch "$stamp"
+echo "$cache"
