@@ -100,8 +100,12 @@ hold --mode leader --unknown-mac-policy allow --deny $M2
 check policy-allow-unknown yes lease n1 $UNKNOWN
 check policy-allow-denied no lease n1 $M2
 stop_hold
-hold --mode follower --allow $M1
+hold --mode follower --unknown-mac-policy allow --allow $M1
 check follower-serves-nobody no lease n1 $M1
+check follower-unknown no lease n1 $UNKNOWN
+stop_hold
+hold --mode blocked --unknown-mac-policy allow --allow $M1
+check blocked-serves-nobody no lease n1 $M1
 stop_hold
 
 # SIGKILL: nothing goes with the process (no owned tables); the lease element expires within its 2 s.

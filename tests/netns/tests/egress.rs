@@ -185,11 +185,14 @@ fn dhcpd_on_raw_sockets_is_filtered_at_egress_by_the_agent() {
             .map(|s| s.to_string())
             .collect()
     };
-    let args = hold_args(&["--mode", "follower", "--allow", M1]);
-    let hold = start_hold(pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(verdict(pxe), "FOLLOWER");
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "a follower serves nobody");
-    stop(hold);
+    for (mode, verdict_text) in [("follower", "FOLLOWER"), ("blocked", "BLOCKED")] {
+        let args = hold_args(&["--mode", mode, "--unknown-mac-policy", "allow", "--allow", M1]);
+        let hold = start_hold(pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(verdict(pxe), verdict_text);
+        let r = lan.dhcp_all(&[M1, UNKNOWN]);
+        assert_eq!(r, [None, None], "{mode}: nobody is served, allowed or unknown");
+        stop(hold);
+    }
     let args = hold_args(&["--mode", "leader", "--unknown-mac-policy", "allow", "--deny", M2]);
     let hold = start_hold(pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let r = lan.dhcp_all(&[UNKNOWN, M2]);

@@ -168,8 +168,8 @@ fn dnsmasq_serves_what_the_hostsdir_backend_writes() {
     assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "closed by guard install");
 }
 
-/// Follower and Blocked in dnsmasq's terms: a follower with M1 allowed writes every file `ignore`, so dnsmasq
-/// serves nobody; a leader with unknown MACs allowed opens the wildcard and still ignores the denied MAC.
+/// Follower and Blocked in dnsmasq's terms: with M1 allowed and unknown MACs allowed, both write every file and the
+/// wildcard `ignore`, so dnsmasq serves nobody; a leader with unknown MACs allowed opens the wildcard and still ignores the denied MAC.
 #[test]
 fn a_follower_serves_nobody_and_a_leader_opens_the_wildcard() {
     let lan = HostsLan::new(2);
@@ -179,11 +179,15 @@ fn a_follower_serves_nobody_and_a_leader_opens_the_wildcard() {
         a.extend(args);
         start_hold(&lan.pxe, &lan.dir, &a)
     };
-    let mut h = hold(&["--mode", "follower", "--allow", M1]);
-    assert_eq!(file(&lan.hosts, M1), format!("{M1},ignore\n"));
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "a follower serves nobody");
-    h.signal(Signal::SIGTERM);
-    assert!(h.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()));
+    for mode in ["follower", "blocked"] {
+        let mut h = hold(&["--mode", mode, "--unknown-mac-policy", "allow", "--allow", M1]);
+        assert_eq!(file(&lan.hosts, M1), format!("{M1},ignore\n"), "{mode}");
+        assert_eq!(file(&lan.hosts, "unknown_hosts_filter"), "*:*:*:*:*:*,ignore\n", "{mode}");
+        let r = lan.dhcp_all(&[M1, UNKNOWN]);
+        assert_eq!(r, [None, None], "{mode}: dnsmasq serves nobody");
+        h.signal(Signal::SIGTERM);
+        assert!(h.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()));
+    }
 
     let mut h = hold(&["--mode", "leader", "--unknown-mac-policy", "allow", "--deny", M2]);
     assert_eq!(file(&lan.hosts, "unknown_hosts_filter"), "*:*:*:*:*:*\n");

@@ -69,6 +69,8 @@ const CHECKS: &[&str] = &[
     "policy-allow-unknown",
     "policy-allow-denied",
     "follower-serves-nobody",
+    "follower-unknown",
+    "blocked-serves-nobody",
     "before-kill",
     "sigkill-lease-expired",
     "sigkill-closed",
