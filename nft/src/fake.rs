@@ -132,11 +132,7 @@ impl Dataplane for FakeDataplane {
     }
 
     fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
-        let observed = self.observe(with_members)?;
-        Ok(match self.committed() {
-            Some(d) => observed.drift(d),
-            None => vec!["nothing committed yet".to_string()],
-        })
+        Ok(self.observe(with_members)?.drift_from(self.committed()))
     }
 
     fn kernel_lease(&self) -> bool {

@@ -265,6 +265,14 @@ impl Observed {
         out
     }
 
+    /// [`Observed::drift`] against what a dataplane committed, if it committed anything.
+    pub fn drift_from(&self, committed: Option<&DesiredState>) -> Vec<String> {
+        match committed {
+            Some(d) => self.drift(d),
+            None => vec!["nothing committed yet".to_string()],
+        }
+    }
+
     /// Differences between what the kernel holds and `desired`. Empty means no drift. Set members are compared
     /// only if they were read (`observe(true)`); otherwise sizes are compared.
     pub fn drift(&self, desired: &DesiredState) -> Vec<String> {

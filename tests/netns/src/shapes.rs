@@ -508,3 +508,51 @@ pub fn dhcpd(ns: &Netns, dir: &TempDir, tag: &str, interfaces: &[&str], subnets:
     assert!(listening.is_some() && proc.running(), "dhcpd {tag} did not start:\n{}", proc.log_text());
     Dhcpd { proc }
 }
+
+/// A PXE host with a bridge `br0` (`10.NET.0.1/24`) holding `n` nodes, and a DHCP relay (a dnsmasq with
+/// `--dhcp-relay`) on `10.NET.2.2` ↔ `10.NET.1.1` with one node, `far`, behind it; the PXE host routes
+/// `10.NET.1.0/24` to the relay through `s0` (`10.NET.2.1/24`):
+///
+/// ```text
+/// nodes[i] --(eth0 | p{i})-- br0 [pxe] s0 --(s0 | r1)-- relay --(r0 | eth0)-- far
+/// ```
+///
+/// The DHCP server on the PXE host is the caller's (serving `10.NET.0.0/24` on br0 and `10.NET.1.0/24` through s0).
+#[derive(Debug)]
+pub struct RelayedLan {
+    // Dropped in field order: the relay's dnsmasq (its log printed if the test failed), then the namespaces.
+    pub relay_dnsmasq: Dnsmasq,
+    pub nodes: Vec<Netns>,
+    pub far: Netns,
+    pub relay: Netns,
+    pub pxe: Netns,
+}
+
+impl RelayedLan {
+    pub fn new(dir: &TempDir, tag: &str, net: u8, n: usize) -> Self {
+        let a = |host: &str| format!("10.{net}.{host}");
+        let pxe = Netns::new(&format!("{tag}pxe"));
+        pxe.ip(&["link", "add", "br0", "type", "bridge", "forward_delay", "0"]);
+        pxe.ip(&["addr", "add", &a("0.1/24"), "dev", "br0"]);
+        pxe.ip(&["link", "set", "br0", "up"]);
+        let nodes: Vec<Netns> = (0..n)
+            .map(|i| {
+                let node = Netns::new(&format!("{tag}node"));
+                crate::veth(&node, "eth0", &pxe, &format!("p{i}"));
+                pxe.ip(&["link", "set", &format!("p{i}"), "master", "br0"]);
+                node
+            })
+            .collect();
+        let relay = Netns::new(&format!("{tag}relay"));
+        let far = Netns::new(&format!("{tag}far"));
+        crate::veth(&far, "eth0", &relay, "r0");
+        crate::veth(&relay, "r1", &pxe, "s0");
+        relay.ip(&["addr", "add", &a("1.1/24"), "dev", "r0"]);
+        relay.ip(&["addr", "add", &a("2.2/24"), "dev", "r1"]);
+        pxe.ip(&["addr", "add", &a("2.1/24"), "dev", "s0"]);
+        pxe.ip(&["route", "add", &a("1.0/24"), "via", &a("2.2")]);
+        let relay_to = format!("--dhcp-relay={},{}", a("1.1"), a("2.1"));
+        let relay_dnsmasq = dnsmasq(&relay, dir, "relay", &["--interface=r0", "--interface=r1", &relay_to], 67);
+        Self { relay_dnsmasq, nodes, far, relay, pxe }
+    }
+}

@@ -36,33 +36,7 @@ struct RawLan {
 impl RawLan {
     fn new(n: usize) -> Self {
         let dir = TempDir::new("raw");
-        let pxe = Netns::new("rawpxe");
-        pxe.ip(&["link", "add", "br0", "type", "bridge", "forward_delay", "0"]);
-        pxe.ip(&["addr", "add", "10.92.0.1/24", "dev", "br0"]);
-        pxe.ip(&["link", "set", "br0", "up"]);
-        let nodes: Vec<Netns> = (0..n)
-            .map(|i| {
-                let node = Netns::new("rawnode");
-                veth(&node, "eth0", &pxe, &format!("p{i}"));
-                pxe.ip(&["link", "set", &format!("p{i}"), "master", "br0"]);
-                node
-            })
-            .collect();
-        let relay = Netns::new("rawrelay");
-        let far = Netns::new("rawfar");
-        veth(&far, "eth0", &relay, "r0");
-        veth(&relay, "r1", &pxe, "s0");
-        relay.ip(&["addr", "add", "10.92.1.1/24", "dev", "r0"]);
-        relay.ip(&["addr", "add", "10.92.2.2/24", "dev", "r1"]);
-        pxe.ip(&["addr", "add", "10.92.2.1/24", "dev", "s0"]);
-        pxe.ip(&["route", "add", "10.92.1.0/24", "via", "10.92.2.2"]);
-        let relay_dnsmasq = dnsmasq(
-            &relay,
-            &dir,
-            "relay",
-            &["--interface=r0", "--interface=r1", "--dhcp-relay=10.92.1.1,10.92.2.1"],
-            67,
-        );
+        let RelayedLan { relay_dnsmasq, nodes, far, relay, pxe } = RelayedLan::new(&dir, "raw", 92, n);
         let dhcpd = Self::start_dhcpd(&pxe, &dir);
         Self { dhcpd, _relay_dnsmasq: relay_dnsmasq, nodes, far, _relay: relay, pxe, dir }
     }

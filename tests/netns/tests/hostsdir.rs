@@ -43,33 +43,7 @@ impl HostsLan {
             "--hostsdir",
             hosts.to_str().unwrap(),
         ]));
-        let pxe = Netns::new("hdpxe");
-        pxe.ip(&["link", "add", "br0", "type", "bridge", "forward_delay", "0"]);
-        pxe.ip(&["addr", "add", "10.93.0.1/24", "dev", "br0"]);
-        pxe.ip(&["link", "set", "br0", "up"]);
-        let nodes: Vec<Netns> = (0..n)
-            .map(|i| {
-                let node = Netns::new("hdnode");
-                veth(&node, "eth0", &pxe, &format!("p{i}"));
-                pxe.ip(&["link", "set", &format!("p{i}"), "master", "br0"]);
-                node
-            })
-            .collect();
-        let relay = Netns::new("hdrelay");
-        let far = Netns::new("hdfar");
-        veth(&far, "eth0", &relay, "r0");
-        veth(&relay, "r1", &pxe, "s0");
-        relay.ip(&["addr", "add", "10.93.1.1/24", "dev", "r0"]);
-        relay.ip(&["addr", "add", "10.93.2.2/24", "dev", "r1"]);
-        pxe.ip(&["addr", "add", "10.93.2.1/24", "dev", "s0"]);
-        pxe.ip(&["route", "add", "10.93.1.0/24", "via", "10.93.2.2"]);
-        let relay_dnsmasq = dnsmasq(
-            &relay,
-            &dir,
-            "relay",
-            &["--interface=r0", "--interface=r1", "--dhcp-relay=10.93.1.1,10.93.2.1"],
-            67,
-        );
+        let RelayedLan { relay_dnsmasq, nodes, far, relay, pxe } = RelayedLan::new(&dir, "hd", 93, n);
         let hostsdir = format!("--dhcp-hostsdir={}", hosts.display());
         let dnsmasq = dnsmasq(
             &pxe,
