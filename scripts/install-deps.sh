@@ -9,7 +9,9 @@ packages=(
                                                   # also serves as the init of the qemu guest (scripts/guest-kernel.sh)
   isc-dhcp-client                                 # a real DHCPv6 client (dhclient -6)
   isc-dhcp-server                                 # a real DHCP server on raw (AF_PACKET) sockets (ISC dhcpd)
-  qemu-system-x86 kmod                            # a stock Debian kernel under qemu for the ipset backend's tests
+  qemu-system-x86 kmod                            # a stock Debian kernel under qemu: the ipset backend's tests and the
+                                                  # egress dataplane on a kernel before 6.16
+  jq                                              # reads ironguardctl's JSON in the qemu guest's test scripts
   etcd-server etcd-client                         # the coordination service for HA tests
   python3-scapy tcpdump                           # crafted (relayed) DHCP packets; tcpdump compiles scapy's BPF filters
   python3 python3-venv                            # the real Ironic 39 and OpenStack clients (scripts/ironic-venv.sh)

@@ -888,13 +888,21 @@ pub async fn run(
     // Link and address changes wake the check at once (a downed provisioning link makes the leader resign).
     let (link_tx, mut link_rx) = mpsc::channel::<()>(1);
     link::watch(link_tx);
+    // After a link change the main loop also reads the reply side back: before Linux 6.16 the kernel unbinds a
+    // netdev chain from a device that goes away and never binds it again, so a rebuilt bridge would stay unfiltered
+    // until the next read-back period.
+    let (relink_tx, mut relink_rx) = mpsc::channel::<()>(1);
+    let egress = !cfg.dataplane.egress_interfaces.is_empty();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(hcfg.interval_ms));
         loop {
-            tokio::select! {
-                _ = tick.tick() => {},
-                Some(()) = link_rx.recv() => {},
+            let linked = tokio::select! {
+                _ = tick.tick() => false,
+                Some(()) = link_rx.recv() => true,
                 _ = hstop.changed() => return,
+            };
+            if linked && egress {
+                let _ = relink_tx.try_send(());
             }
             let (c, l) = (hcfg.clone(), links.clone());
             if let Ok(h) = tokio::task::spawn_blocking(move || health_with_links(&c, &l)).await {
@@ -986,6 +994,9 @@ pub async fn run(
                 // Coalesce a burst (one `nft flush ruleset` touches every rule).
                 while guard_rx.try_recv().is_ok() {}
                 d.on_guard_event(&ev)
+            }
+            Some(()) = relink_rx.recv() => {
+                if d.have_state { d.reconcile() } else { Ok(()) }
             }
             _ = health_rx.changed() => {
                 let h = health_rx.borrow_and_update().clone();

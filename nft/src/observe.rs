@@ -192,15 +192,28 @@ impl ObservedTable {
     }
 }
 
-/// On the reply side: whether the egress chain is bound to exactly the configured devices. (Before Linux 6.16 the
-/// kernel unbinds a chain from a device that goes away and does not bind it again when the device comes back.)
+/// On the reply side: whether the egress chain is bound to the configured devices: none other, and every one that
+/// exists now. (Before Linux 6.16 the kernel unbinds a chain from a device that goes away and does not bind it
+/// again when the device comes back; since 6.16 it keeps the names, including those of absent devices. A device
+/// that does not exist now has no traffic to filter and cannot be bound before 6.16, so its absence is no problem.)
 fn device_problem(side: Side, c: &ObservedChain, config: &crate::RulesetConfig) -> Option<String> {
+    device_problem_with(side, c, config, |d| nix::net::if_::if_nametoindex(d).is_ok())
+}
+
+fn device_problem_with(
+    side: Side,
+    c: &ObservedChain,
+    config: &crate::RulesetConfig,
+    exists: impl Fn(&str) -> bool,
+) -> Option<String> {
     if side != Side::Replies {
         return None;
     }
     let have: BTreeSet<&str> = c.devices.iter().map(String::as_str).collect();
     let want: BTreeSet<&str> = config.egress_interfaces.iter().map(String::as_str).collect();
-    (have != want).then(|| format!("bound to devices {have:?}, {want:?} configured"))
+    let foreign = have.difference(&want).next().is_some();
+    let unbound = want.difference(&have).any(|d| exists(d));
+    (foreign || unbound).then(|| format!("bound to devices {have:?}, {want:?} configured"))
 }
 
 impl Observed {
@@ -884,5 +897,45 @@ mod decide_tests {
         assert!(decide(MacInputs { mode: None, ..inputs(None) }).rule.starts_with(comments::GUARD_DROP));
         let unguarded = decide(MacInputs { guarded: false, ..inputs(Some(Mode::Follower)) });
         assert!(unguarded.served && unguarded.why.contains("UNFILTERED"), "{unguarded:?}");
+    }
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    fn chain(devices: &[&str]) -> ObservedChain {
+        ObservedChain {
+            name: "egress".into(),
+            hook: Some("egress".into()),
+            priority: Some(0),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+            rules: vec![],
+        }
+    }
+
+    #[test]
+    fn an_egress_chain_must_be_bound_to_every_configured_device_that_exists() {
+        let config = crate::RulesetConfig {
+            hooks: vec![],
+            egress_interfaces: vec!["br0".into(), "s0".into()],
+            ..Default::default()
+        };
+        let all = |_: &str| true;
+        let no_br0 = |d: &str| d != "br0";
+        let problem = |devices: &[&str], exists: &dyn Fn(&str) -> bool| {
+            device_problem_with(Side::Replies, &chain(devices), &config, exists)
+        };
+        assert_eq!(problem(&["br0", "s0"], &all), None);
+        // Before 6.16: br0 was deleted and created again; the kernel bound the chain to s0 only.
+        assert!(problem(&["s0"], &all).is_some_and(|p| p.contains("\"br0\", \"s0\"")));
+        // br0 is gone: nothing to bind (before 6.16 the kernel could not), nothing to repair.
+        assert_eq!(problem(&["s0"], &no_br0), None);
+        // Since 6.16 the kernel keeps the name of a device that is gone.
+        assert_eq!(problem(&["br0", "s0"], &no_br0), None);
+        // A device that is no longer configured.
+        assert!(problem(&["br0", "s0", "old0"], &all).is_some());
+        // The request side has no devices.
+        assert_eq!(device_problem_with(Side::Requests, &chain(&[]), &config, all), None);
     }
 }

@@ -26,6 +26,7 @@ use ironguard_nft::MacAddr;
 
 pub mod etcd;
 pub mod faults;
+pub mod guest;
 pub mod ha;
 pub mod ironic;
 pub mod ironic_site;

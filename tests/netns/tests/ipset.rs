@@ -7,9 +7,8 @@
 //! plane. On this machine's own kernel the agent must refuse the backend with a message that says why.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use ironguard_netns_tests::shapes::require_tools;
 use ironguard_netns_tests::*;
@@ -91,50 +90,6 @@ const CHECKS: &[&str] = &[
 /// kernel, which has `hash:mac`.
 #[test]
 fn the_ipset_backend_in_a_debian_kernel() {
-    require_privileges();
-    require_tools(&[
-        ("ipset", "ipset"),
-        ("iptables-legacy", "iptables"),
-        ("qemu-system-x86_64", "qemu-system-x86"),
-        ("depmod", "kmod"),
-    ]);
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = run_ok(&mut Command::new(root.join("scripts/guest-kernel.sh")));
-    let cache = String::from_utf8_lossy(&out.stdout).trim().lines().last().unwrap_or_default().to_string();
-    let kernel = std::fs::read_dir(Path::new(&cache).join("boot"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("vmlinuz-"))
-        .expect("the guest kernel");
-    let script = root.join("tests/netns/scripts/ipset_guest.sh").canonicalize().unwrap();
-    let bin_dir = bin("ironguard-agent").parent().unwrap().canonicalize().unwrap();
-    let start = Instant::now();
-    let out = Command::new("timeout")
-        .args(["600", "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-m", "2048", "-smp", "2"])
-        .args(["-nographic", "-no-reboot", "-kernel"])
-        .arg(&kernel)
-        .arg("-initrd")
-        .arg(Path::new(&cache).join("initrd.gz"))
-        .arg("-append")
-        .arg(format!("console=ttyS0 quiet panic=-1 ig.script={} ig.args={}", script.display(), bin_dir.display()))
-        .args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run qemu-system-x86_64");
-    let console = String::from_utf8_lossy(&out.stdout);
-    eprintln!("guest ran {:?}:\n{console}", start.elapsed());
-    assert!(console.contains("\nDONE"), "the guest did not finish its checks");
-    let results: Vec<(&str, &str)> = console
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.trim().strip_prefix("RESULT ")?.splitn(2, ' ');
-            Some((f.next()?, f.next()?))
-        })
-        .collect();
-    let failed: Vec<String> =
-        results.iter().filter(|(_, r)| !r.starts_with("PASS")).map(|(n, r)| format!("{n}: {r}")).collect();
-    assert!(failed.is_empty(), "failed in the guest: {failed:#?}");
-    for name in CHECKS {
-        assert!(results.iter().any(|(n, _)| n == name), "check {name} did not run in the guest");
-    }
+    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
+    ironguard_netns_tests::guest::run_checks_in_debian_kernel("ipset_guest.sh", CHECKS);
 }

@@ -1,0 +1,210 @@
+#!/bin/sh
+# The reply-side (netdev egress) dataplane in a stock Debian 12 kernel (6.1) booted with qemu
+# (scripts/guest-kernel.sh): kernels before 6.16 bind a netdev chain to a device, not to its name, and unbind it for
+# good when the device goes away. Started by tests/netns/tests/egress_guest.rs; runs chrooted in this machine's root
+# (read-only, tmpfs on /tmp and /run), as root, in network namespaces it creates.
+#
+# Usage: egress_guest.sh BIN_DIR
+# Prints one line per check, `RESULT <name> PASS|FAIL [detail]`, then `DONE`. Real parts: the Debian kernel's
+# nf_tables, ISC dhcpd on AF_PACKET sockets, busybox udhcpc, and ironguard-agent (hold, guard and run) with
+# ironguard-controlplane.
+BIN=$1
+set -u
+export RUST_LOG=warn
+K=${GUEST_KERNEL:?}
+for m in nf_tables veth bridge; do
+  modprobe -d "$K" "$m" || echo "RESULT modprobe-$m FAIL"
+done
+
+result() { echo "RESULT $1 $2 ${3:-}"; }
+# check NAME yes|no COMMAND...: the command succeeding means "yes".
+check() {
+  name=$1 want=$2
+  shift 2
+  if "$@" >/dev/null 2>&1; then got=yes; else got=no; fi
+  if [ "$got" = "$want" ]; then result "$name" PASS; else result "$name" FAIL "want $want, got $got"; fi
+}
+# lease NS MAC: one DHCP exchange from NS's eth0 with MAC (3 DISCOVERs, 1 s apart).
+lease() {
+  ip -n "$1" link set eth0 down
+  ip -n "$1" link set eth0 address "$2"
+  ip -n "$1" link set eth0 up
+  ip netns exec "$1" busybox udhcpc -i eth0 -n -q -f -t 3 -T 1 -A 1 -s /bin/true 2>&1 | grep -q obtained
+}
+wait_ready() { i=0; while [ ! -s "$1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; [ -s "$1" ]; }
+EGRESS="--hook none --egress-interface br0 --egress-interface s0"
+# hold ARGS...: ironguard-agent hold in the PXE namespace; sets HOLD_PID once its table is in place.
+hold() {
+  rm -f /tmp/ready
+  # shellcheck disable=SC2086
+  ip netns exec pxe "$BIN/ironguard-agent" hold $EGRESS --ready-file /tmp/ready "$@" >>/tmp/hold.log 2>&1 &
+  HOLD_PID=$!
+  wait_ready /tmp/ready || result "hold-ready" FAIL "$(tail -3 /tmp/hold.log)"
+}
+stop_hold() { kill -TERM "$HOLD_PID" 2>/dev/null; wait "$HOLD_PID" 2>/dev/null; }
+chains() { ip netns exec pxe "$BIN/ironguardctl" chains --json; }
+verdict() { chains | jq -r .verdict; }
+# bound TABLE: the table's egress chain is bound to br0 and s0 (as the kernel reports it).
+bound() { chains | jq -e --arg t "$1" '[.[$t].chains[]? | select(.devices == ["br0", "s0"])] | length == 1' >/dev/null; }
+bound_both() { bound egress_guard && bound egress_owned; }
+lease_live() { chains | jq -e '.lease_expires_in_ms > 0' >/dev/null; }
+fenced() { chains | jq -e '.verdict | startswith("FENCED")' >/dev/null; }
+# dhcpd on br0 and s0 (raw sockets), serving 10.96.0.0/24 on br0.
+start_dhcpd() {
+  : >/tmp/dhcpd.leases
+  ip netns exec pxe dhcpd -4 -q --no-pid -cf /tmp/dhcpd.conf -lf /tmp/dhcpd.leases br0 s0 >>/tmp/dhcpd.log 2>&1
+  i=0; while ! ip netns exec pxe ss -Hlun 'sport = :67' | grep -q 67 && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+}
+stop_dhcpd() { pkill -x dhcpd; sleep 0.3; }
+# make_br0: the provisioning bridge, with node n1's port in it.
+make_br0() {
+  ip -n pxe link add br0 type bridge forward_delay 0
+  ip -n pxe addr add 10.96.0.1/24 dev br0
+  ip -n pxe link set p1 master br0
+  ip -n pxe link set br0 up
+}
+
+M1=52:54:00:13:d0:01
+M2=52:54:00:13:d0:02
+UNKNOWN=52:54:00:13:d0:99
+
+# The PXE host: br0 10.96.0.1/24 with node n1; s0 10.96.2.1/24, a second provisioning link (to an idle peer).
+for ns in pxe n1 peer; do ip netns add $ns; ip -n $ns link set lo up; done
+ip link add p1 netns pxe type veth peer name eth0 netns n1
+ip -n pxe link set p1 up
+make_br0
+ip link add s0 netns pxe type veth peer name eth0 netns peer
+ip -n pxe addr add 10.96.2.1/24 dev s0
+ip -n pxe link set s0 up
+ip -n peer link set eth0 up
+cat >/tmp/dhcpd.conf <<EOF
+default-lease-time 600;
+max-lease-time 600;
+authoritative;
+ping-check false;
+subnet 10.96.0.0 netmask 255.255.255.0 { range 10.96.0.100 10.96.0.200; }
+subnet 10.96.2.0 netmask 255.255.255.0 { }
+EOF
+start_dhcpd
+echo "guest: nft $(nft --version)"
+
+check control-no-firewall yes lease n1 $UNKNOWN
+
+# The guard alone on the reply side: dhcpd answers, the kernel drops the answer.
+# shellcheck disable=SC2086
+ip netns exec pxe "$BIN/ironguard-agent" guard install $EGRESS >/tmp/guard.log 2>&1 ||
+  result guard-install FAIL "$(cat /tmp/guard.log)"
+check guard-alone-drops no lease n1 $UNKNOWN
+check guard-bound yes bound egress_guard
+
+# Leader, unknown MACs denied; the kernel lease on the reply side.
+hold --mode leader --unknown-mac-policy deny --allow $M1 --deny $M2
+check leader-verdict yes test "$(verdict)" = LEADER
+check leader-allowed yes lease n1 $M1
+check leader-denied no lease n1 $M2
+check leader-unknown no lease n1 $UNKNOWN
+check lease-element yes lease_live
+stop_hold
+check sigterm-closes no lease n1 $M1
+
+# Leader with unknown MACs allowed; follower; blocked.
+hold --mode leader --unknown-mac-policy allow --deny $M2
+check policy-allow-unknown yes lease n1 $UNKNOWN
+check policy-allow-denied no lease n1 $M2
+stop_hold
+hold --mode follower --unknown-mac-policy allow --allow $M1
+check follower-serves-nobody no lease n1 $M1
+stop_hold
+hold --mode blocked --unknown-mac-policy allow --allow $M1
+check blocked-serves-nobody no lease n1 $M1
+stop_hold
+
+# SIGKILL: the owned table goes with the process; the guard closes at once.
+hold --mode leader --unknown-mac-policy allow --allow $M1
+check before-kill yes lease n1 $M1
+kill -KILL "$HOLD_PID"
+wait "$HOLD_PID" 2>/dev/null
+check sigkill-closed no lease n1 $M1
+# SIGSTOP: a frozen holder stops serving when its lease element expires; thawed, it serves again.
+hold --mode leader --unknown-mac-policy allow --allow $M1
+kill -STOP "$HOLD_PID"
+sleep 2.2
+check sigstop-fenced yes fenced
+check sigstop-closed no lease n1 $M1
+kill -CONT "$HOLD_PID"
+sleep 0.5
+check sigcont-serves yes lease n1 $M1
+stop_hold
+
+# Why this kernel needs the agent's help: with nothing watching, a provisioning bridge deleted and created again
+# is left without the guard's egress hook (before Linux 6.16), and dhcpd on it answers anybody.
+stop_dhcpd
+ip -n pxe link del br0
+make_br0
+start_dhcpd
+check kernel-forgets-recreated-device no bound egress_guard
+check unwatched-recreated-device-open yes lease n1 $UNKNOWN
+stop_dhcpd
+# shellcheck disable=SC2086
+ip netns exec pxe "$BIN/ironguard-agent" guard install $EGRESS >/tmp/guard.log 2>&1 ||
+  result guard-reinstall FAIL "$(cat /tmp/guard.log)"
+start_dhcpd
+
+# The agent with a control plane. Its read-back period is 60 s, so what repairs the binding below is the link
+# notification, not the period.
+mkdir -p /tmp/cp
+ip netns exec pxe "$BIN/ironguard-controlplane" --grpc-insecure --grpc-listen 127.0.0.1:9100 \
+  --admin-listen 127.0.0.1:9101 --data-dir /tmp/cp --unknown-mac-policy deny >/tmp/cp.log 2>&1 &
+CP=$!
+cat >/tmp/agent.toml <<EOF
+[agent]
+id = "agent-1"
+network = "test"
+[controlplane]
+insecure = true
+endpoints = ["http://127.0.0.1:9100"]
+[dhcp_health]
+interval_ms = 200
+[reconcile]
+interval_secs = 60
+[admin]
+listen = "127.0.0.1:9181"
+[dataplane]
+hooks = []
+egress_interfaces = ["br0", "s0"]
+EOF
+sleep 1
+ip netns exec pxe "$BIN/ironguard-agent" --config /tmp/agent.toml run >/tmp/agent.log 2>&1 &
+AGENT=$!
+ctl() { ip netns exec pxe "$BIN/ironguardctl" --controlplane http://127.0.0.1:9100 "$@"; }
+wait_verdict() { i=0; while [ "$(verdict)" != "$1" ] && [ $i -lt "$2" ]; do sleep 0.1; i=$((i + 1)); done; }
+wait_verdict LEADER 150
+check agent-leads yes test "$(verdict)" = LEADER
+ctl filters allow $M1 >/dev/null && ctl filters deny $M2 >/dev/null
+sleep 1
+check agent-allowed yes lease n1 $M1
+check agent-denied no lease n1 $M2
+check agent-unknown no lease n1 $UNKNOWN
+
+# The bridge rebuilt under the agent: it binds both egress chains to the new br0 when the link comes back.
+stop_dhcpd
+ip -n pxe link del br0
+sleep 1
+make_br0
+t0=$(date +%s%N)
+# Well inside the 60 s read-back period (each ironguardctl call takes a while under qemu's emulated CPU).
+until bound_both || [ $(($(date +%s%N) - t0)) -gt 20000000000 ]; do sleep 0.1; done
+t1=$(date +%s%N)
+check agent-rebinds-recreated-device yes bound_both
+echo "guest: both egress chains bound to the new br0 $(((t1 - t0) / 1000000)) ms after it came up"
+start_dhcpd
+wait_verdict LEADER 100
+check recreated-leads yes test "$(verdict)" = LEADER
+check recreated-unknown no lease n1 $UNKNOWN
+check recreated-denied no lease n1 $M2
+check recreated-allowed yes lease n1 $M1
+kill -TERM $AGENT; wait $AGENT
+check agent-sigterm-closes no lease n1 $M1
+kill -TERM $CP; wait $CP
+echo "--- agent log (tail)"; tail -8 /tmp/agent.log
+echo DONE

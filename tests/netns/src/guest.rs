@@ -1,0 +1,60 @@
+//! Tests that need another kernel than this machine's: a stock Debian 12 kernel (6.1) booted with qemu
+//! (`scripts/guest-kernel.sh`). The guest mounts this machine's root read-only and runs one script from
+//! `tests/netns/scripts/` with the workspace's binaries; the script prints `RESULT <check> PASS|FAIL [detail]` per
+//! check, then `DONE`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::shapes::require_tools;
+use crate::{bin, require_privileges, run_ok};
+
+/// Boots the Debian kernel with `script` (a file name in `tests/netns/scripts/`) and asserts that the guest
+/// finished, that no check failed, and that every one of `checks` ran. Returns the guest's console output.
+pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
+    require_privileges();
+    require_tools(&[("qemu-system-x86_64", "qemu-system-x86"), ("depmod", "kmod")]);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = run_ok(&mut Command::new(root.join("scripts/guest-kernel.sh")));
+    let cache = String::from_utf8_lossy(&out.stdout).trim().lines().last().unwrap_or_default().to_string();
+    let kernel = std::fs::read_dir(Path::new(&cache).join("boot"))
+        .expect("the guest kernel's boot directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-")))
+        .expect("the guest kernel");
+    let script = root.join("tests/netns/scripts").join(script).canonicalize().expect("the guest script");
+    let bin_dir = bin("ironguard-agent").parent().expect("the binaries' directory").canonicalize().expect("bin dir");
+    let start = Instant::now();
+    // KVM does not run guests on the CI machines; qemu emulates the CPU (TCG), with one thread per guest CPU.
+    let out = Command::new("timeout")
+        .args(["600", "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-m", "2048", "-smp", "2"])
+        .args(["-nographic", "-no-reboot", "-kernel"])
+        .arg(&kernel)
+        .arg("-initrd")
+        .arg(Path::new(&cache).join("initrd.gz"))
+        .arg("-append")
+        .arg(format!("console=ttyS0 quiet panic=-1 ig.script={} ig.args={}", script.display(), bin_dir.display()))
+        .args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run qemu-system-x86_64");
+    let console = String::from_utf8_lossy(&out.stdout).to_string();
+    eprintln!("guest ran {:?}:\n{console}", start.elapsed());
+    assert!(console.contains("\nDONE"), "the guest did not finish its checks");
+    let results: Vec<(&str, &str)> = console
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.trim().strip_prefix("RESULT ")?.splitn(2, ' ');
+            Some((f.next()?, f.next()?))
+        })
+        .collect();
+    let failed: Vec<String> =
+        results.iter().filter(|(_, r)| !r.starts_with("PASS")).map(|(n, r)| format!("{n}: {r}")).collect();
+    assert!(failed.is_empty(), "failed in the guest: {failed:#?}");
+    for name in checks {
+        assert!(results.iter().any(|(n, _)| n == name), "check {name} did not run in the guest");
+    }
+    console
+}
