@@ -23,7 +23,7 @@ use ironguard_proto::v1::{self as pb, AgentStatus, DhcpHealth, filter_event::Eve
 use rand::Rng as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
-use tracing::{error, info, info_span, warn};
+use tracing::{debug, error, info, info_span, warn};
 
 use tokio_util::sync::CancellationToken;
 
@@ -459,8 +459,14 @@ impl Daemon {
     /// A kernel batch failed: nothing changed in the kernel (batches are atomic), but the applied revision can no
     /// longer be trusted to follow the stream. Block, and resynchronise from a snapshot.
     fn apply_failed(&mut self, what: &str, e: &anyhow::Error) -> anyhow::Result<()> {
-        error!(error = format!("{e:#}"), "{what} failed; failing closed and resynchronising");
-        self.last_error = format!("{what}: {e:#}");
+        let text = format!("{what}: {e:#}");
+        if text == self.last_error {
+            // The same kernel error again, on the next resync (which backs off): said once already.
+            debug!(error = format!("{e:#}"), "{what} failed again; still closed, retrying");
+        } else {
+            error!(error = format!("{e:#}"), "{what} failed; failing closed and resynchronising");
+        }
+        self.last_error = text;
         self.apply_failed = true;
         self.have_state = false;
         self.applied.store(0, Ordering::SeqCst);

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{AgentStatus, FilterEvent, WatchFiltersRequest};
-use rand::Rng as _;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
@@ -44,14 +43,6 @@ pub(crate) async fn connect(endpoint: &str, cfg: &ControlPlaneSection) -> Result
         .tcp_nodelay(true);
     let channel = ep.connect().await.map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
     Ok(PxeFilterClient::new(channel).max_decoding_message_size(256 << 20))
-}
-
-fn backoff(attempt: u32, max: Duration) -> Duration {
-    let base = Duration::from_millis(100).saturating_mul(1u32 << attempt.min(10));
-    let capped = base.min(max);
-    // ±25 % jitter so agents do not reconnect in lockstep.
-    let jitter = rand::rng().random_range(0.75..1.25);
-    capped.mul_f64(jitter)
 }
 
 /// Keeps one WatchFilters stream open, forever (until `shutdown`). `resync` restarts the stream at once (used
@@ -117,11 +108,7 @@ pub async fn watch_loop(
         if started.elapsed() > Duration::from_secs(5) {
             attempt = 0;
         }
-        let pause = if error.starts_with("resynchronising") {
-            Duration::ZERO
-        } else {
-            backoff(attempt, Duration::from_millis(cfg.max_backoff_ms))
-        };
+        let pause = reconnect_pause(&error, attempt, Duration::from_millis(cfg.max_backoff_ms));
         attempt = attempt.saturating_add(1);
         debug!(error, ?pause, "watch stream lost; reconnecting");
         tokio::select! {
@@ -129,6 +116,14 @@ pub async fn watch_loop(
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// How long to wait before reopening the stream after the `attempt`-th loss in a row (losses more than 5 s apart
+/// start again at 0). A resync after a failed apply reconnects at once the first time; one that follows another
+/// within 5 s backs off like any loss, so a kernel error that persists (an egress interface missing on a kernel
+/// before 6.16, say) is retried at `max` intervals instead of in a busy loop.
+fn reconnect_pause(error: &str, attempt: u32, max: Duration) -> Duration {
+    if error.starts_with("resynchronising") && attempt == 0 { Duration::ZERO } else { ironguard_coord::backoff(attempt, max) }
 }
 
 /// Unix milliseconds of an `Instant` (0 for `None` or one already past).
@@ -197,5 +192,20 @@ pub async fn report_loop(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resync_that_repeats_backs_off_like_any_loss() {
+        let max = Duration::from_secs(2);
+        assert_eq!(reconnect_pause("resynchronising from a snapshot", 0, max), Duration::ZERO);
+        // The 10th resync in a row (each within 5 s of the last): at least 0.75 x max, not a busy loop.
+        assert!(reconnect_pause("resynchronising from a snapshot", 10, max) >= max.mul_f64(0.75));
+        assert!(reconnect_pause("resynchronising from a snapshot", 1, max) >= Duration::from_millis(150));
+        assert!(reconnect_pause("stream from x failed: y", 0, max) >= Duration::from_millis(75));
     }
 }
