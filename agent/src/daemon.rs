@@ -632,11 +632,16 @@ impl Daemon {
                     self.on_deltas(std::mem::take(&mut pending))?;
                     if self.lost_since.is_none() {
                         self.lost_since = Some(Instant::now());
-                        warn!(
-                            error,
-                            bound_secs = self.cfg.controlplane.lost_after_secs,
-                            "control plane stream lost; keeping the current state until the bound"
-                        );
+                        if error == crate::stream::RESYNC {
+                            // Our own reconnect after a failed apply, already logged as such.
+                            debug!(error, "reopening the control plane stream for a snapshot");
+                        } else {
+                            warn!(
+                                error,
+                                bound_secs = self.cfg.controlplane.lost_after_secs,
+                                "control plane stream lost; keeping the current state until the bound"
+                            );
+                        }
                     }
                     self.metrics.stream_connected.set(0);
                 }

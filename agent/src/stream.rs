@@ -45,6 +45,9 @@ pub(crate) async fn connect(endpoint: &str, cfg: &ControlPlaneSection) -> Result
     Ok(PxeFilterClient::new(channel).max_decoding_message_size(256 << 20))
 }
 
+/// The loss reported when the stream is reopened on purpose, for a snapshot after a failed apply.
+pub const RESYNC: &str = "resynchronising from a snapshot";
+
 /// Keeps one WatchFilters stream open, forever (until `shutdown`). `resync` restarts the stream at once (used
 /// after a failed apply, with `applied` reset so the server sends a snapshot).
 pub async fn watch_loop(
@@ -94,7 +97,7 @@ pub async fn watch_loop(
                         Ok(Err(s)) => return Err(format!("stream from {endpoint} failed: {}", s.message())),
                         Err(_) => return Err(format!("stream from {endpoint} silent for {silence:?}")),
                     },
-                    _ = resync.changed() => return Err("resynchronising from a snapshot".to_string()),
+                    _ = resync.changed() => return Err(RESYNC.to_string()),
                     _ = shutdown.changed() => return Ok(()),
                 }
             }
@@ -123,7 +126,7 @@ pub async fn watch_loop(
 /// within 5 s backs off like any loss, so a kernel error that persists (an egress interface missing on a kernel
 /// before 6.16, say) is retried at `max` intervals instead of in a busy loop.
 fn reconnect_pause(error: &str, attempt: u32, max: Duration) -> Duration {
-    if error.starts_with("resynchronising") && attempt == 0 { Duration::ZERO } else { ironguard_coord::backoff(attempt, max) }
+    if error == RESYNC && attempt == 0 { Duration::ZERO } else { ironguard_coord::backoff(attempt, max) }
 }
 
 /// Unix milliseconds of an `Instant` (0 for `None` or one already past).
@@ -202,10 +205,10 @@ mod tests {
     #[test]
     fn a_resync_that_repeats_backs_off_like_any_loss() {
         let max = Duration::from_secs(2);
-        assert_eq!(reconnect_pause("resynchronising from a snapshot", 0, max), Duration::ZERO);
+        assert_eq!(reconnect_pause(RESYNC, 0, max), Duration::ZERO);
         // The 10th resync in a row (each within 5 s of the last): at least 0.75 x max, not a busy loop.
-        assert!(reconnect_pause("resynchronising from a snapshot", 10, max) >= max.mul_f64(0.75));
-        assert!(reconnect_pause("resynchronising from a snapshot", 1, max) >= Duration::from_millis(150));
+        assert!(reconnect_pause(RESYNC, 10, max) >= max.mul_f64(0.75));
+        assert!(reconnect_pause(RESYNC, 1, max) >= Duration::from_millis(150));
         assert!(reconnect_pause("stream from x failed: y", 0, max) >= Duration::from_millis(75));
     }
 }

@@ -205,6 +205,41 @@ check recreated-denied no lease n1 $M2
 check recreated-allowed yes lease n1 $M1
 kill -TERM $AGENT; wait $AGENT
 check agent-sigterm-closes no lease n1 $M1
+
+# One egress interface only: when it goes, the kernel before 6.16 takes the whole base chain with it (in the guard's
+# table and in the agent's). The agent stays closed meanwhile and builds both again when the interface is back.
+sed -i 's/^egress_interfaces = .*/egress_interfaces = ["br0"]/' /tmp/agent.toml
+ip netns exec pxe "$BIN/ironguard-agent" guard install --hook none --egress-interface br0 >/tmp/guard.log 2>&1 ||
+  result guard-install-single FAIL "$(cat /tmp/guard.log)"
+# At info, each reopening of the control-plane stream is logged ("watching filters"): counted below.
+RUST_LOG=info ip netns exec pxe "$BIN/ironguard-agent" --config /tmp/agent.toml run >/tmp/agent1.log 2>&1 &
+AGENT=$!
+wait_verdict LEADER 150
+check single-leads yes test "$(verdict)" = LEADER
+stop_dhcpd
+before=$(grep -c 'watching filters' /tmp/agent1.log)
+ip -n pxe link del br0
+sleep 8
+reconnects=$(($(grep -c 'watching filters' /tmp/agent1.log) - before))
+echo "guest: br0 gone: verdict $(verdict); egress chains $(chains | jq -c '[.egress_guard.chains[]?.name, .egress_owned.chains[]?.name]')"
+check single-agent-survives-absent-device yes kill -0 $AGENT
+make_br0
+t0=$(date +%s%N)
+bound_single() { chains | jq -e '[.egress_guard.chains[]?, .egress_owned.chains[]? | select(.devices == ["br0"])] | length == 2' >/dev/null; }
+until bound_single || [ $(($(date +%s%N) - t0)) -gt 20000000000 ]; do sleep 0.1; done
+t1=$(date +%s%N)
+check single-rebuilt-and-bound yes bound_single
+echo "guest: single egress interface: both chains back on the new br0 $(((t1 - t0) / 1000000)) ms after it came up"
+start_dhcpd
+wait_verdict LEADER 100
+check single-unknown no lease n1 $UNKNOWN
+check single-allowed yes lease n1 $M1
+# Its retries back off, and the same kernel error is said once, not at every retry.
+check single-errors-said-once yes test "$(grep -c ERROR /tmp/agent1.log)" -le 4
+echo "guest: $reconnects snapshot retries in the 8 s without br0"
+check single-retries-back-off yes test "$reconnects" -ge 2 -a "$reconnects" -le 10
+grep -E "ERROR|WARN" /tmp/agent1.log | cut -c1-400 | head -12
+kill -TERM $AGENT; wait $AGENT
 kill -TERM $CP; wait $CP
 echo "--- agent log (tail)"; tail -8 /tmp/agent.log
 echo DONE

@@ -39,10 +39,19 @@ const CHECKS: &[&str] = &[
     "recreated-denied",
     "recreated-allowed",
     "agent-sigterm-closes",
+    "single-leads",
+    "single-agent-survives-absent-device",
+    "single-rebuilt-and-bound",
+    "single-unknown",
+    "single-allowed",
+    "single-errors-said-once",
+    "single-retries-back-off",
 ];
 
 /// Allow, deny and unknown with a real AF_PACKET server, leader, follower, blocked and policy allow, SIGTERM,
-/// SIGKILL and SIGSTOP (the kernel lease), and a bridge rebuilt under a leading agent, in Linux 6.1.
+/// SIGKILL and SIGSTOP (the kernel lease), and a bridge rebuilt under a leading agent, in Linux 6.1: one of two
+/// egress interfaces (the kernel unbinds it), and the only one (the kernel deletes both base chains; the agent stays
+/// closed, retries with back-off without repeating its error, and builds them again when the interface is back).
 #[test]
 fn the_egress_dataplane_in_a_debian_6_1_kernel() {
     require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
