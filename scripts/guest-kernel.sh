@@ -13,6 +13,11 @@ set -euo pipefail
 cache=/var/cache/ironguard/guest-kernel
 stamp="$cache/.ready-v1"
 if [ -f "$stamp" ]; then echo "$cache"; exit 0; fi
+# Tests that boot the guest run in parallel: the first one builds the cache, the others wait for it.
+mkdir -p "$(dirname "$cache")"
+exec 9>"$cache.lock"
+flock 9
+if [ -f "$stamp" ]; then echo "$cache"; exit 0; fi
 rm -rf "$cache" && mkdir -p "$cache"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

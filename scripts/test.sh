@@ -22,14 +22,32 @@ scripts/ironic-venv.sh >/dev/null
 stage "unit, integration and end-to-end tests (network namespaces: real kernel, dnsmasq, udhcpc, etcd, Ironic 39)"
 # One invocation for the whole workspace (no second build with other features). The end-to-end tests mostly wait
 # on DHCP timeouts and leases, so more threads than cores.
-cargo test --workspace --locked -- --test-threads 8
+# The tests that boot a Debian 12 kernel under qemu (tests/netns/tests/debian_kernel.rs: emulated CPU, minutes, no
+# timing assertions) run later, beside the fresh root, where much of the time is spent downloading and waiting.
+cargo test --workspace --locked -- --test-threads 8 --skip in_a_debian_
+guest_tests=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
+  jq -r 'select(.reason == "compiler-artifact" and .target.name == "debian_kernel") | .executable // empty')
+[ -x "$guest_tests" ] || { echo "test.sh: cannot find the debian_kernel test binary" >&2; exit 1; }
+run_guest_tests() { "$guest_tests" --test-threads 1 in_a_debian_; }
 stage "benchmark smoke run (small sizes; full figures: see docs/benchmarks.md)"
 target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 --backend-sizes 1000 \
   --json target/bench-smoke/dataplane.json
 if [ "${IRONGUARD_SKIP_FRESH_ROOT:-0}" = 1 ] && [ "${CI:-}" != true ]; then
+  stage "the Debian 12 kernel under qemu: the ipset backend, the egress dataplane before Linux 6.16"
+  run_guest_tests
   stage "fresh Debian 12 root skipped (IRONGUARD_SKIP_FRESH_ROOT=1)"
 else
-  stage "the README's two commands in a fresh Debian 12 root"
+  stage "the README's two commands in a fresh Debian 12 root; beside it, the Debian 12 kernel under qemu"
+  guest_log=target/debian-kernel-tests.log
+  run_guest_tests >"$guest_log" 2>&1 &
+  guest_pid=$!
+  trap 'kill "$guest_pid" 2>/dev/null' EXIT
   scripts/fresh-root.sh
+  stage "the Debian 12 kernel under qemu: the ipset backend, the egress dataplane before Linux 6.16"
+  guest_rc=0
+  wait "$guest_pid" || guest_rc=$?
+  trap - EXIT
+  cat "$guest_log"
+  [ "$guest_rc" = 0 ] || { echo "test.sh: the tests in the Debian 12 kernel failed" >&2; exit 1; }
 fi
 stage "all tests passed"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The ipset backend's dataplane tests, run inside a stock Debian 12 kernel booted with qemu (scripts/guest-kernel.sh),
-# because the kernel of the CI machine has no hash:mac set type. Started by tests/netns/tests/ipset.rs; runs chrooted
+# because the kernel of the CI machine has no hash:mac set type. Started by tests/netns/tests/debian_kernel.rs; runs chrooted
 # in this machine's root (read-only, tmpfs on /tmp and /run), as root, in network namespaces it creates.
 #
 # Usage: ipset_guest.sh BIN_DIR
@@ -10,37 +10,10 @@
 BIN=$1
 set -u
 export RUST_LOG=warn
-K=${GUEST_KERNEL:?}
-for m in x_tables ip_tables iptable_filter iptable_mangle xt_mark xt_comment xt_tcpudp xt_set ip_set ip_set_hash_mac \
-  ip_set_bitmap_port veth bridge; do
-  modprobe -d "$K" "$m" || echo "RESULT modprobe-$m FAIL"
-done
-
-result() { echo "RESULT $1 $2 ${3:-}"; }
-# check NAME yes|no COMMAND...: the command succeeding means "yes".
-check() {
-  name=$1 want=$2
-  shift 2
-  if "$@" >/dev/null 2>&1; then got=yes; else got=no; fi
-  if [ "$got" = "$want" ]; then result "$name" PASS; else result "$name" FAIL "want $want, got $got"; fi
-}
-# lease NS MAC: one DHCP exchange from NS's eth0 with MAC (3 DISCOVERs, 1 s apart).
-lease() {
-  ip -n "$1" link set eth0 down
-  ip -n "$1" link set eth0 address "$2"
-  ip -n "$1" link set eth0 up
-  ip netns exec "$1" busybox udhcpc -i eth0 -n -q -f -t 3 -T 1 -A 1 -s /bin/true 2>&1 | grep -q obtained
-}
-wait_ready() { i=0; while [ ! -s "$1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; [ -s "$1" ]; }
-# hold ARGS...: ironguard-agent hold in the PXE namespace; sets HOLD_PID once its table is in place.
-hold() {
-  rm -f /tmp/ready
-  ip netns exec pxe "$BIN/ironguard-agent" hold --backend ipset --interface br0 --interface s0 --ready-file /tmp/ready \
-    "$@" >>/tmp/hold.log 2>&1 &
-  HOLD_PID=$!
-  wait_ready /tmp/ready || result "hold-ready" FAIL "$(tail -3 /tmp/hold.log)"
-}
-stop_hold() { kill -TERM "$HOLD_PID" 2>/dev/null; wait "$HOLD_PID" 2>/dev/null; }
+. "$(dirname "$0")/guest_lib.sh"
+load_modules x_tables ip_tables iptable_filter iptable_mangle xt_mark xt_comment xt_tcpudp xt_set ip_set ip_set_hash_mac \
+  ip_set_bitmap_port veth bridge
+HOLD_ARGS="--backend ipset --interface br0 --interface s0"
 lease_members() { ip netns exec pxe ipset list ironguard-lease | sed -n '/^Members:/,$p' | grep -c timeout; }
 
 M1=52:54:00:13:f0:01

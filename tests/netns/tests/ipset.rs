@@ -1,10 +1,6 @@
-//! The ipset backend (iptables-legacy and `hash:mac` ipsets) against real kernels.
-//!
-//! The kernel of the CI machine has no `hash:mac` set type (CONFIG_IP_SET_HASH_MAC is not set), so the dataplane
-//! tests run inside a stock Debian 12 kernel booted with qemu (`scripts/guest-kernel.sh`): the guest mounts this
-//! machine's root read-only and runs `tests/netns/scripts/ipset_guest.sh` with the workspace's binaries — real
-//! x_tables and ipset, iptables-legacy, dnsmasq, a DHCP relay, udhcpc, the agent (hold and run) and the control
-//! plane. On this machine's own kernel the agent must refuse the backend with a message that says why.
+//! The ipset backend (iptables-legacy and `hash:mac` ipsets) on this machine's kernel, which has no `hash:mac` set
+//! type (CONFIG_IP_SET_HASH_MAC is not set): the agent must refuse the backend with a message that says why. The
+//! backend's dataplane tests run in a stock Debian 12 kernel under qemu: `debian_kernel.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Stdio;
@@ -50,46 +46,4 @@ fn the_ipset_backend_needs_hash_mac_and_says_so() {
         let sets = run_ok(ns.cmd("ipset").args(["list", "-n"]));
         assert!(String::from_utf8_lossy(&sets.stdout).trim().is_empty(), "nothing was created");
     }
-}
-
-/// Every check of `ipset_guest.sh`, in a Debian 12 kernel under qemu.
-const CHECKS: &[&str] = &[
-    "control-no-firewall",
-    "control-relayed",
-    "guard-alone-drops",
-    "guard-status",
-    "leader-allowed",
-    "leader-denied",
-    "leader-unknown",
-    "lease-element",
-    "relayed-allowed-node-unknown-relay",
-    "sigterm-closes",
-    "relayed-denied-node-allowed-relay",
-    "policy-allow-unknown",
-    "policy-allow-denied",
-    "follower-serves-nobody",
-    "follower-unknown",
-    "blocked-serves-nobody",
-    "before-kill",
-    "sigkill-lease-expired",
-    "sigkill-closed",
-    "sigstop-closed",
-    "sigcont-serves",
-    "agent-leads",
-    "agent-allowed",
-    "agent-denied",
-    "agent-unknown",
-    "tamper-guard-repaired",
-    "tamper-unknown-still-closed",
-    "tamper-allow-set-repaired",
-    "agent-sigterm-closes",
-];
-
-/// The ipset backend's dataplane tests (allow, deny and unknown with real clients, relayed DHCP, leader, follower,
-/// policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent with a control plane, tampering repaired) in a stock Debian 12
-/// kernel, which has `hash:mac`.
-#[test]
-fn the_ipset_backend_in_a_debian_kernel() {
-    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
-    ironguard_netns_tests::guest::run_checks_in_debian_kernel("ipset_guest.sh", CHECKS);
 }

@@ -1,0 +1,33 @@
+# Shared by the scripts that run inside the qemu guest (ipset_guest.sh, egress_guest.sh); sourced, not run.
+# load_modules M...: the guest kernel's modules (from the cached Debian kernel in $GUEST_KERNEL).
+load_modules() {
+  for m in "$@"; do
+    modprobe -d "${GUEST_KERNEL:?}" "$m" || echo "RESULT modprobe-$m FAIL"
+  done
+}
+result() { echo "RESULT $1 $2 ${3:-}"; }
+# check NAME yes|no COMMAND...: the command succeeding means "yes".
+check() {
+  name=$1 want=$2
+  shift 2
+  if "$@" >/dev/null 2>&1; then got=yes; else got=no; fi
+  if [ "$got" = "$want" ]; then result "$name" PASS; else result "$name" FAIL "want $want, got $got"; fi
+}
+# lease NS MAC: one DHCP exchange from NS's eth0 with MAC (3 DISCOVERs, 1 s apart). Few processes: under qemu's
+# emulated CPU every process start costs a good part of a second.
+lease() {
+  printf 'link set eth0 down\nlink set eth0 address %s\nlink set eth0 up\n' "$2" | ip -n "$1" -batch -
+  out=$(ip netns exec "$1" busybox udhcpc -i eth0 -n -q -f -t 3 -T 1 -A 1 -s /bin/true 2>&1)
+  case $out in *obtained*) return 0 ;; *) return 1 ;; esac
+}
+wait_ready() { i=0; while [ ! -s "$1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; [ -s "$1" ]; }
+# hold ARGS...: ironguard-agent hold in the PXE namespace with the caller's $HOLD_ARGS before ARGS; sets HOLD_PID
+# once its table is in place.
+hold() {
+  rm -f /tmp/ready
+  # shellcheck disable=SC2086
+  ip netns exec pxe "$BIN/ironguard-agent" hold $HOLD_ARGS --ready-file /tmp/ready "$@" >>/tmp/hold.log 2>&1 &
+  HOLD_PID=$!
+  wait_ready /tmp/ready || result "hold-ready" FAIL "$(tail -3 /tmp/hold.log)"
+}
+stop_hold() { kill -TERM "$HOLD_PID" 2>/dev/null; wait "$HOLD_PID" 2>/dev/null; }

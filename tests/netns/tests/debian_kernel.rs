@@ -1,0 +1,104 @@
+//! What this machine's kernel cannot show, in a stock Debian 12 kernel (6.1) booted with qemu
+//! (`scripts/guest-kernel.sh`; the guest mounts this machine's root read-only and runs a script from
+//! `tests/netns/scripts/` with the workspace's binaries). The tests of this file run their guests side by side.
+//!
+//! * The ipset backend (`ipset_guest.sh`): this machine's kernel has no `hash:mac` set type
+//!   (CONFIG_IP_SET_HASH_MAC is not set). Real x_tables and ipset, iptables-legacy, dnsmasq, a DHCP relay, udhcpc,
+//!   the agent (hold and run) and the control plane.
+//! * The reply-side (netdev egress) dataplane before Linux 6.16 (`egress_guest.sh`): such kernels bind a netdev
+//!   chain to a device, not to its name, so a provisioning bridge deleted and created again is left unfiltered
+//!   unless the agent binds it again, which it does on the link notification. ISC dhcpd on raw sockets, udhcpc,
+//!   the agent's hold, guard and run commands with a control plane.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use ironguard_netns_tests::shapes::require_tools;
+
+/// Every check of `ipset_guest.sh`, in a Debian 12 kernel under qemu.
+const IPSET_CHECKS: &[&str] = &[
+    "control-no-firewall",
+    "control-relayed",
+    "guard-alone-drops",
+    "guard-status",
+    "leader-allowed",
+    "leader-denied",
+    "leader-unknown",
+    "lease-element",
+    "relayed-allowed-node-unknown-relay",
+    "sigterm-closes",
+    "relayed-denied-node-allowed-relay",
+    "policy-allow-unknown",
+    "policy-allow-denied",
+    "follower-serves-nobody",
+    "follower-unknown",
+    "blocked-serves-nobody",
+    "before-kill",
+    "sigkill-lease-expired",
+    "sigkill-closed",
+    "sigstop-closed",
+    "sigcont-serves",
+    "agent-leads",
+    "agent-allowed",
+    "agent-denied",
+    "agent-unknown",
+    "tamper-guard-repaired",
+    "tamper-unknown-still-closed",
+    "tamper-allow-set-repaired",
+    "agent-sigterm-closes",
+];
+
+/// The ipset backend's dataplane tests (allow, deny and unknown with real clients, relayed DHCP, leader, follower,
+/// policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent with a control plane, tampering repaired) in a stock Debian 12
+/// kernel, which has `hash:mac`.
+#[test]
+fn the_ipset_backend_in_a_debian_kernel() {
+    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
+    ironguard_netns_tests::guest::run_checks_in_debian_kernel("ipset_guest.sh", IPSET_CHECKS);
+}
+
+/// Every check of `egress_guest.sh`.
+const EGRESS_CHECKS: &[&str] = &[
+    "control-no-firewall",
+    "guard-alone-drops",
+    "guard-bound",
+    "leader-verdict",
+    "leader-allowed",
+    "leader-denied",
+    "leader-unknown",
+    "lease-element",
+    "sigterm-closes",
+    "before-kill",
+    "sigkill-closed",
+    "sigstop-fenced",
+    "sigstop-closed",
+    "sigcont-serves",
+    "kernel-forgets-recreated-device",
+    "unwatched-recreated-device-open",
+    "agent-leads",
+    "agent-allowed",
+    "agent-denied",
+    "agent-unknown",
+    "agent-rebinds-recreated-device",
+    "recreated-leads",
+    "recreated-unknown",
+    "recreated-denied",
+    "recreated-allowed",
+    "agent-sigterm-closes",
+    "single-leads",
+    "single-agent-survives-absent-device",
+    "single-rebuilt-and-bound",
+    "single-unknown",
+    "single-allowed",
+    "single-errors-said-once",
+    "single-retries-back-off",
+];
+
+/// Allow, deny and unknown with a real AF_PACKET server under a leader, SIGTERM, SIGKILL and SIGSTOP (the kernel
+/// lease; follower, blocked and policy allow write the same rules and are tested on this machine's kernel), and a bridge rebuilt under a leading agent, in Linux 6.1: one of two
+/// egress interfaces (the kernel unbinds it), and the only one (the kernel deletes both base chains; the agent stays
+/// closed, retries with back-off without repeating its error, and builds them again when the interface is back).
+#[test]
+fn the_egress_dataplane_in_a_debian_6_1_kernel() {
+    require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
+    let console = ironguard_netns_tests::guest::run_checks_in_debian_kernel("egress_guest.sh", EGRESS_CHECKS);
+    assert!(console.contains("guest: kernel 6.1."), "the guest runs Debian 12's 6.1 kernel");
+}
