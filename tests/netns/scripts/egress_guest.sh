@@ -131,31 +131,12 @@ start_dhcpd
 
 # The agent with a control plane. Its read-back period is 60 s, so what repairs the binding below is the link
 # notification, not the period.
-mkdir -p /tmp/cp
-ip netns exec pxe "$BIN/ironguard-controlplane" --grpc-insecure --grpc-listen 127.0.0.1:9100 \
-  --admin-listen 127.0.0.1:9101 --data-dir /tmp/cp --unknown-mac-policy deny >/tmp/cp.log 2>&1 &
-CP=$!
-cat >/tmp/agent.toml <<EOF
-[agent]
-id = "agent-1"
-network = "test"
-[controlplane]
-insecure = true
-endpoints = ["http://127.0.0.1:9100"]
-[dhcp_health]
-interval_ms = 200
-[reconcile]
-interval_secs = 60
-[admin]
-listen = "127.0.0.1:9181"
-[dataplane]
-hooks = []
-egress_interfaces = ["br0", "s0"]
-EOF
+start_controlplane
+write_agent_toml 60 'hooks = []
+egress_interfaces = ["br0", "s0"]'
 sleep 1
 ip netns exec pxe "$BIN/ironguard-agent" --config /tmp/agent.toml run >/tmp/agent.log 2>&1 &
 AGENT=$!
-ctl() { ip netns exec pxe "$BIN/ironguardctl" --controlplane http://127.0.0.1:9100 "$@"; }
 wait_verdict() { i=0; while [ "$(verdict)" != "$1" ] && [ $i -lt "$2" ]; do sleep 0.1; i=$((i + 1)); done; }
 wait_verdict LEADER 150
 check agent-leads yes test "$(verdict)" = LEADER

@@ -31,3 +31,32 @@ hold() {
   wait_ready /tmp/ready || result "hold-ready" FAIL "$(tail -3 /tmp/hold.log)"
 }
 stop_hold() { kill -TERM "$HOLD_PID" 2>/dev/null; wait "$HOLD_PID" 2>/dev/null; }
+# start_controlplane: the control plane in the PXE namespace (embedded store in /tmp/cp, unknown MACs denied), on
+# 127.0.0.1:9100; sets CP.
+start_controlplane() {
+  mkdir -p /tmp/cp
+  ip netns exec pxe "$BIN/ironguard-controlplane" --grpc-insecure --grpc-listen 127.0.0.1:9100 \
+    --admin-listen 127.0.0.1:9101 --data-dir /tmp/cp --unknown-mac-policy deny >/tmp/cp.log 2>&1 &
+  CP=$!
+}
+ctl() { ip netns exec pxe "$BIN/ironguardctl" --controlplane http://127.0.0.1:9100 "$@"; }
+# write_agent_toml RECONCILE_SECS DATAPLANE_LINES: /tmp/agent.toml for an agent of that control plane (metrics on
+# 127.0.0.1:9181), with the given read-back period and [dataplane] section.
+write_agent_toml() {
+  cat >/tmp/agent.toml <<TOML
+[agent]
+id = "agent-1"
+network = "test"
+[controlplane]
+insecure = true
+endpoints = ["http://127.0.0.1:9100"]
+[dhcp_health]
+interval_ms = 200
+[reconcile]
+interval_secs = $1
+[admin]
+listen = "127.0.0.1:9181"
+[dataplane]
+$2
+TOML
+}

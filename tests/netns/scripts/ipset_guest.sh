@@ -101,31 +101,12 @@ check sigcont-serves yes lease n1 $M1
 stop_hold
 
 # The agent with a control plane: deltas, and tampering repaired by its read-back.
-mkdir -p /tmp/cp
-ip netns exec pxe "$BIN/ironguard-controlplane" --grpc-insecure --grpc-listen 127.0.0.1:9100 \
-  --admin-listen 127.0.0.1:9101 --data-dir /tmp/cp --unknown-mac-policy deny >/tmp/cp.log 2>&1 &
-CP=$!
-cat >/tmp/agent.toml <<EOF
-[agent]
-id = "agent-1"
-network = "test"
-[controlplane]
-insecure = true
-endpoints = ["http://127.0.0.1:9100"]
-[dhcp_health]
-interval_ms = 200
-[reconcile]
-interval_secs = 2
-[admin]
-listen = "127.0.0.1:9181"
-[dataplane]
-interfaces = ["br0", "s0"]
-backends = ["ipset"]
-EOF
+start_controlplane
+write_agent_toml 2 'interfaces = ["br0", "s0"]
+backends = ["ipset"]'
 sleep 1
 ip netns exec pxe "$BIN/ironguard-agent" --config /tmp/agent.toml run >/tmp/agent.log 2>&1 &
 AGENT=$!
-ctl() { ip netns exec pxe "$BIN/ironguardctl" --controlplane http://127.0.0.1:9100 "$@"; }
 leading() { ip netns exec pxe busybox wget -q -O - http://127.0.0.1:9181/metrics | grep -q '^ironguard_agent_mode 3'; }
 i=0; while ! leading && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
 check agent-leads yes leading
