@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use ironguard_nft::{Backend, HookKind, MacAddr, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_dataplane::{Backend, HookKind, MacAddr, MatchMode, Mode, RulesetConfig, UnknownMacPolicy};
 
 use crate::AgentConfig;
 use crate::logging::LogFormat;

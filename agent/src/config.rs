@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ironguard_coord::EtcdConfig;
-use ironguard_nft::RulesetConfig;
+use ironguard_dataplane::RulesetConfig;
 use serde::{Deserialize, Serialize};
 
 /// Where the agent looks for its configuration when `--config` is not given.

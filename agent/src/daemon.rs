@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use ironguard_coord::Expiry;
-use ironguard_nft::monitor::{GuardEvent, Monitor};
-use ironguard_nft::{Dataplane, Delta, DesiredState, MacAddr, Mode, NftError, UnknownMacPolicy};
+use ironguard_dataplane::monitor::{GuardEvent, Monitor};
+use ironguard_dataplane::{Dataplane, Delta, DesiredState, MacAddr, Mode, NftError, UnknownMacPolicy};
 use ironguard_proto::v1::{self as pb, AgentStatus, DhcpHealth, filter_event::Event};
 use rand::Rng as _;
 use tokio::signal::unix::{SignalKind, signal};
@@ -216,7 +216,7 @@ fn policy_from_pb(v: i32) -> Option<UnknownMacPolicy> {
     }
 }
 
-fn macs(v: &[String]) -> Result<Vec<MacAddr>, ironguard_nft::MacError> {
+fn macs(v: &[String]) -> Result<Vec<MacAddr>, ironguard_dataplane::MacError> {
     v.iter().map(|s| s.parse()).collect()
 }
 
@@ -303,7 +303,7 @@ impl Daemon {
         self.coord.expiry.deadline(self.cfg.election.margin())
     }
 
-    fn record(&self, kind: &'static str, r: &Result<ironguard_nft::ApplyReport, NftError>) {
+    fn record(&self, kind: &'static str, r: &Result<ironguard_dataplane::ApplyReport, NftError>) {
         let until = self.lock().lease_until();
         self.lease_wall.store(stream::unix_ms_of(until), Ordering::SeqCst);
         match r {
@@ -567,7 +567,7 @@ impl Daemon {
                     &anyhow::anyhow!("revision gap: applied {last}, received {}", d.revision),
                 );
             }
-            let parsed = (|| -> Result<Delta, ironguard_nft::MacError> {
+            let parsed = (|| -> Result<Delta, ironguard_dataplane::MacError> {
                 Ok(Delta {
                     allow_add: macs(&d.allow_add)?,
                     allow_remove: macs(&d.allow_remove)?,
@@ -694,7 +694,7 @@ impl Daemon {
             Ok(d) => {
                 warn!(drift = ?d, "kernel state differs from the committed state; repairing");
                 self.metrics.drift_repairs.inc();
-                if d.iter().any(|x| x.contains(ironguard_nft::GUARD_TABLE) || x.contains("guard")) {
+                if d.iter().any(|x| x.contains(ironguard_dataplane::GUARD_TABLE) || x.contains("guard")) {
                     self.repair_guard("read-back");
                 }
                 let committed = self.lock().committed().cloned();
@@ -821,7 +821,7 @@ pub async fn run(
     });
 
     // 1. the guard, claimed by this process where the kernel allows, 2. the agent's table, Blocked.
-    let mut dp = ironguard_nft::backend::open(&cfg.dataplane).context("opening the dataplane")?;
+    let mut dp = ironguard_dataplane::backend::open(&cfg.dataplane).context("opening the dataplane")?;
     dp.claim_guard(&cfg.dataplane, cfg.guard.claim).context("installing and claiming the guard")?;
     dp.apply(&DesiredState::blocked(cfg.dataplane.clone())).context("creating the agent's table (Blocked)")?;
     info!(

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use ironguard_nft::{Dataplane, Delta, DesiredState, MacAddr, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_dataplane::{Dataplane, Delta, DesiredState, MacAddr, Mode, RulesetConfig, UnknownMacPolicy};
 use serde::Deserialize;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
@@ -60,9 +60,9 @@ pub struct HoldOptions {
 pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
     opts.config.validate().context("invalid [dataplane] configuration")?;
     if opts.install_guard {
-        ironguard_nft::backend::guard_install(&opts.config).context("installing the guard")?;
+        ironguard_dataplane::backend::guard_install(&opts.config).context("installing the guard")?;
     }
-    let mut dp = ironguard_nft::backend::open(&opts.config).context("opening the dataplane")?;
+    let mut dp = ironguard_dataplane::backend::open(&opts.config).context("opening the dataplane")?;
     let desired = opts.state.desired(&opts.config);
     let report = dp.apply(&desired).context("applying the initial state")?;
     refresh_watchdog(&mut dp)?;

@@ -13,7 +13,7 @@
 //! - [`hold`]: `ironguard-agent hold`, which keeps a static filter state (for tests, demos and emergencies).
 //! - [`logging`]: `tracing` set-up shared by the subcommands.
 //!
-//! Guard management (`guard install|remove|status`) is a thin layer over [`ironguard_nft::guard`] in `main.rs`.
+//! Guard management (`guard install|remove|status`) is a thin layer over [`ironguard_dataplane::guard`] in `main.rs`.
 #![forbid(unsafe_code)]
 
 pub mod cli;

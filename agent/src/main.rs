@@ -9,9 +9,9 @@ use ironguard_agent::AgentConfig;
 use ironguard_agent::cli::{Cli, Command, GuardAction};
 use ironguard_agent::hold::{self, HoldOptions, StaticState};
 use ironguard_agent::logging;
-use ironguard_nft::backend::GuardInstalled;
-use ironguard_nft::guard::Installed;
-use ironguard_nft::{Backend, RulesetConfig};
+use ironguard_dataplane::backend::GuardInstalled;
+use ironguard_dataplane::guard::Installed;
+use ironguard_dataplane::{Backend, RulesetConfig};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -35,12 +35,12 @@ fn guard_installed_text(c: &RulesetConfig, done: &GuardInstalled) -> String {
         GuardInstalled::Nftables(Installed::HeldAsConfigured { portid }) => format!(
             "guard in place: table inet {} is held by the running agent (netlink port {portid}) and is as \
              configured; nothing to do",
-            ironguard_nft::GUARD_TABLE
+            ironguard_dataplane::GUARD_TABLE
         ),
         GuardInstalled::Nftables(Installed::Installed) => {
             let mut t = format!(
                 "guard installed: table inet {} drops udp dport {:?} on {} unless mark & 0x{:08x} == 0x{:08x}",
-                ironguard_nft::GUARD_TABLE,
+                ironguard_dataplane::GUARD_TABLE,
                 c.ports,
                 if c.interfaces.is_empty() { "all interfaces".to_string() } else { c.interfaces.join(",") },
                 c.mask,
@@ -49,7 +49,7 @@ fn guard_installed_text(c: &RulesetConfig, done: &GuardInstalled) -> String {
             if c.uses_egress() {
                 t.push_str(&format!(
                     "; table netdev {} drops DHCP replies (udp sport {:?}) leaving {} unless marked",
-                    ironguard_nft::GUARD_TABLE,
+                    ironguard_dataplane::GUARD_TABLE,
                     c.ports,
                     c.egress_interfaces.join(",")
                 ));
@@ -62,12 +62,12 @@ fn guard_installed_text(c: &RulesetConfig, done: &GuardInstalled) -> String {
         GuardInstalled::Hostsdir { rewritten } => format!(
             "hostsdir closed: {}/{} ignores unknown MACs and every MAC file says ignore ({rewritten} files written)",
             c.hostsdir.dir.display(),
-            ironguard_nft::hostsdir::UNKNOWN_HOSTS_FILE
+            ironguard_dataplane::hostsdir::UNKNOWN_HOSTS_FILE
         ),
         GuardInstalled::Ipset => format!(
             "guard installed: {} chain {} drops udp dport {:?} unless mark & 0x{:08x} == 0x{:08x}",
             c.ipset.iptables,
-            ironguard_nft::ipset::GUARD_CHAIN,
+            ironguard_dataplane::ipset::GUARD_CHAIN,
             c.ports,
             c.mask,
             c.mark
@@ -80,21 +80,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Guard { action: GuardAction::Install { ruleset } } => {
             let c = ruleset.apply(file.dataplane)?;
-            for done in ironguard_nft::backend::guard_install(&c).context("installing the guard")? {
+            for done in ironguard_dataplane::backend::guard_install(&c).context("installing the guard")? {
                 println!("{}", guard_installed_text(&c, &done));
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Guard { action: GuardAction::Remove { ruleset } } => {
             let c = ruleset.apply(file.dataplane)?;
-            ironguard_nft::backend::guard_remove(&c)
+            ironguard_dataplane::backend::guard_remove(&c)
                 .context("removing the guard (stop ironguard-agent first: it holds the guard)")?;
             println!("guard removed ({})", backends(&c));
             Ok(ExitCode::SUCCESS)
         }
         Command::Guard { action: GuardAction::Status { ruleset, json } } => {
             let c = ruleset.apply(file.dataplane)?;
-            let st = ironguard_nft::backend::guard_status(&c).context("reading the guard")?;
+            let st = ironguard_dataplane::backend::guard_status(&c).context("reading the guard")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&st)?);
             } else {

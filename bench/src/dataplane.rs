@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use ironguard_nft::{Backend, Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_dataplane::{Backend, Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy};
 use nix::sys::resource::{UsageWho, getrusage};
 use serde_json::json;
 
@@ -121,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for &n in &args.sizes {
         let s = state(n);
         let script_path = dir.join(format!("load-{n}.nft"));
-        std::fs::write(&script_path, ironguard_nft::script::owned_table_script(NFT_TABLE, &s, false))?;
+        std::fs::write(&script_path, ironguard_dataplane::script::owned_table_script(NFT_TABLE, &s, false))?;
         let script = script_path.to_string_lossy().to_string();
         let (mut ig, mut nf) = (vec![], vec![]);
         let (mut ig_cpu, mut nf_cpu) = (vec![], vec![]);
@@ -151,7 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 if !first_nft {
                     run_nft(&mut nf, &mut nf_cpu)?;
                 }
-                let a = set_sizes_in(ironguard_nft::OWNED_TABLE)?;
+                let a = set_sizes_in(ironguard_dataplane::OWNED_TABLE)?;
                 let b = set_sizes_in(NFT_TABLE)?;
                 if a != b || a[1] != n {
                     bail!("content differs: ironguard {a:?} vs nft -f {b:?}");
@@ -197,7 +197,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let n = args.delta_at;
     let s = state(n);
     let script_path = dir.join("delta-base.nft");
-    std::fs::write(&script_path, ironguard_nft::script::owned_table_script(NFT_TABLE, &s, false))?;
+    std::fs::write(&script_path, ironguard_dataplane::script::owned_table_script(NFT_TABLE, &s, false))?;
     nft(&["-f", &script_path.to_string_lossy()])?;
     let mut dp = KernelDataplane::open()?;
     dp.apply(&s)?;
@@ -246,7 +246,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // nft -f equivalent of the switch: flush the three chains and write the leader rules.
     let leader_rules: String = {
-        let full = ironguard_nft::script::owned_table_script(NFT_TABLE, &s, false);
+        let full = ironguard_dataplane::script::owned_table_script(NFT_TABLE, &s, false);
         let mut out = String::new();
         let mut chain = None;
         for line in full.lines() {
@@ -489,7 +489,7 @@ fn other_backends(args: &Args, dir: &std::path::Path) -> anyhow::Result<Vec<Back
         let mut row = BackendRow { backend, loads: vec![], add: None, delete: None, at: 0, note: String::new() };
         let config = |run: usize| RulesetConfig {
             backends: vec![backend],
-            hostsdir: ironguard_nft::HostsdirConfig { dir: dir.join(format!("hostsdir-{run}")) },
+            hostsdir: ironguard_dataplane::HostsdirConfig { dir: dir.join(format!("hostsdir-{run}")) },
             ..RulesetConfig::default()
         };
         match backend_figures(args, &mut row, &config) {
@@ -518,7 +518,7 @@ fn backend_figures(args: &Args, row: &mut BackendRow, config: &dyn Fn(usize) -> 
         // Unknown MACs denied, so that allowing a MAC and removing it again each change what the backend holds
         // (with policy allow, a removed MAC stays served as unknown: nothing to write for the hostsdir).
         s.unknown_mac_policy = UnknownMacPolicy::Deny;
-        let mut d = ironguard_nft::backend::open(&s.config)?;
+        let mut d = ironguard_dataplane::backend::open(&s.config)?;
         let t = Instant::now();
         d.apply(&s)?;
         row.loads.push((n, t.elapsed()));

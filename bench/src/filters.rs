@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use ironguard_proto::v1::UpdatePxeFiltersRequest;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use serde_json::json;
@@ -106,7 +106,7 @@ fn observer(ns: &str, set: &'static str) -> anyhow::Result<Observer> {
         while let Ok((mac, present, t0)) = qrx.recv() {
             let deadline = t0 + Duration::from_secs(10);
             let r = loop {
-                match ironguard_nft::set_members(set) {
+                match ironguard_dataplane::set_members(set) {
                     Ok(m) if m.contains(&mac) == present => break Ok(t0.elapsed()),
                     Ok(_) => {}
                     Err(e) if Instant::now() > deadline => break Err(e.to_string()),
@@ -151,7 +151,7 @@ fn count_in(ns: &str, set: &'static str) -> anyhow::Result<usize> {
     let f = File::open(format!("/run/netns/{ns}"))?;
     thread::spawn(move || -> anyhow::Result<usize> {
         nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)?;
-        Ok(ironguard_nft::set_members(set)?.len())
+        Ok(ironguard_dataplane::set_members(set)?.len())
     })
     .join()
     .map_err(|_| anyhow::anyhow!("observer panicked"))?

@@ -185,7 +185,7 @@ fn tamper_repairs(rounds: usize) -> anyhow::Result<Vec<(&'static str, Samples)>>
     let _agent = start_agent(&lan.pxe, &lan.dir, &toml, None);
     wait_for(Duration::from_secs(10), || (chains_json(&lan.pxe)["verdict"] == "LEADER").then_some(()))
         .context("the agent did not lead")?;
-    let cfg = ironguard_nft::RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
+    let cfg = ironguard_dataplane::RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
     let mut out = Vec::new();
     for (kind, args) in [
         ("nft delete table inet ironguard_guard", &["delete", "table", "inet", "ironguard_guard"][..]),
@@ -201,7 +201,7 @@ fn tamper_repairs(rounds: usize) -> anyhow::Result<Vec<(&'static str, Samples)>>
             let repaired = in_netns(&lan.pxe, move || {
                 let start = Instant::now();
                 while start.elapsed() < Duration::from_secs(5) {
-                    if ironguard_nft::guard::status(&c).is_ok_and(|s| s.installed && s.problems.is_empty()) {
+                    if ironguard_dataplane::guard::status(&c).is_ok_and(|s| s.installed && s.problems.is_empty()) {
                         return true;
                     }
                     std::thread::sleep(Duration::from_micros(500));

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 /// `n` distinct unicast MACs `02:TAG:xx:xx:xx:01` (a tag per benchmark keeps sets apart).
 pub fn macs(n: usize, tag: u8) -> Vec<MacAddr> {

@@ -4,12 +4,12 @@
 //! the revision that last moved it ([`crate::filter::Entry`]); each agent's last report (mode, lease, applied
 //! revision), with the MAC's membership *at the revision that agent applied*, rebuilt from the change log; and the
 //! state behind each reason — ironguard's inspection record, or the Ironic node that owns the port, asked now.
-//! The verdict per host is [`ironguard_nft::decide`], the same function `ironguardctl explain --local` applies to
+//! The verdict per host is [`ironguard_dataplane::decide`], the same function `ironguardctl explain --local` applies to
 //! what the kernel itself holds.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ironguard_nft::{MacAddr, MacInputs, Mode, UnknownMacPolicy};
+use ironguard_dataplane::{MacAddr, MacInputs, Mode, UnknownMacPolicy};
 use ironguard_proto::v1::{self as pb, AgentInfo, HostVerdict, MacExplanation, NodeState, ReasonInfo};
 
 use crate::agents::AgentRegistry;
@@ -117,7 +117,7 @@ fn host_verdict(
         ..Default::default()
     };
     if info.stale {
-        v.rule = format!("{} (inet {})", ironguard_nft::ruleset::comments::GUARD_DROP, ironguard_nft::GUARD_TABLE);
+        v.rule = format!("{} (inet {})", ironguard_dataplane::ruleset::comments::GUARD_DROP, ironguard_dataplane::GUARD_TABLE);
         v.why = format!(
             "no report for {} s: the agent is probably gone, and its host's guard drops all DHCP",
             info.last_seen_ms / 1000
@@ -134,7 +134,7 @@ fn host_verdict(
         );
         return v;
     }
-    let d = ironguard_nft::decide(MacInputs {
+    let d = ironguard_dataplane::decide(MacInputs {
         // The guard is the agent's to repair; a missing one shows in the agent's mode reason and metrics, and in
         // `--local`. A report cannot vouch for the kernel between two reads.
         guarded: true,
@@ -304,7 +304,7 @@ pub async fn explain(store: &dyn FilterStore, agents: &AgentRegistry, engine: &E
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ironguard_nft::Delta;
+    use ironguard_dataplane::Delta;
 
     fn mac(n: u8) -> MacAddr {
         MacAddr::from_octets([0x52, 0x54, 0, 0, 0, n]).unwrap()

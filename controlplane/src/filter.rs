@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use ironguard_nft::{Delta, MacAddr, UnknownMacPolicy};
+use ironguard_dataplane::{Delta, MacAddr, UnknownMacPolicy};
 use serde::{Deserialize, Serialize};
 
 /// The reason recorded for changes made through `UpdatePxeFilters`.
@@ -274,7 +274,7 @@ pub fn apply_changes(
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidRequest {
     #[error(transparent)]
-    Mac(#[from] ironguard_nft::MacError),
+    Mac(#[from] ironguard_dataplane::MacError),
     #[error("MAC {0} is named in more than one of allow, deny and remove")]
     Conflict(MacAddr),
     #[error("the request names {0} MACs; at most {MAX_MACS_PER_REQUEST} are accepted per request")]

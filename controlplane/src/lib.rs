@@ -119,8 +119,8 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     // Publish the configured unknown-MAC policy (a new revision only if it differs from the stored one).
     // while-inspecting starts closed; the ironic-inspection task opens it while something is inspected.
     let initial_policy = match config.filter.unknown_mac_policy {
-        PolicySetting::Allow => ironguard_nft::UnknownMacPolicy::Allow,
-        PolicySetting::Deny | PolicySetting::WhileInspecting => ironguard_nft::UnknownMacPolicy::Deny,
+        PolicySetting::Allow => ironguard_dataplane::UnknownMacPolicy::Allow,
+        PolicySetting::Deny | PolicySetting::WhileInspecting => ironguard_dataplane::UnknownMacPolicy::Deny,
     };
     store.apply(vec![], Some(initial_policy)).await.context("recording the unknown-MAC policy")?;
     let metrics = Arc::new(Metrics::new());

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::Stream;
-use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use ironguard_dataplane::{MacAddr, UnknownMacPolicy};
 use ironguard_proto::v1::pxe_filter_server::PxeFilter;
 use ironguard_proto::v1::{
     self as pb, AgentStatus, ExplainMacRequest, FilterDelta, FilterEntry, FilterEvent, FilterSnapshot, FilterState,

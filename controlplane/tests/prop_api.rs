@@ -36,7 +36,7 @@ use fake_ironic::{FakeIronic, Node, Port};
 use ironguard_controlplane::filter::MAX_MACS_PER_REQUEST;
 use ironguard_controlplane::inspection::machine::State;
 use ironguard_controlplane::inspection::records::{NodeRecord, Request};
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use ironguard_proto::v1::{
     ContinueRequest, DataRequest, FilterState, GetFilterStateRequest, ListRequest, ListRulesRequest, NodeRequest, Rule,
     RuleRequest, StartRequest, UpdatePxeFiltersRequest,

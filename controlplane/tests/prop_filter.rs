@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ironguard_controlplane::filter::{
     API, Entry, InvalidRequest, MAX_MACS_PER_REQUEST, WriteStamp, api_changes_with, apply_changes,
 };
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use prop_support::{check, text};
 use proptest::prelude::*;
 

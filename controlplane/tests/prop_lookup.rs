@@ -14,7 +14,7 @@ use ironguard_controlplane::inspection::engine;
 use ironguard_controlplane::inspection::lookup::{Attributes, LookupError, lookup, normalise_bmc, usable_bmc};
 use ironguard_controlplane::inspection::machine::State;
 use ironguard_controlplane::inspection::records::NodeRecord;
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use prop_support::{check, ramdisk_data, text};
 use proptest::prelude::*;
 

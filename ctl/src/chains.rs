@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use ironguard_nft::ruleset::Side;
-use ironguard_nft::{Mode, Observed, ObservedTable, Verdict};
+use ironguard_dataplane::ruleset::Side;
+use ironguard_dataplane::{Mode, Observed, ObservedTable, Verdict};
 use serde::Serialize;
 
 use crate::owner::{self, OwnerProcess};
@@ -114,7 +114,7 @@ fn render_side(
             render_chains(out, t);
         }
         None => {
-            let _ = writeln!(out, "guard{what}: ABSENT (table {family} {} missing)", ironguard_nft::GUARD_TABLE);
+            let _ = writeln!(out, "guard{what}: ABSENT (table {family} {} missing)", ironguard_dataplane::GUARD_TABLE);
         }
     }
     let owner_portid = owned.and_then(|t| t.owner_portid);
@@ -154,7 +154,7 @@ fn render_side(
             let _ = writeln!(
                 out,
                 "agent table{what}: absent (no agent holds table {family} {})",
-                ironguard_nft::OWNED_TABLE
+                ironguard_dataplane::OWNED_TABLE
             );
         }
     }

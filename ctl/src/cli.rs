@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::builder::{NonEmptyStringValueParser, PossibleValuesParser};
 use clap::{Args, Parser, Subcommand};
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 use crate::inspect::wait::WaitBounds;
 

@@ -4,12 +4,12 @@
 //! and age, the revision that last moved it, each agent's mode, lease and applied revision with the MAC's
 //! membership there, the rule that decides, and the Ironic/inspection state behind the reasons. With `--local`
 //! the kernel of this host (or of `--netns`) is read too and judged by the same function
-//! ([`ironguard_nft::decide`]), so a host whose kernel disagrees with its agent's report shows it.
+//! ([`ironguard_dataplane::decide`]), so a host whose kernel disagrees with its agent's report shows it.
 
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ironguard_nft::{MacAddr, MacDecision, Mode as NftMode, UnknownMacPolicy};
+use ironguard_dataplane::{MacAddr, MacDecision, Mode as NftMode, UnknownMacPolicy};
 use ironguard_proto::v1::{self as pb, MacExplanation};
 use serde::Serialize;
 
@@ -315,16 +315,16 @@ fn in_or_ago(at_ms: u64) -> String {
 /// connection — stays where it is) and judges `mac` there.
 pub fn local(netns: Option<String>, mac: MacAddr) -> anyhow::Result<LocalReport> {
     let ns = netns.clone();
-    let observed = std::thread::spawn(move || -> anyhow::Result<ironguard_nft::Observed> {
+    let observed = std::thread::spawn(move || -> anyhow::Result<ironguard_dataplane::Observed> {
         if let Some(n) = &ns {
             crate::netns::enter(n)?;
         }
-        Ok(ironguard_nft::observe(true)?)
+        Ok(ironguard_dataplane::observe(true)?)
     })
     .join()
     .map_err(|_| anyhow::anyhow!("reading the kernel's tables failed (the reading thread panicked)"))??;
     let i = observed.mac_inputs(mac);
-    let MacDecision { served, rule, why } = ironguard_nft::decide(i);
+    let MacDecision { served, rule, why } = ironguard_dataplane::decide(i);
     Ok(LocalReport {
         netns,
         served,

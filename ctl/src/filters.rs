@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write as _};
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use ironguard_proto::v1::{self as pb, FilterState, GetFilterStateRequest, UpdatePxeFiltersRequest};
 use serde::{Serialize, Serializer};
 

@@ -46,7 +46,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if let Some(ns) = &netns {
                 ironguardctl::netns::enter(ns)?;
             }
-            let observed = ironguard_nft::observe(elements)?;
+            let observed = ironguard_dataplane::observe(elements)?;
             let report = ChainsReport::new(netns, observed);
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -104,7 +104,7 @@ async fn filters(target: Target, command: FiltersCommand) -> anyhow::Result<Exit
 
 async fn explain(
     target: Target,
-    mac: ironguard_nft::MacAddr,
+    mac: ironguard_dataplane::MacAddr,
     local: Option<ironguardctl::explain::LocalReport>,
     json: bool,
 ) -> anyhow::Result<ExitCode> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ironguard_coord::{Coordinator, Session};
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;

@@ -9,7 +9,7 @@
 
 use std::net::IpAddr;
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 use super::machine::State;
 use super::records::NodeRecord;

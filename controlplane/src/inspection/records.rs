@@ -1,6 +1,6 @@
 //! What is stored about inspections: one record per node, the data a ramdisk sent, and the work queue.
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use serde::{Deserialize, Serialize};
 
 use super::machine::{Event, State};

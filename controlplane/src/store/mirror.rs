@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use ironguard_dataplane::{MacAddr, UnknownMacPolicy};
 
 use super::{Counts, Snapshot};
 use crate::filter::{Entry, FilterState, RevisionDelta};

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use ironguard_dataplane::{MacAddr, UnknownMacPolicy};
 use tokio::sync::watch;
 
 use crate::filter::{Entry, ReasonChange, RevisionDelta};

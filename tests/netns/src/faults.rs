@@ -247,7 +247,7 @@ fn watch_lease_end(ns: &Netns, window: Duration) -> Option<Instant> {
     while start.elapsed() < window {
         let before = Instant::now();
         // A failed read says nothing either way: only a read that succeeded moves the end or finds the lease gone.
-        if let Ok(observed) = crate::in_netns(ns, || ironguard_nft::observe(false)) {
+        if let Ok(observed) = crate::in_netns(ns, || ironguard_dataplane::observe(false)) {
             match observed.owned.and_then(|t| t.lease_expires_in_ms()) {
                 Some(ms) => end = Some(before + Duration::from_millis(ms)),
                 None if end.is_some() => break,

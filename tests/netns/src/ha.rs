@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 use crate::{
     ControlPlane, Dnsmasq, EtcdProcess, Lease, Netns, Proc, TempDir, dhcp, run_ok, start_agent, verdict, veth, wait_for,
@@ -209,10 +209,10 @@ impl Watcher {
                 let mut errors = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let t0 = Instant::now();
-                    match ironguard_nft::leader_rules_present() {
+                    match ironguard_dataplane::leader_rules_present() {
                         Ok(open) => samples.push((t0, Instant::now(), open)),
                         // The ruleset changed during the read: read again at once (no sample, not "closed").
-                        Err(ironguard_nft::NftError::Unstable(_)) => continue,
+                        Err(ironguard_dataplane::NftError::Unstable(_)) => continue,
                         // Any other failure is a failure of the watcher: never taken for "closed".
                         Err(e) => {
                             errors += 1;

@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use serde_json::{Value, json};
 
 use crate::{Netns, Proc, TempDir, run_ok, unique, wait_tcp_listen};

@@ -6,7 +6,7 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use serde_json::Value;
 
 use crate::ironic::{RealIronic, venv_bin};

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 pub mod etcd;
 pub mod faults;
@@ -855,7 +855,7 @@ impl SetWatcher {
             nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
             let mut w = SetWatch::default();
             while !flag.load(Ordering::Relaxed) {
-                match ironguard_nft::set_members(set) {
+                match ironguard_dataplane::set_members(set) {
                     Ok(m) => {
                         w.samples += 1;
                         w.seen.extend(m);
@@ -886,7 +886,7 @@ pub struct ServingSample {
     pub serving: bool,
 }
 
-/// Reads [`ironguard_nft::leader_rules_present`] in `ns` about every millisecond for `duration`. A read error
+/// Reads [`ironguard_dataplane::leader_rules_present`] in `ns` about every millisecond for `duration`. A read error
 /// fails the test (it is never taken for "closed").
 pub fn sample_serving(ns: &Netns, duration: Duration) -> thread::JoinHandle<Vec<ServingSample>> {
     let path = format!("/run/netns/{}", ns.name());
@@ -897,7 +897,7 @@ pub fn sample_serving(ns: &Netns, duration: Duration) -> thread::JoinHandle<Vec<
         let mut out = Vec::new();
         while start.elapsed() < duration {
             let before = Instant::now();
-            let serving = ironguard_nft::leader_rules_present().expect("reading the kernel's state failed");
+            let serving = ironguard_dataplane::leader_rules_present().expect("reading the kernel's state failed");
             out.push(ServingSample { before, after: Instant::now(), serving });
             thread::sleep(Duration::from_millis(1));
         }

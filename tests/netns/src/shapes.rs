@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 use crate::{
     ControlPlane, Dnsmasq, Netns, Proc, TempDir, agent_toml, bin, ctl, run_ok, start_agent, unique, verdict, wait_for,

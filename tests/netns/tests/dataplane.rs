@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ironguard_netns_tests::*;
-use ironguard_nft::{
+use ironguard_dataplane::{
     Dataplane, Delta, DesiredState, KernelDataplane, MacAddr, Mode, NftError, RulesetConfig, UnknownMacPolicy,
 };
 use nix::sys::signal::Signal;
@@ -225,7 +225,7 @@ fn hundred_thousand_elements_are_all_in_the_kernel() {
             .unwrap()
             .sets
             .iter()
-            .filter(|s| s.name != ironguard_nft::ruleset::LEASE_SET)
+            .filter(|s| s.name != ironguard_dataplane::ruleset::LEASE_SET)
             .map(|s| (s.name.clone(), s.elements, s.members.as_ref().unwrap().len()))
             .collect();
         (counts, dp.drift(true).unwrap())
@@ -302,7 +302,7 @@ fn ruleset_dump_loads_back_with_nft_and_matches_the_script() {
     s.deny.extend(many_macs(5, 2));
     let st = s.clone();
     let dump = in_netns(&ns, move || {
-        ironguard_nft::guard::install(&st.config).unwrap();
+        ironguard_dataplane::guard::install(&st.config).unwrap();
         let mut dp = KernelDataplane::open().unwrap();
         dp.apply(&st).unwrap();
         let out = Command::new("nft").args(["list", "ruleset"]).output().unwrap();
@@ -329,8 +329,8 @@ fn ruleset_dump_loads_back_with_nft_and_matches_the_script() {
 
     // The nft script renderer (used by the benchmark) describes exactly the same ruleset.
     let third = Netns::new("script");
-    let script = ironguard_nft::script::guard_table_script("ironguard_guard", &s.config)
-        + &ironguard_nft::script::owned_table_script("ironguard", &s, false);
+    let script = ironguard_dataplane::script::guard_table_script("ironguard_guard", &s.config)
+        + &ironguard_dataplane::script::owned_table_script("ironguard", &s, false);
     std::fs::write(dir.join("script.nft"), &script).unwrap();
     let out = third.nft(&["-f", dir.join("script.nft").to_str().unwrap()]);
     assert!(out.status.success(), "nft -f rejected the script: {}\n{script}", String::from_utf8_lossy(&out.stderr));
@@ -467,23 +467,23 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
         let mut dp = KernelDataplane::open().unwrap();
         let cfg = RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
         dp.apply(&DesiredState { config: cfg, mode: Mode::Leader, ..Default::default() }).unwrap();
-        assert!(!ironguard_nft::leader_rules_present().unwrap(), "leader rules without a lease serve nobody");
-        assert_eq!(ironguard_nft::observe(false).unwrap().verdict(), ironguard_nft::Verdict::Fenced);
+        assert!(!ironguard_dataplane::leader_rules_present().unwrap(), "leader rules without a lease serve nobody");
+        assert_eq!(ironguard_dataplane::observe(false).unwrap().verdict(), ironguard_dataplane::Verdict::Fenced);
         let until = Instant::now() + Duration::from_millis(600);
         dp.refresh_lease(Some(until)).unwrap();
         let mut samples = Vec::new();
         let start = Instant::now();
         while start.elapsed() < Duration::from_millis(1000) {
             let before = Instant::now();
-            let serving = ironguard_nft::leader_rules_present().unwrap();
+            let serving = ironguard_dataplane::leader_rules_present().unwrap();
             samples.push((before, Instant::now(), serving));
             std::thread::sleep(Duration::from_millis(1));
         }
-        let verdict_after = ironguard_nft::observe(false).unwrap().verdict();
+        let verdict_after = ironguard_dataplane::observe(false).unwrap().verdict();
         dp.refresh_lease(Some(Instant::now() + Duration::from_secs(10))).unwrap();
-        assert!(ironguard_nft::leader_rules_present().unwrap(), "refreshed: serving again");
+        assert!(ironguard_dataplane::leader_rules_present().unwrap(), "refreshed: serving again");
         dp.refresh_lease(None).unwrap();
-        let dropped = !ironguard_nft::leader_rules_present().unwrap();
+        let dropped = !ironguard_dataplane::leader_rules_present().unwrap();
         (until, samples, verdict_after, dropped)
     });
     let open_after_end = samples.iter().filter(|(before, _, serving)| *serving && *before > until).count();
@@ -495,7 +495,7 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
         until.saturating_duration_since(first_closed.1)
     );
     assert!(samples.iter().any(|s| s.2), "it served before the end");
-    assert_eq!(verdict_after, ironguard_nft::Verdict::Fenced);
+    assert_eq!(verdict_after, ironguard_dataplane::Verdict::Fenced);
     assert!(dropped, "dropping the lease closes at once");
     assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_none(), "nobody is served after the lease's end");
 }
@@ -516,12 +516,12 @@ fn a_late_lease_write_is_corrected_to_the_deadline() {
         let until = Instant::now() + Duration::from_millis(1500);
         let corrected = dp.refresh_lease(Some(until)).unwrap();
         let read_at = Instant::now();
-        let left_ms = ironguard_nft::observe(false).unwrap().owned.unwrap().lease_expires_in_ms();
+        let left_ms = ironguard_dataplane::observe(false).unwrap().owned.unwrap().lease_expires_in_ms();
         let until_ms = until.saturating_duration_since(read_at).as_millis() as u64;
         // Late at every write: three rewrites, then the lease is dropped.
         dp.delay_lease_writes(Duration::from_millis(20), 10);
         let gave_up = dp.refresh_lease(Some(Instant::now() + Duration::from_secs(10))).unwrap();
-        let closed = !ironguard_nft::leader_rules_present().unwrap() && dp.lease_until().is_none();
+        let closed = !ironguard_dataplane::leader_rules_present().unwrap() && dp.lease_until().is_none();
         (corrected, left_ms, until_ms, gave_up, closed)
     });
     assert_eq!(corrected.lease_rewrites, 1, "{corrected:?}");
@@ -529,8 +529,8 @@ fn a_late_lease_write_is_corrected_to_the_deadline() {
     // The kernel counts in ticks (4 ms at HZ 250) and the write itself takes a little: allow 10 ms.
     assert!(left_ms <= until + 10, "the kernel lease ends {left_ms} ms from now, the deadline {until} ms from now");
     assert!(left_ms + 100 >= until, "the corrected lease ({left_ms} ms) is not cut short of the deadline ({until} ms)");
-    assert_eq!(gave_up.lease_rewrites, ironguard_nft::LEASE_REWRITES + 1, "{gave_up:?}");
-    assert!(closed, "after {} late writes the lease is dropped", ironguard_nft::LEASE_REWRITES);
+    assert_eq!(gave_up.lease_rewrites, ironguard_dataplane::LEASE_REWRITES + 1, "{gave_up:?}");
+    assert!(closed, "after {} late writes the lease is dropped", ironguard_dataplane::LEASE_REWRITES);
 }
 
 /// A frozen agent (SIGSTOP: a VM pause, a cgroup freeze) keeps its table but stops serving when its kernel lease
@@ -572,7 +572,7 @@ fn a_frozen_holder_stops_serving_when_its_lease_runs_out() {
 #[test]
 fn a_claimed_guard_survives_flush_ruleset_and_its_holder() {
     let lan = PxeLan::new(1);
-    let persist = in_netns(&lan.pxe, || ironguard_nft::guard::persist_supported().unwrap());
+    let persist = in_netns(&lan.pxe, || ironguard_dataplane::guard::persist_supported().unwrap());
     if !persist {
         // Not this kernel (6.18 has it); on older kernels the notification-driven repair covers the guard.
         assert!(std::env::var("CI").is_err(), "CI runs on a kernel with NFT_TABLE_F_PERSIST");
@@ -580,7 +580,7 @@ fn a_claimed_guard_survives_flush_ruleset_and_its_holder() {
     }
     guard_install(&lan.pxe, "br0");
     let cfg = RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
-    let status = |cfg: RulesetConfig| in_netns(&lan.pxe, move || ironguard_nft::guard::status(&cfg).unwrap());
+    let status = |cfg: RulesetConfig| in_netns(&lan.pxe, move || ironguard_dataplane::guard::status(&cfg).unwrap());
     let s = status(cfg.clone());
     assert!(s.installed && s.persistent && s.held_by.is_none(), "orphaned after guard install exits: {s:?}");
     assert!(s.problems.is_empty(), "{:?}", s.problems);
@@ -644,7 +644,7 @@ fn a_claimed_guard_survives_flush_ruleset_and_its_holder() {
     let again = in_netns(&lan.pxe, move || {
         let mut dp = KernelDataplane::open().unwrap();
         dp.claim_guard(&cfg, true).unwrap();
-        (dp.owner_portid(), ironguard_nft::guard::status(&cfg).unwrap().held_by)
+        (dp.owner_portid(), ironguard_dataplane::guard::status(&cfg).unwrap().held_by)
     });
     assert_eq!(again.1, Some(again.0), "a new holder claims it again");
 }

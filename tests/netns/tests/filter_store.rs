@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ironguard_controlplane::filter::{ReasonChange, Side, api_changes};
 use ironguard_controlplane::store::FilterStore;
 use ironguard_netns_tests::etcd::EtcdProcess;
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64

@@ -113,7 +113,7 @@ impl Site {
     }
 
     fn continue_(&self) -> Result<String, tonic::Status> {
-        let mac: ironguard_nft::MacAddr = NODE_MAC.parse().expect("NODE_MAC");
+        let mac: ironguard_dataplane::MacAddr = NODE_MAC.parse().expect("NODE_MAC");
         let data = ironguard_netns_tests::ironic::ipa_inventory(&[mac], "10.1.39.10").to_string();
         grpc(&self.lan.pxe, move |mut c| {
             Box::pin(async move {
@@ -138,14 +138,14 @@ impl Site {
 }
 
 /// Samples the kernel's allow_mac set in the PXE namespace; returns the first time `mac` was present.
-fn watch_allow(ns: &Netns, mac: ironguard_nft::MacAddr) -> std::thread::JoinHandle<Option<SystemTime>> {
+fn watch_allow(ns: &Netns, mac: ironguard_dataplane::MacAddr) -> std::thread::JoinHandle<Option<SystemTime>> {
     let path = format!("/run/netns/{}", ns.name());
     std::thread::spawn(move || {
         let f = std::fs::File::open(&path).unwrap();
         nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(30) {
-            if ironguard_nft::set_members("allow_mac").is_ok_and(|m| m.contains(&mac)) {
+            if ironguard_dataplane::set_members("allow_mac").is_ok_and(|m| m.contains(&mac)) {
                 return Some(SystemTime::now());
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -175,7 +175,7 @@ fn full_flow_allow_before_power_on_then_denied_at_once() {
     let (_, err) = site.wait_state("finished", Duration::from_secs(20));
     assert_eq!(err, "");
     let gone = wait_for(Duration::from_secs(3), || {
-        in_netns(&site.lan.pxe, || ironguard_nft::set_members("allow_mac").map(|m| m.is_empty()).unwrap_or(false))
+        in_netns(&site.lan.pxe, || ironguard_dataplane::set_members("allow_mac").map(|m| m.is_empty()).unwrap_or(false))
             .then_some(())
     });
     assert!(gone.is_some(), "the allow is removed at once");

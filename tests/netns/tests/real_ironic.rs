@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ironguard_netns_tests::ironic_site::{IronicSite as Site, dhcp_becomes, ipa_callback};
 use ironguard_netns_tests::*;
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use serde_json::Value;
 
 /// The deny set comes from Ironic's ports; Ironic's own inspection of a node opens DHCP for that node only, and

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ironguard_netns_tests::ironic_site::{IronicSite as Site, dhcp_becomes, ipa_callback};
 use ironguard_netns_tests::*;
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use serde_json::{Value, json};
 
 const GIB: u64 = 1 << 30;

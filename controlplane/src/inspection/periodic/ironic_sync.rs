@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use tracing::{info, warn};
 
 use super::mirror::ReasonMirror;

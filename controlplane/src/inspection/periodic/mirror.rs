@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 
 use crate::filter::{ReasonChange, Side};
 use crate::inspection::engine::Engine;

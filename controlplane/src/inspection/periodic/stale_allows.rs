@@ -32,7 +32,7 @@ impl Task for StaleAllows {
     async fn run(&self) -> anyhow::Result<()> {
         let e = &self.engine;
         let (_, entries) = e.filters.entries(&[]);
-        let mut by_node: BTreeMap<String, Vec<ironguard_nft::MacAddr>> = BTreeMap::new();
+        let mut by_node: BTreeMap<String, Vec<ironguard_dataplane::MacAddr>> = BTreeMap::new();
         for (mac, entry) in entries {
             for reason in entry.allow.iter() {
                 if let Some(node) = reason.strip_prefix(PREFIX) {

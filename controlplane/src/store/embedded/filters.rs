@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use ironguard_dataplane::{MacAddr, UnknownMacPolicy};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, info_span};

@@ -450,7 +450,7 @@ impl InspectionStore for EmbeddedInspections {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ironguard_nft::MacAddr;
+    use ironguard_dataplane::MacAddr;
 
     fn dir(tag: &str) -> std::path::PathBuf {
         let p = std::env::temp_dir().join(format!("ig-insp-{tag}-{}", std::process::id()));

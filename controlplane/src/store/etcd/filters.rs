@@ -25,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, DeleteOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use ironguard_coord::etcd::EtcdCoordinator;
-use ironguard_nft::{MacAddr, UnknownMacPolicy};
+use ironguard_dataplane::{MacAddr, UnknownMacPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;

@@ -1,4 +1,4 @@
-//! `ironguard-nft` — the only ironguard crate that enforces the filter: every dataplane backend behind one trait
+//! `ironguard-dataplane` — the only ironguard crate that enforces the filter: every dataplane backend behind one trait
 //! (the name is from when nftables was the only one).
 //!
 //! - [`mac`]: [`MacAddr`], the strict MAC address type every API takes.

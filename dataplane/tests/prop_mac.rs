@@ -5,7 +5,7 @@
 //! Case count: `IRONGUARD_PROPTEST_CASES` (default below); `scripts/fuzz.sh` runs many more.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use ironguard_nft::MacAddr;
+use ironguard_dataplane::MacAddr;
 use proptest::prelude::*;
 
 const DEFAULT_CASES: u32 = 4000;
