@@ -4,8 +4,9 @@
 //!   configuration; `main.rs` runs what it parses, `ironguard-gen-docs` makes the man page from it.
 //! - [`config`]: the agent's TOML configuration (`[agent]`, `[controlplane]`, `[dhcp_health]`, `[reconcile]`,
 //!   `[admin]`, `[dataplane]`).
-//! - [`daemon`]: `ironguard-agent run`, the daemon: follows the control plane's filter state, decides the mode,
-//!   fails closed.
+//! - [`core`]: the agent's decisions as a state machine without I/O (`Core::step(event) -> effects`): follows
+//!   the control plane's filter state, decides the mode, fails closed; unit-tested on `FakeDataplane`.
+//! - [`daemon`]: `ironguard-agent run`, the async shell around the core: the input tasks and the main loop.
 //! - [`stream`]: the WatchFilters stream (reconnect, resume) and status reports.
 //! - [`coordination`]: the session in etcd (or the local backend), party membership and the election.
 //! - [`dhcp_health`]: is the local DHCP service healthy?
@@ -19,6 +20,7 @@
 pub mod cli;
 pub mod config;
 pub mod coordination;
+pub mod core;
 pub mod daemon;
 pub mod dhcp_health;
 pub mod hold;

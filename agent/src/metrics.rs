@@ -55,6 +55,10 @@ pub struct Metrics {
     pub lease_rewrites: Counter,
     /// Guard rebuilds after a change notification or a read-back showed it deleted, flushed or altered.
     pub guard_repairs: Counter,
+    /// 1 while the guard is whole (0: missing or wrong and the last repair failed: the agent does not lead).
+    pub guard_ok: Gauge,
+    /// Read-backs of the kernel that failed (after a bound in a row, the agent blocks).
+    pub readback_errors: Counter,
     pub dhcp_healthy: Gauge,
     pub stream_connected: Gauge,
 }
@@ -106,6 +110,14 @@ impl Metrics {
         );
         let guard_repairs = Counter::default();
         r.register("guard_repairs", "Guard rebuilds after it was deleted, flushed or altered", guard_repairs.clone());
+        let guard_ok = Gauge::default();
+        r.register(
+            "guard_ok",
+            "1 while the guard is whole; 0 when it is missing or wrong and cannot be repaired (the agent does not lead)",
+            guard_ok.clone(),
+        );
+        let readback_errors = Counter::default();
+        r.register("readback_errors", "Read-backs of the kernel that failed", readback_errors.clone());
         let dhcp_healthy = Gauge::default();
         r.register("dhcp_healthy", "1 if the local DHCP service is healthy", dhcp_healthy.clone());
         let stream_connected = Gauge::default();
@@ -127,6 +139,8 @@ impl Metrics {
             lease_late,
             lease_rewrites,
             guard_repairs,
+            guard_ok,
+            readback_errors,
             dhcp_healthy,
             stream_connected,
         }

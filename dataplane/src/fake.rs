@@ -24,6 +24,8 @@ pub struct FakeState {
     pub lease_until: Option<Instant>,
     /// Errors to return from the next mutating calls, in order (each failure changes nothing).
     pub fail_next: VecDeque<Errno>,
+    /// Read-backs ([`Dataplane::drift`]) to fail from now on, one per call.
+    pub fail_reads: u32,
 }
 
 /// An in-memory dataplane.
@@ -132,6 +134,13 @@ impl Dataplane for FakeDataplane {
     }
 
     fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
+        {
+            let mut st = self.lock();
+            if st.fail_reads > 0 {
+                st.fail_reads -= 1;
+                return Err(NftError::Rejected { object: "read-back (fake)".into(), errno: Errno::EIO, reason: None });
+            }
+        }
         Ok(self.observe(with_members)?.drift_from(self.committed()))
     }
 
