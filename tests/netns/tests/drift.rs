@@ -12,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use ironguard_dataplane::rule::Stmt;
 use ironguard_dataplane::{
     Dataplane, Delta, DesiredState, FakeDataplane, KernelDataplane, MacAddr, Mode, Observed, RulesetConfig,
     UnknownMacPolicy,
@@ -52,6 +53,15 @@ fn same_read_back(kernel: &KernelDataplane, fake: &FakeDataplane, step: &str) {
     let k = normalized(kernel.observe(true).unwrap());
     let f = normalized(fake.observe(true).unwrap());
     assert_eq!(f, k, "{step}: the fake's read-back (left) differs from the kernel's (right)");
+    let rules: Vec<_> = [&k.owned, &k.egress_owned, &k.guard, &k.egress_guard]
+        .into_iter()
+        .flatten()
+        .flat_map(|t| &t.chains)
+        .flat_map(|c| &c.rules)
+        .collect();
+    assert!(rules.len() >= 4, "{step}: the kernel holds the rules: {k:#?}");
+    let unknown = rules.iter().filter(|r| r.statements.iter().any(|s| matches!(s, Stmt::Unknown(_)))).count();
+    assert_eq!(unknown, 0, "{step}: every expression the kernel holds was decoded: {k:#?}");
     assert_eq!(kernel.drift(true).unwrap(), Vec::<String>::new(), "{step}: kernel drift");
     assert_eq!(fake.drift(true).unwrap(), Vec::<String>::new(), "{step}: fake drift");
     assert_eq!(f.verdict(), k.verdict(), "{step}");
@@ -61,7 +71,7 @@ fn same_read_back(kernel: &KernelDataplane, fake: &FakeDataplane, step: &str) {
 fn the_fakes_read_back_equals_the_kernels() {
     let ns = Netns::new("contract");
     for dev in ["e0", "e1"] {
-        ns.ip(&["link", "add", dev, "type", "dummy"]);
+        ns.ip(&["link", "add", dev, "type", "bridge"]);
         ns.ip(&["link", "set", dev, "up"]);
     }
     let configs = vec![
@@ -204,6 +214,13 @@ impl Host {
     /// `check`s the kernel, thaws the agent and waits until it has repaired everything.
     fn edit(&self, what: &str, edit: &[String], want: &str, check: impl FnOnce(&Self)) {
         self.host.agent.signal(Signal::SIGSTOP);
+        let stat = format!("/proc/{}/stat", self.host.agent.pid());
+        let stopped = wait_for(Duration::from_secs(5), || {
+            let s = std::fs::read_to_string(&stat).unwrap_or_default();
+            // the state follows the command name in parentheses
+            s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T')).then_some(())
+        });
+        assert!(stopped.is_some(), "{what}: the agent did not stop");
         let out = self.lan.pxe.nft(&edit.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(out.status.success(), "{what}: nft {edit:?}: {out:?}");
         let drift = self.drift();
@@ -216,13 +233,15 @@ impl Host {
     }
 }
 
-/// The guard's rule, in nft's syntax, with another verdict, port or mark.
+/// The guard's rule, in nft's syntax and with its comment, with another verdict, port or mark.
 fn guard_rule(family: &str, handle: &str, matches: &str, mark: &str, verdict: &str) -> Vec<String> {
     let chain = if family == "inet" { "input" } else { "egress" };
     let mut v: Vec<String> =
         ["replace", "rule", family, "ironguard_guard", chain, "handle", handle].iter().map(|s| s.to_string()).collect();
     v.extend(matches.split(' ').map(String::from));
     v.extend(["meta", "mark", "and", "0x00100000", "!=", mark, "counter", verdict].map(String::from));
+    // the same comment as the guard's own rule: only what the rule does differs
+    v.extend(["comment", "\"ironguard-guard:drop-unmarked\""].map(String::from));
     v
 }
 
