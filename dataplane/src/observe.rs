@@ -60,6 +60,7 @@ pub struct ObservedRule {
     pub handle: u64,
     pub comment: Option<String>,
     /// What the rule does, e.g. `[udp, port {dport 67}, counter, jump "pxe"]`.
+    #[serde(default)]
     pub statements: Vec<Stmt>,
     pub packets: Option<u64>,
     pub bytes: Option<u64>,
