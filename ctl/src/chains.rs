@@ -182,6 +182,7 @@ fn render_chains(out: &mut String, t: &ObservedTable) {
                 _ => "no counter".to_string(),
             };
             let _ = writeln!(out, "    {:<32} {counters}", r.comment.as_deref().unwrap_or("(no comment)"));
+            let _ = writeln!(out, "      {}", r.text());
         }
     }
 }

@@ -2,7 +2,7 @@
 //! anything else that drives a dataplane. It counts transactions and can be told to fail, so callers' error
 //! paths (which must all lead to `Blocked`) can be tested without a kernel.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,8 @@ use crate::NftError;
 use crate::dataplane::{ApplyReport, Dataplane};
 use crate::model::{Delta, DesiredState, Mode, UnknownMacPolicy};
 use crate::observe::{Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable};
-use crate::ruleset::{GUARD_TABLE, OWNED_TABLE, Side, comments};
+use crate::rule::Stmt;
+use crate::ruleset::{BuiltChain, GUARD_TABLE, OWNED_TABLE, Side, guard_rules, owned_rules};
 
 /// Shared, inspectable state of a fake (clone the handle to look inside from a test).
 #[derive(Debug, Default)]
@@ -167,67 +168,53 @@ impl FakeDataplane {
     }
 }
 
-fn rule(comment: &str) -> ObservedRule {
-    ObservedRule { handle: 0, comment: Some(comment.into()), expressions: vec![], packets: Some(0), bytes: Some(0) }
-}
-
-/// The base chains of `side` as the kernel backend builds them, each holding `n` rules with `comment`.
-fn base_chains(side: Side, config: &crate::RulesetConfig, priority: i32, comment: &str) -> Vec<ObservedChain> {
-    let n = side.rules_per_base_chain(config);
+/// The chains of `built` as the kernel lists them: each rule with its statements and comment, a zero counter
+/// where it has one, base chains with their hook, priority and (egress) devices.
+fn chains(side: Side, config: &crate::RulesetConfig, built: Vec<BuiltChain>) -> Vec<ObservedChain> {
     let mut devices = if side == Side::Replies { config.egress_interfaces.clone() } else { vec![] };
     devices.sort();
-    side.base_chains(config)
+    built
         .into_iter()
-        .map(|name| ObservedChain {
-            name: name.into(),
-            hook: Some(name.into()),
-            priority: Some(priority),
-            devices: devices.clone(),
-            rules: (0..n).map(|_| rule(comment)).collect(),
+        .map(|c| ObservedChain {
+            name: c.name.into(),
+            hook: c.hook.map(|(h, _)| h.to_string()),
+            priority: c.hook.map(|(_, p)| p),
+            devices: if c.hook.is_some() { devices.clone() } else { vec![] },
+            rules: c
+                .rules
+                .into_iter()
+                .map(|r| {
+                    let counter = r.stmts.contains(&Stmt::Counter).then_some(0);
+                    ObservedRule {
+                        handle: 0,
+                        comment: Some(r.comment.into()),
+                        statements: r.stmts,
+                        packets: counter,
+                        bytes: counter,
+                    }
+                })
+                .collect(),
         })
         .collect()
 }
 
 /// The guard table of `side` as installed for `config`.
 fn synthesize_guard(side: Side, config: &crate::RulesetConfig) -> ObservedTable {
-    let chains = base_chains(side, config, crate::ruleset::GUARD_PRIORITY, comments::GUARD_DROP);
     ObservedTable {
         name: GUARD_TABLE.into(),
         family: side.family_name().into(),
         flags: 0,
         owner_portid: None,
-        chains,
+        chains: chains(side, config, guard_rules(side, config)),
         sets: vec![],
     }
 }
 
 /// What the kernel backend would read back for `d`.
 fn synthesize(side: Side, d: &DesiredState, with_members: bool, lease_until: Option<Instant>) -> ObservedTable {
-    let mut pxe = vec![];
-    if d.mode == Mode::Blocked {
-        pxe.push(rule(comments::BLOCKED));
-    }
-    pxe.extend([rule(comments::TO_WHITELIST), rule(comments::TO_BLACKLIST), rule(comments::NOT_MARKED)]);
-    let sets = side.set_kinds(&d.config);
-    let mut white = vec![];
-    let mut black = vec![];
-    for k in &sets {
-        match (k.is_allow(), k.is_chaddr()) {
-            (true, false) if d.mode == Mode::Leader => white.push(rule(comments::ALLOW_MAC)),
-            (true, true) if d.mode == Mode::Leader => white.push(rule(comments::ALLOW_CHADDR)),
-            (false, false) => black.push(rule(comments::DENY_MAC)),
-            (false, true) => black.push(rule(comments::DENY_CHADDR)),
-            _ => {}
-        }
-    }
-    if d.mode == Mode::Leader && d.unknown_mac_policy == UnknownMacPolicy::Allow {
-        black.push(rule(comments::PASS));
-    }
-    let chain =
-        |name: &str, rules| ObservedChain { name: name.into(), hook: None, priority: None, devices: vec![], rules };
-    let mut chains = vec![chain("pxe", pxe), chain("whitelist", white), chain("blacklist", black)];
-    chains.extend(base_chains(side, &d.config, crate::ruleset::OWNED_PRIORITY, comments::DHCP_JUMP));
-    let sets = sets
+    let built = owned_rules(side, &d.config, d.mode, d.unknown_mac_policy);
+    let sets = side
+        .set_kinds(&d.config)
         .iter()
         .map(|k| {
             let m = if k.is_allow() { &d.allow } else { &d.deny };
@@ -250,7 +237,7 @@ fn synthesize(side: Side, d: &DesiredState, with_members: bool, lease_until: Opt
                 key_len: 2,
                 size: None,
                 elements: if left.is_some() { d.config.ports.len() } else { 0 },
-                members: None,
+                members: with_members.then(BTreeSet::new),
                 invalid_members: 0,
                 expires_in_ms: left.map(|l| l.as_millis() as u64),
             }
@@ -261,7 +248,7 @@ fn synthesize(side: Side, d: &DesiredState, with_members: bool, lease_until: Opt
         family: side.family_name().into(),
         flags: 2,
         owner_portid: Some(std::process::id()),
-        chains,
+        chains: chains(side, &d.config, built),
         sets,
     }
 }

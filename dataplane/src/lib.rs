@@ -36,6 +36,7 @@ mod netlink;
 pub mod observe;
 #[cfg(test)]
 mod prop_tests;
+pub mod rule;
 pub mod ruleset;
 pub mod script;
 

@@ -11,7 +11,11 @@ use crate::netlink::{
     self, Attrs, DumpSocket, Dumped, Message, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
     NFT_MSG_GETTABLE, be_u32, be_u64,
 };
-use crate::ruleset::{EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, Side, comments, parse_comment};
+use crate::rule::{self, Stmt};
+use crate::ruleset::{
+    BuiltChain, EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, Side, comments, guard_rules, owned_rules,
+    parse_comment,
+};
 use crate::{MacAddr, NftError};
 
 const NFPROTO_INET: u8 = 1;
@@ -49,15 +53,24 @@ pub struct ObservedChain {
     pub rules: Vec<ObservedRule>,
 }
 
-/// One rule: its comment identifies it; the counter is the packets it matched.
+/// One rule: what it does (its expressions decoded into statements), its comment (which names its role for
+/// people, and decides nothing) and its counter (the packets it matched).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObservedRule {
     pub handle: u64,
     pub comment: Option<String>,
-    /// Expression names in order, e.g. `["meta", "cmp", "payload", "cmp", "counter", "immediate"]`.
-    pub expressions: Vec<String>,
+    /// What the rule does, e.g. `[udp, port {dport 67}, counter, jump "pxe"]`.
+    #[serde(default)]
+    pub statements: Vec<Stmt>,
     pub packets: Option<u64>,
     pub bytes: Option<u64>,
+}
+
+impl ObservedRule {
+    /// The statements as one line of nft-like text.
+    pub fn text(&self) -> String {
+        rule::text(&self.statements)
+    }
 }
 
 /// One set: its size always, its members on request.
@@ -131,25 +144,43 @@ impl ObservedTable {
         self.sets.iter().find(|s| s.name == name)
     }
 
-    fn has_rule(&self, chain: &str, comment: &str) -> bool {
-        self.chain(chain).is_some_and(|c| c.rules.iter().any(|r| r.comment.as_deref() == Some(comment)))
+    /// The chains a DHCP packet entering `pxe` can reach before a rule there drops or accepts every packet:
+    /// `pxe` ends at its first unconditional drop or accept, and only the chains it jumps to before that count.
+    fn reachable_from_pxe(&self) -> Vec<&ObservedChain> {
+        let Some(pxe) = self.chain("pxe") else {
+            return vec![];
+        };
+        let mut out = Vec::new();
+        for r in &pxe.rules {
+            match rule::verdict(&r.statements) {
+                Some(Stmt::Jump(c)) => out.extend(self.chain(c)),
+                Some(Stmt::Drop | Stmt::Accept) if rule::unconditional(&r.statements) => break,
+                _ => {}
+            }
+        }
+        out
     }
 
-    /// The mode the agent's table is in, judged from its rules.
+    /// The mode the agent's table is in, judged from what its rules do: Blocked when `pxe` drops every packet
+    /// before jumping anywhere (or is missing), Leader when a chain `pxe` reaches holds a rule that marks and
+    /// accepts, Follower otherwise. Comments play no part.
     pub fn mode(&self) -> Mode {
-        if self.has_rule("pxe", comments::BLOCKED) || self.chain("pxe").is_none() {
+        let reachable = self.reachable_from_pxe();
+        if reachable.is_empty() {
             Mode::Blocked
-        } else if self.has_rule("whitelist", comments::ALLOW_MAC) || self.has_rule("whitelist", comments::ALLOW_CHADDR)
-        {
+        } else if reachable.iter().any(|c| c.rules.iter().any(|r| rule::marks(&r.statements))) {
             Mode::Leader
         } else {
             Mode::Follower
         }
     }
 
-    /// Whether the pass rule (leader, unknown MACs allowed) is present.
+    /// Whether the pass rule is present: a rule reachable from `pxe` that marks and accepts packets whatever their
+    /// address (a leader whose unknown-MAC policy is allow).
     pub fn has_pass_rule(&self) -> bool {
-        self.has_rule("blacklist", comments::PASS)
+        self.reachable_from_pxe()
+            .iter()
+            .any(|c| c.rules.iter().any(|r| rule::marks(&r.statements) && !rule::keyed(&r.statements)))
     }
 
     /// Milliseconds until the kernel lease expires, if it is live (an element of the lease set exists).
@@ -157,38 +188,92 @@ impl ObservedTable {
         self.set(LEASE_SET).filter(|s| s.elements > 0).map(|s| s.expires_in_ms.unwrap_or(u64::MAX))
     }
 
-    /// For the guard table: whether it drops unmarked DHCP, i.e. has at least one base chain and every base
-    /// chain holds its drop rules. A flushed or emptied guard does not.
+    /// For the guard table: whether it drops unmarked DHCP, judged from what its rules do: it has at least one
+    /// base chain, every base chain holds a rule that drops packets without the mark, and none accepts. A flushed
+    /// or emptied guard does not, nor one whose drop rule was edited to accept.
     pub fn guard_drops(&self) -> bool {
         let bases: Vec<&ObservedChain> = self.chains.iter().filter(|c| c.hook.is_some()).collect();
         !bases.is_empty()
-            && bases.iter().all(|c| c.rules.iter().any(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)))
+            && bases.iter().all(|c| {
+                c.rules.iter().any(|r| rule::drops_unmarked(&r.statements))
+                    && !c.rules.iter().any(|r| rule::verdict(&r.statements) == Some(&Stmt::Accept))
+            })
     }
 
-    /// What is wrong with this guard table, on `side`, for `config` (empty: it is installed as configured).
+    /// What is wrong with this guard table, on `side`, for `config` (empty: it is installed as configured): every
+    /// base chain hooked as built and holding the rules built for `config`, compared by what they do.
     pub fn guard_problems(&self, side: Side, config: &crate::RulesetConfig) -> Vec<String> {
         let mut problems = Vec::new();
         let fam = side.family_name();
-        let want_rules = side.rules_per_base_chain(config);
-        for name in side.base_chains(config) {
-            match self.chain(name) {
-                None => problems.push(format!("guard base chain {fam} {name} is missing")),
-                Some(c) => {
-                    let drops = c.rules.iter().filter(|r| r.comment.as_deref() == Some(comments::GUARD_DROP)).count();
-                    if drops != want_rules || c.rules.len() != want_rules {
-                        problems.push(format!(
-                            "guard base chain {fam} {} has {} rules ({drops} drop rules), {want_rules} configured",
-                            c.name,
-                            c.rules.len()
-                        ));
-                    }
-                    if let Some(p) = device_problem(side, c, config) {
-                        problems.push(format!("guard base chain {fam} {name}: {p}"));
-                    }
-                }
+        for b in guard_rules(side, config) {
+            let Some(c) = self.chain(b.name) else {
+                problems.push(format!("guard base chain {fam} {} is missing", b.name));
+                continue;
+            };
+            if c.rules.len() != b.rules.len() {
+                let drops = c.rules.iter().filter(|r| rule::drops_unmarked(&r.statements)).count();
+                problems.push(format!(
+                    "guard base chain {fam} {} has {} rules ({drops} drop rules), {} configured",
+                    c.name,
+                    c.rules.len(),
+                    b.rules.len()
+                ));
             }
+            chain_drift(side, c, &b, config, &format!("guard base chain {fam}"), &mut problems);
         }
         problems
+    }
+}
+
+/// Differences between chain `c` as the kernel holds it and `built`, as ironguard builds it: its hook and priority
+/// (and devices) for a base chain, then its rules by what they do. With as many rules on both sides they are
+/// compared in order; otherwise the rules missing and the rules not built are named. `what` starts each line.
+fn chain_drift(
+    side: Side,
+    c: &ObservedChain,
+    built: &BuiltChain,
+    config: &crate::RulesetConfig,
+    what: &str,
+    out: &mut Vec<String>,
+) {
+    let name = built.name;
+    if let Some((hook, priority)) = built.hook {
+        if c.hook.as_deref() != Some(hook) || c.priority != Some(priority) {
+            out.push(format!(
+                "{what} {name}: hook {} priority {}, hook {hook} priority {priority} built",
+                c.hook.as_deref().unwrap_or("none"),
+                c.priority.map_or("none".to_string(), |p| p.to_string()),
+            ));
+        }
+        if let Some(p) = device_problem(side, c, config) {
+            out.push(format!("{what} {name}: {p}"));
+        }
+    }
+    if c.rules.len() == built.rules.len() {
+        for (i, (o, b)) in c.rules.iter().zip(&built.rules).enumerate() {
+            if o.statements != b.stmts {
+                out.push(format!(
+                    "{what} {name}: rule {} is `{}`, `{}` built ({})",
+                    i + 1,
+                    o.text(),
+                    rule::text(&b.stmts),
+                    b.comment
+                ));
+            }
+        }
+        return;
+    }
+    let mut unmatched: Vec<&ObservedRule> = c.rules.iter().collect();
+    for b in &built.rules {
+        match unmatched.iter().position(|o| o.statements == b.stmts) {
+            Some(i) => {
+                unmatched.remove(i);
+            }
+            None => out.push(format!("{what} {name}: rule `{}` ({}) is missing", rule::text(&b.stmts), b.comment)),
+        }
+    }
+    for o in unmatched {
+        out.push(format!("{what} {name}: rule `{}` was not built by ironguard", o.text()));
     }
 }
 
@@ -315,27 +400,15 @@ impl Observed {
                 ));
             }
         }
-        for chain in ["pxe", "whitelist", "blacklist"] {
-            if t.chain(chain).is_none() {
-                out.push(format!("{fam}: chain {chain} is missing"));
+        for b in owned_rules(side, &desired.config, desired.mode, desired.unknown_mac_policy) {
+            let kind = if b.hook.is_some() { "base chain" } else { "chain" };
+            match t.chain(b.name) {
+                None => out.push(format!("{fam}: {kind} {} is missing", b.name)),
+                Some(c) => chain_drift(side, c, &b, &desired.config, &format!("{fam}: {kind}"), out),
             }
         }
         if t.set(LEASE_SET).is_none() {
             out.push(format!("{fam}: set {LEASE_SET} is missing"));
-        }
-        let want = side.rules_per_base_chain(&desired.config);
-        for name in side.base_chains(&desired.config) {
-            match t.chain(name) {
-                None => out.push(format!("{fam}: base chain {name} is missing")),
-                Some(c) if c.rules.len() != want => {
-                    out.push(format!("{fam}: base chain {} has {} rules, {want} expected", c.name, c.rules.len()))
-                }
-                Some(c) => {
-                    if let Some(p) = device_problem(side, c, &desired.config) {
-                        out.push(format!("{fam}: base chain {name}: {p}"));
-                    }
-                }
-            }
         }
         for k in side.set_kinds(&desired.config) {
             let want = if k.is_allow() { &desired.allow } else { &desired.deny };
@@ -416,15 +489,9 @@ pub fn leader_rules_present() -> Result<bool, NftError> {
 fn side_open(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
     let mut open = false;
     let d = sock.dump(NFT_MSG_GETRULE, family, &[(1, OWNED_TABLE)], &mut |m| {
-        for a in m.nft_attrs()? {
-            let (ty, v) = a?;
-            if ty == 7 {
-                if let Some(c) = parse_comment(v) {
-                    if c == comments::ALLOW_MAC || c == comments::ALLOW_CHADDR || c == comments::PASS {
-                        open = true;
-                    }
-                }
-            }
+        let (table, chain, r) = decode_rule(m)?;
+        if table == OWNED_TABLE && (chain == "whitelist" || chain == "blacklist") && rule::marks(&r.statements) {
+            open = true;
         }
         Ok(())
     });
@@ -566,7 +633,7 @@ pub(crate) fn decode_chain(m: &Message<'_>) -> Result<(String, ObservedChain), N
 /// One rule of an `NFT_MSG_GETRULE` dump and the names of its table and chain.
 pub(crate) fn decode_rule(m: &Message<'_>) -> Result<(String, String, ObservedRule), NftError> {
     let mut chain = String::new();
-    let mut rule = ObservedRule { handle: 0, comment: None, expressions: vec![], packets: None, bytes: None };
+    let mut rule = ObservedRule { handle: 0, comment: None, statements: vec![], packets: None, bytes: None };
     let mut tname = String::new();
     for a in m.nft_attrs()? {
         let (ty, v) = a?;
@@ -575,30 +642,9 @@ pub(crate) fn decode_rule(m: &Message<'_>) -> Result<(String, String, ObservedRu
             2 => chain = netlink::string(v),
             3 => rule.handle = be_u64(v).unwrap_or(0),
             4 => {
-                for e in Attrs::new(v) {
-                    let (_, ev) = e?;
-                    let mut name = String::new();
-                    let mut data: &[u8] = &[];
-                    for ea in Attrs::new(ev) {
-                        let (ety, eval) = ea?;
-                        match ety {
-                            1 => name = netlink::string(eval),
-                            2 => data = eval,
-                            _ => {}
-                        }
-                    }
-                    if name == "counter" {
-                        for ca in Attrs::new(data) {
-                            let (cty, cv) = ca?;
-                            match cty {
-                                1 => rule.bytes = be_u64(cv),
-                                2 => rule.packets = be_u64(cv),
-                                _ => {}
-                            }
-                        }
-                    }
-                    rule.expressions.push(name);
-                }
+                let (statements, counts) = rule::decode_expressions(v)?;
+                rule.statements = statements;
+                (rule.packets, rule.bytes) = (counts.map(|c| c.0), counts.map(|c| c.1));
             }
             7 => rule.comment = parse_comment(v),
             _ => {}
@@ -937,5 +983,350 @@ mod device_tests {
         assert!(problem(&["br0", "s0", "old0"], &all).is_some());
         // The request side has no devices.
         assert_eq!(device_problem_with(Side::Requests, &chain(&[]), &config, all), None);
+    }
+}
+
+/// The decoding of each rule shape from kernel messages written here by hand (as the kernel dumps them, not by the
+/// builder), and drift when a rule is edited in place.
+#[cfg(test)]
+mod rule_tests {
+    use super::*;
+    use crate::netlink::Messages;
+    use crate::rule::PortField;
+    use crate::{Dataplane, DesiredState, FakeDataplane, MacAddr, RulesetConfig};
+
+    fn nla(ty: u16, payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
+        v.extend_from_slice(&ty.to_ne_bytes());
+        v.extend_from_slice(payload);
+        v.resize(netlink::align4(v.len()), 0);
+        v
+    }
+    fn nested(ty: u16, parts: &[Vec<u8>]) -> Vec<u8> {
+        nla(ty | 0x8000, &parts.concat())
+    }
+    fn name(ty: u16, s: &str) -> Vec<u8> {
+        nla(ty, format!("{s}\0").as_bytes())
+    }
+    fn u32a(ty: u16, v: u32) -> Vec<u8> {
+        nla(ty, &v.to_be_bytes())
+    }
+    fn value(ty: u16, bytes: &[u8]) -> Vec<u8> {
+        nested(ty, &[nla(1, bytes)])
+    }
+    fn expr(kind: &str, attrs: &[Vec<u8>]) -> Vec<u8> {
+        nested(1, &[name(1, kind), nested(2, attrs)])
+    }
+    // The kernel's expressions (nft's registers: 32-bit register 8 here, where ironguard uses register 1).
+    fn meta(key: u32) -> Vec<u8> {
+        expr("meta", &[u32a(2, key), u32a(1, 8)])
+    }
+    fn meta_set(key: u32) -> Vec<u8> {
+        expr("meta", &[u32a(2, key), u32a(3, 8)])
+    }
+    fn cmp(op: u32, data: &[u8]) -> Vec<u8> {
+        expr("cmp", &[u32a(1, 8), u32a(2, op), value(3, data)])
+    }
+    fn payload(base: u32, offset: u32, len: u32) -> Vec<u8> {
+        expr("payload", &[u32a(1, 8), u32a(2, base), u32a(3, offset), u32a(4, len)])
+    }
+    fn lookup(set: &str, flags: u32) -> Vec<u8> {
+        expr("lookup", &[name(1, set), u32a(2, 8), u32a(5, flags)])
+    }
+    fn bitwise(mask: u32, xor: u32) -> Vec<u8> {
+        let (m, x) = (mask.to_ne_bytes(), xor.to_ne_bytes());
+        expr("bitwise", &[u32a(1, 8), u32a(2, 8), u32a(3, 4), value(4, &m), value(5, &x), u32a(6, 0)])
+    }
+    fn counter(packets: u64) -> Vec<u8> {
+        expr("counter", &[nla(1, &(packets * 300).to_be_bytes()), nla(2, &packets.to_be_bytes())])
+    }
+    fn verdict(code: i32, chain: Option<&str>) -> Vec<u8> {
+        let mut v = vec![u32a(1, code as u32)];
+        v.extend(chain.map(|c| name(2, c)));
+        expr("immediate", &[u32a(1, 0), nested(2, &[nested(2, &v)])])
+    }
+    const ACCEPT: i32 = 1;
+    const DROP: i32 = 0;
+    const JUMP: i32 = -3;
+
+    /// One `NFT_MSG_NEWRULE` of table `ironguard_guard`, chain `input`, decoded as the read-back decodes a dump.
+    fn decode(exprs: &[Vec<u8>]) -> ObservedRule {
+        let mut body = vec![1, 0, 0, 0];
+        body.extend(name(1, GUARD_TABLE));
+        body.extend(name(2, "input"));
+        body.extend(nla(3, &7u64.to_be_bytes()));
+        body.extend(nested(4, exprs));
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+        msg.extend_from_slice(&(10u16 << 8 | 6).to_ne_bytes());
+        msg.extend_from_slice(&[0; 10]);
+        msg.extend_from_slice(&body);
+        let m = Messages::new(&msg).next().unwrap().unwrap();
+        let (table, chain, rule) = decode_rule(&m).unwrap();
+        assert_eq!((table.as_str(), chain.as_str(), rule.handle), (GUARD_TABLE, "input", 7));
+        rule
+    }
+
+    const MARK: u32 = 0x0010_0000;
+    fn udp_dport(port: u16) -> [Vec<u8>; 4] {
+        [meta(16), cmp(0, &[17]), payload(2, 2, 2), cmp(0, &port.to_be_bytes())]
+    }
+
+    #[test]
+    fn the_guard_rule_and_its_edits_decode_by_what_they_do() {
+        let mut ifname = [0u8; 16];
+        ifname[..3].copy_from_slice(b"br0");
+        let guard = |port: u16, mark: u32, v: i32| {
+            let mut e = vec![meta(6), cmp(0, &ifname)];
+            e.extend(udp_dport(port));
+            e.extend([meta(3), bitwise(MARK, 0), cmp(1, &mark.to_ne_bytes()), counter(3), verdict(v, None)]);
+            decode(&e)
+        };
+        let r = guard(67, MARK, DROP);
+        assert_eq!(
+            r.text(),
+            "iifname \"br0\" meta l4proto udp th dport 67 meta mark & 0x00100000 != 0x00100000 counter drop"
+        );
+        assert_eq!((r.packets, r.bytes), (Some(3), Some(900)));
+        let config = RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
+        assert_eq!(r.statements, guard_rules(Side::Requests, &config)[0].rules[0].stmts, "what ironguard builds");
+        assert!(rule::drops_unmarked(&r.statements));
+        // edited to accept, to another port, to another mark: each decodes to what it does
+        let accept = guard(67, MARK, ACCEPT);
+        assert_eq!(rule::verdict(&accept.statements), Some(&Stmt::Accept));
+        assert!(!rule::drops_unmarked(&accept.statements));
+        assert!(guard(68, MARK, DROP).statements.contains(&Stmt::Port { field: PortField::Dport, port: 68 }));
+        assert!(guard(67, 0, DROP).statements.contains(&Stmt::MarkNot { mask: MARK, mark: 0 }));
+        // a prefix match on the interface name is not `iifname "br0"`
+        let mut e = vec![meta(6), cmp(0, b"br")];
+        e.extend(udp_dport(67));
+        assert!(matches!(decode(&e).statements[0], Stmt::Unknown(_)));
+    }
+
+    #[test]
+    fn the_agents_rules_decode_by_what_they_do() {
+        let keep = !MARK;
+        // whitelist, request side: th dport @lease meta nfproto ipv4 @th,288,48 @allow_chaddr counter mark accept
+        let white = decode(&[
+            meta(16),
+            cmp(0, &[17]),
+            payload(2, 2, 2),
+            lookup(LEASE_SET, 0),
+            meta(15),
+            cmp(0, &[2]),
+            payload(2, 36, 6),
+            lookup("allow_chaddr", 0),
+            counter(0),
+            meta(3),
+            bitwise(keep, MARK),
+            meta_set(3),
+            verdict(ACCEPT, None),
+        ]);
+        assert_eq!(
+            white.text(),
+            "meta l4proto udp th dport @lease meta nfproto ipv4 @th,288,48 @allow_chaddr counter meta mark set meta \
+             mark & 0xffefffff ^ 0x00100000 accept"
+        );
+        assert!(rule::marks(&white.statements) && rule::keyed(&white.statements));
+        // blacklist: meta iiftype ether ether saddr @deny_mac counter drop
+        let deny = decode(&[
+            meta(8),
+            cmp(0, &1u16.to_ne_bytes()),
+            payload(0, 6, 6),
+            lookup("deny_mac", 0),
+            counter(0),
+            verdict(DROP, None),
+        ]);
+        assert_eq!(deny.text(), "meta iiftype ether ether saddr @deny_mac counter drop");
+        // an inverted lookup (`ether saddr != @deny_mac`) matches the opposite packets: not the same statement
+        let inverted = decode(&[meta(8), cmp(0, &1u16.to_ne_bytes()), payload(0, 6, 6), lookup("deny_mac", 1)]);
+        assert!(inverted.statements.iter().any(|s| matches!(s, Stmt::Unknown(_))), "{}", inverted.text());
+        // the egress twin's jump: udp sport 67 counter, ironguard's mark bits cleared, jump pxe
+        let mut e = vec![meta(16), cmp(0, &[17]), payload(2, 0, 2), cmp(0, &67u16.to_be_bytes()), counter(0)];
+        e.extend([meta(3), bitwise(keep, 0), meta_set(3), verdict(JUMP, Some("pxe"))]);
+        let jump = decode(&e);
+        assert_eq!(
+            jump.text(),
+            "meta l4proto udp th sport 67 counter meta mark set meta mark & 0xffefffff ^ 0x00000000 jump pxe"
+        );
+        assert!(!rule::marks(&jump.statements), "clearing the mark is not marking");
+        // the pass rule of the reply side: meta protocol ip is not part of it; a bare `counter drop`
+        let drop = decode(&[counter(0), verdict(DROP, None)]);
+        assert!(rule::unconditional(&drop.statements) && drop.text() == "counter drop");
+        // an expression ironguard never writes
+        let other = decode(&[expr("log", &[]), verdict(ACCEPT, None)]);
+        assert_eq!(other.statements, vec![Stmt::Unknown("log".into()), Stmt::Accept]);
+        let ipv4 = decode(&[meta(1), cmp(0, &0x0800u16.to_be_bytes())]);
+        assert_eq!(ipv4.statements, vec![Stmt::ProtocolIp]);
+    }
+
+    fn mac(n: u8) -> MacAddr {
+        MacAddr::from_octets([2, 0, 0, 0, 0, n]).unwrap()
+    }
+
+    /// A leader (policy allow) on both sides, as the kernel backend reads it back, and its desired state.
+    fn leader() -> (Observed, DesiredState) {
+        let config = RulesetConfig {
+            interfaces: vec!["br0".into()],
+            egress_interfaces: vec!["br0".into()],
+            ..Default::default()
+        };
+        let d = DesiredState {
+            config,
+            mode: Mode::Leader,
+            unknown_mac_policy: UnknownMacPolicy::Allow,
+            allow: [mac(1)].into(),
+            deny: [mac(2)].into(),
+        };
+        let mut f = FakeDataplane::new();
+        f.apply(&d).unwrap();
+        f.refresh_lease(Some(std::time::Instant::now() + std::time::Duration::from_secs(60))).unwrap();
+        let o = f.observe(true).unwrap();
+        assert_eq!(o.drift(&d), Vec::<String>::new());
+        assert_eq!(o.verdict(), Verdict::Leader);
+        (o, d)
+    }
+
+    fn rule_mut<'a>(t: &'a mut Option<ObservedTable>, chain: &str, i: usize) -> &'a mut ObservedRule {
+        let c = t.as_mut().unwrap().chains.iter_mut().find(|c| c.name == chain).unwrap();
+        &mut c.rules[i]
+    }
+
+    fn replace(r: &mut ObservedRule, from: &Stmt, to: Stmt) {
+        let s = r.statements.iter_mut().find(|s| *s == from).unwrap();
+        *s = to;
+    }
+
+    #[test]
+    fn a_guard_rule_edited_to_accept_is_drift_and_unguarded_whatever_its_comment() {
+        for (guard, side) in [("guard", Side::Requests), ("egress_guard", Side::Replies)] {
+            let (mut o, d) = leader();
+            let t = if guard == "guard" { &mut o.guard } else { &mut o.egress_guard };
+            let name = if side == Side::Requests { "input" } else { EGRESS_CHAIN };
+            let r = rule_mut(t, name, 0);
+            replace(r, &Stmt::Drop, Stmt::Accept);
+            assert_eq!(r.comment.as_deref(), Some(comments::GUARD_DROP), "the comment still says drop");
+            let drift = o.drift(&d);
+            assert!(drift.iter().any(|p| p.contains("guard") && p.contains("accept")), "{side:?}: {drift:?}");
+            assert!(!o.side(side).0.unwrap().guard_drops());
+            assert_eq!(o.side_verdict(side), Verdict::Unguarded);
+            assert_eq!(o.verdict(), Verdict::Unguarded);
+        }
+    }
+
+    #[test]
+    fn a_deleted_drop_another_port_or_another_mark_is_drift() {
+        let mark = Stmt::SetMark { keep: !MARK, xor: MARK };
+        type Edit = Box<dyn Fn(&mut Observed)>;
+        let edits: Vec<(&str, &str, Edit)> = vec![
+            (
+                "final drop deleted",
+                "pxe",
+                Box::new(|o| {
+                    let c = o.owned.as_mut().unwrap().chains.iter_mut().find(|c| c.name == "pxe").unwrap();
+                    c.rules.pop();
+                }),
+            ),
+            (
+                "egress final drop deleted",
+                "pxe",
+                Box::new(|o| {
+                    let c = o.egress_owned.as_mut().unwrap().chains.iter_mut().find(|c| c.name == "pxe").unwrap();
+                    c.rules.pop();
+                }),
+            ),
+            (
+                "guard drop deleted",
+                "guard",
+                Box::new(|o| {
+                    o.guard.as_mut().unwrap().chains[0].rules.clear();
+                }),
+            ),
+            (
+                "guard port",
+                "th dport 68",
+                Box::new(|o| {
+                    let from = Stmt::Port { field: PortField::Dport, port: 67 };
+                    replace(
+                        rule_mut(&mut o.guard, "input", 0),
+                        &from,
+                        Stmt::Port { field: PortField::Dport, port: 68 },
+                    );
+                }),
+            ),
+            (
+                "egress jump port",
+                "th sport 68",
+                Box::new(|o| {
+                    let from = Stmt::Port { field: PortField::Sport, port: 67 };
+                    let r = rule_mut(&mut o.egress_owned, EGRESS_CHAIN, 0);
+                    replace(r, &from, Stmt::Port { field: PortField::Sport, port: 68 });
+                }),
+            ),
+            (
+                "guard mark",
+                "!= 0x00200000",
+                Box::new(|o| {
+                    let from = Stmt::MarkNot { mask: MARK, mark: MARK };
+                    replace(rule_mut(&mut o.guard, "input", 0), &from, Stmt::MarkNot { mask: MARK, mark: 0x20_0000 });
+                }),
+            ),
+            (
+                "whitelist mark",
+                "^ 0x00200000",
+                Box::new(move |o| {
+                    replace(
+                        rule_mut(&mut o.owned, "whitelist", 0),
+                        &mark,
+                        Stmt::SetMark { keep: !MARK, xor: 0x20_0000 },
+                    );
+                }),
+            ),
+            (
+                "egress pass rule mark",
+                "^ 0x00200000",
+                Box::new(move |o| {
+                    let m = Stmt::SetMark { keep: !MARK, xor: MARK };
+                    replace(
+                        rule_mut(&mut o.egress_owned, "blacklist", 1),
+                        &m,
+                        Stmt::SetMark { keep: !MARK, xor: 0x20_0000 },
+                    );
+                }),
+            ),
+        ];
+        for (what, want, edit) in edits {
+            let (mut o, d) = leader();
+            edit(&mut o);
+            let drift = o.drift(&d);
+            assert!(drift.iter().any(|p| p.contains(want)), "{what}: {drift:#?}");
+        }
+    }
+
+    #[test]
+    fn mode_and_pass_rule_are_read_from_what_the_rules_do() {
+        let (mut o, _) = leader();
+        let t = o.owned.as_mut().unwrap();
+        assert_eq!((t.mode(), t.has_pass_rule()), (Mode::Leader, true));
+        // the pass rule's comment on a rule that drops: not a pass rule
+        let pass = t.chains.iter_mut().find(|c| c.name == "blacklist").unwrap().rules.last_mut().unwrap();
+        assert_eq!(pass.comment.as_deref(), Some(comments::PASS));
+        replace(pass, &Stmt::Accept, Stmt::Drop);
+        assert!(!t.has_pass_rule());
+        // no rule that marks: a follower, whatever the comments say
+        for c in t.chains.iter_mut().filter(|c| c.name == "whitelist") {
+            for r in &mut c.rules {
+                replace(r, &Stmt::Accept, Stmt::Drop);
+            }
+        }
+        assert_eq!(t.mode(), Mode::Follower);
+        // an unconditional drop before the jumps: blocked
+        let pxe = t.chains.iter_mut().find(|c| c.name == "pxe").unwrap();
+        pxe.rules.insert(
+            0,
+            ObservedRule { handle: 0, comment: None, statements: vec![Stmt::Drop], packets: None, bytes: None },
+        );
+        assert_eq!(t.mode(), Mode::Blocked);
     }
 }

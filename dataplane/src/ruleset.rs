@@ -38,6 +38,8 @@ use rustables::expr::{
 use rustables::{Batch, Chain, ChainPolicy, ChainType, Hook, HookClass, MsgType, ProtocolFamily, Rule, Set, Table};
 
 use crate::model::{Delta, DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
+pub use crate::rule::CHADDR_OFFSET_BYTES;
+use crate::rule::{ARPHRD_ETHER, ETH_P_IP, IPPROTO_UDP, NFPROTO_IPV4, NFT_PAYLOAD_TRANSPORT_HEADER, PortField, Stmt};
 use crate::{MacAddr, NftError};
 
 /// The table owned by the running agent.
@@ -55,7 +57,6 @@ pub const ELEMENTS_PER_MESSAGE: usize = 1000;
 pub(crate) const NFT_TABLE_F_OWNER: u32 = 0x2;
 /// The table outlives its owner's socket (and can be claimed again); Linux 6.9+.
 pub(crate) const NFT_TABLE_F_PERSIST: u32 = 0x4;
-const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 /// The set of the kernel-enforced lease (see the module documentation).
 pub const LEASE_SET: &str = "lease";
 /// Default timeout of the lease set's elements. Every element is added with its own timeout; the default only
@@ -64,13 +65,9 @@ pub const LEASE_DEFAULT_TIMEOUT_MS: u64 = 1000;
 const NFT_SET_TIMEOUT: u32 = 0x10;
 const NFT_TYPE_INET_SERVICE: u32 = 13;
 const LEASE_SET_ID: u32 = 16;
-const ARPHRD_ETHER: u16 = 1;
-const IPPROTO_UDP: u8 = 17;
-const NFPROTO_IPV4: u8 = 2;
-/// BOOTP `chaddr` is 28 bytes into the BOOTP header, after the 8-byte UDP header: `@th,288,48`.
-pub const CHADDR_OFFSET_BYTES: u32 = 36;
 
-/// Rule comments. They make `nft list ruleset` readable and let a read-back recognise each rule.
+/// Rule comments. They make `nft list ruleset` readable and name each rule's role (in `ironguardctl chains` and
+/// `explain`); the read-back judges a rule by its expressions, never by its comment.
 pub mod comments {
     pub const DHCP_JUMP: &str = "ironguard:dhcp";
     pub const BLOCKED: &str = "ironguard:blocked";
@@ -388,6 +385,14 @@ impl Side {
         Self::ALL.into_iter().find(|s| s.nfproto() == nfproto)
     }
 
+    /// The UDP port that identifies DHCP traffic on this side: the destination of a request, the source of a reply.
+    pub fn port_field(self) -> PortField {
+        match self {
+            Side::Requests => PortField::Dport,
+            Side::Replies => PortField::Sport,
+        }
+    }
+
     /// The sets of the agent's table on this side.
     pub fn set_kinds(self, config: &RulesetConfig) -> Vec<SetKind> {
         match self {
@@ -425,7 +430,6 @@ impl Side {
 pub const EGRESS_CHAIN: &str = "egress";
 const NFPROTO_NETDEV: u8 = 5;
 const NF_NETDEV_EGRESS: u32 = 1;
-const ETH_P_IP: u16 = 0x0800;
 
 fn table(side: Side, name: &str) -> Table {
     Table::new(side.family()).with_name(name)
@@ -470,50 +474,273 @@ fn egress_chain_message(table: &str, devices: &[String], priority: i32) -> Vec<u
     nft_message(NFT_MSG_NEWCHAIN, NLM_F_ACK | NLM_F_CREATE, &body)
 }
 
-/// Adds the base chains of `side` to table `t` (named `name`), each with `rules` (built by [`dhcp_rules`]).
+/// A rule as ironguard builds it: what it does ([`Stmt`]s, the typed model the read-back decodes into), the
+/// comment naming its role, and how a rejected batch names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltRule {
+    pub comment: &'static str,
+    pub stmts: Vec<Stmt>,
+    /// e.g. `udp dport 67 jump pxe`, for the description of a rejected message.
+    pub what: String,
+}
+
+/// A chain and its rules, in order, as ironguard builds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltChain {
+    pub name: &'static str,
+    /// Base chains only: the hook name (`input`, `forward`, `egress`) and priority.
+    pub hook: Option<(&'static str, i32)>,
+    pub rules: Vec<BuiltRule>,
+}
+
+/// Requests: `[iifname IF] meta l4proto udp th dport PORT`. Replies: `… th sport PORT` (the chain is bound to its
+/// devices).
+fn match_dhcp(side: Side, iface: Option<&str>, port: u16) -> Vec<Stmt> {
+    let mut v = Vec::with_capacity(3);
+    if let Some(name) = iface {
+        v.push(Stmt::IifName(name.to_string()));
+    }
+    v.extend([Stmt::Udp, Stmt::Port { field: side.port_field(), port }]);
+    v
+}
+
+/// `udp dport @lease` (replies: `udp sport @lease`): the rule matches only while the lease element of the packet's
+/// port has not expired.
+fn require_lease(side: Side) -> [Stmt; 2] {
+    [Stmt::Udp, Stmt::PortIn { field: side.port_field(), set: LEASE_SET.to_string() }]
+}
+
+/// Matches the address a set of this kind is keyed by against that set.
+///
+/// The chaddr key is read from IPv4 packets only (`meta nfproto ipv4`; in the netdev family, where nfproto is
+/// netdev, `meta protocol ip`): `@th,288,48` is BOOTP's chaddr, while in a DHCPv6 message the same six bytes are
+/// whatever option sits there — in a SOLICIT with IA_NA first, the MAC of a DUID-LL, which a client chooses
+/// freely. DHCPv6 is identified by its Ethernet source alone (architecture.md).
+fn match_key(side: Side, kind: SetKind) -> [Stmt; 2] {
+    let set = kind.name().to_string();
+    match (kind.is_chaddr(), side) {
+        (true, Side::Requests) => [Stmt::NfprotoIpv4, Stmt::ChaddrIn { set }],
+        (true, Side::Replies) => [Stmt::ProtocolIp, Stmt::ChaddrIn { set }],
+        (false, _) => [Stmt::IifTypeEther, Stmt::EtherSaddrIn { set }],
+    }
+}
+
+/// `meta mark set meta mark & ~MASK | MARK`
+fn set_mark(config: &RulesetConfig) -> Stmt {
+    Stmt::SetMark { keep: !config.mask, xor: config.mark }
+}
+
+/// `meta mark set meta mark & ~MASK`: a reply leaves with ironguard's mark bits cleared, whatever its sender set
+/// (SO_MARK), so only the agent's table can mark it for the guard.
+fn clear_mark(config: &RulesetConfig) -> Stmt {
+    Stmt::SetMark { keep: !config.mask, xor: 0 }
+}
+
+/// The base chains of `side` (one per hook; the egress chain on the reply side), each with one rule per
+/// interface and port: the DHCP match followed by `then`.
+fn dhcp_chains(
+    side: Side,
+    config: &RulesetConfig,
+    priority: i32,
+    comment: &'static str,
+    then: &[Stmt],
+) -> Vec<BuiltChain> {
+    let ifaces: Vec<Option<&str>> = if config.interfaces.is_empty() || side == Side::Replies {
+        vec![None]
+    } else {
+        config.interfaces.iter().map(|s| Some(s.as_str())).collect()
+    };
+    let mut rules = Vec::new();
+    for iface in &ifaces {
+        for &port in &config.ports {
+            let mut stmts = match_dhcp(side, *iface, port);
+            stmts.extend_from_slice(then);
+            rules.push(BuiltRule { comment, what: crate::rule::text(&stmts), stmts });
+        }
+    }
+    side.base_chains(config)
+        .into_iter()
+        .map(|name| BuiltChain { name, hook: Some((name, priority)), rules: rules.clone() })
+        .collect()
+}
+
+/// The guard's chains of `side`: `[iifname IF] udp dport PORT meta mark & MASK != MARK counter drop`.
+pub fn guard_rules(side: Side, config: &RulesetConfig) -> Vec<BuiltChain> {
+    let then = [Stmt::MarkNot { mask: config.mask, mark: config.mark }, Stmt::Counter, Stmt::Drop];
+    dhcp_chains(side, config, GUARD_PRIORITY, comments::GUARD_DROP, &then)
+}
+
+/// The chains of the agent's table of `side` in a mode, in the order they are created (the order the kernel lists
+/// them): `whitelist`, `blacklist`, `pxe`, then the base chains.
+pub fn owned_rules(side: Side, config: &RulesetConfig, mode: Mode, policy: UnknownMacPolicy) -> Vec<BuiltChain> {
+    let mut chains = mode_chains(side, config, mode, policy);
+    let mut then = vec![Stmt::Counter];
+    if side == Side::Replies {
+        // A reply's mark is the sender's to set (SO_MARK): clear ironguard's bits before the agent decides.
+        then.push(clear_mark(config));
+    }
+    then.push(Stmt::Jump("pxe".into()));
+    chains.extend(dhcp_chains(side, config, OWNED_PRIORITY, comments::DHCP_JUMP, &then));
+    chains
+}
+
+/// The rules of `whitelist`, `blacklist` and `pxe` for a mode and policy. These are the only rules a mode switch
+/// rewrites, so its cost does not depend on the size of the sets.
+fn mode_chains(side: Side, config: &RulesetConfig, mode: Mode, policy: UnknownMacPolicy) -> Vec<BuiltChain> {
+    let rule = |comment: &'static str, stmts: Vec<Stmt>| BuiltRule { comment, what: comment.to_string(), stmts };
+    let sets = side.set_kinds(config);
+    let mut white = Vec::new();
+    if mode == Mode::Leader {
+        for &k in sets.iter().filter(|k| k.is_allow()) {
+            let mut s: Vec<Stmt> = require_lease(side).into();
+            s.extend(match_key(side, k));
+            s.extend([Stmt::Counter, set_mark(config), Stmt::Accept]);
+            white.push(rule(if k.is_chaddr() { comments::ALLOW_CHADDR } else { comments::ALLOW_MAC }, s));
+        }
+    }
+    let mut black = Vec::new();
+    for &k in sets.iter().filter(|k| !k.is_allow()) {
+        let mut s: Vec<Stmt> = match_key(side, k).into();
+        s.extend([Stmt::Counter, Stmt::Drop]);
+        black.push(rule(if k.is_chaddr() { comments::DENY_CHADDR } else { comments::DENY_MAC }, s));
+    }
+    if mode == Mode::Leader && policy == UnknownMacPolicy::Allow {
+        let mut s: Vec<Stmt> = require_lease(side).into();
+        s.extend([Stmt::Counter, set_mark(config), Stmt::Accept]);
+        black.push(rule(comments::PASS, s));
+    }
+    let mut pxe = Vec::new();
+    if mode == Mode::Blocked {
+        pxe.push(rule(comments::BLOCKED, vec![Stmt::Counter, Stmt::Drop]));
+    }
+    pxe.push(rule(comments::TO_WHITELIST, vec![Stmt::Jump("whitelist".into())]));
+    pxe.push(rule(comments::TO_BLACKLIST, vec![Stmt::Jump("blacklist".into())]));
+    pxe.push(rule(comments::NOT_MARKED, vec![Stmt::Counter, Stmt::Drop]));
+    let chain = |name, rules| BuiltChain { name, hook: None, rules };
+    vec![chain("whitelist", white), chain("blacklist", black), chain("pxe", pxe)]
+}
+
+/// The kernel expressions of one rule, in chain `chain`.
+fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
+    let mut rule = Rule::new(chain)?;
+    for s in &r.stmts {
+        rule = match s {
+            Stmt::IifName(name) => {
+                let mut bytes = [0u8; 16];
+                let n = name.len().min(15);
+                bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+                rule.with_expr(Meta::new(MetaType::IifName)).with_expr(Cmp::new(CmpOp::Eq, bytes.to_vec()))
+            }
+            Stmt::Udp => rule.with_expr(Meta::new(MetaType::L4Proto)).with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP])),
+            Stmt::Port { field, port } => rule
+                .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(udp_field(*field))).build())
+                .with_expr(Cmp::new(CmpOp::Eq, port.to_be_bytes().to_vec())),
+            Stmt::PortIn { field, set } => rule
+                .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(udp_field(*field))).build())
+                .with_expr(lookup(set)),
+            Stmt::NfprotoIpv4 => {
+                rule.with_expr(Meta::new(MetaType::NfProto)).with_expr(Cmp::new(CmpOp::Eq, vec![NFPROTO_IPV4]))
+            }
+            Stmt::ProtocolIp => rule
+                .with_expr(Meta::new(MetaType::Protocol))
+                .with_expr(Cmp::new(CmpOp::Eq, ETH_P_IP.to_be_bytes().to_vec())),
+            Stmt::IifTypeEther => rule
+                .with_expr(Meta::new(MetaType::IifType))
+                .with_expr(Cmp::new(CmpOp::Eq, ARPHRD_ETHER.to_ne_bytes().to_vec())),
+            Stmt::EtherSaddrIn { set } => {
+                rule.with_expr(HighLevelPayload::LinkLayer(LLHeaderField::Saddr).build()).with_expr(lookup(set))
+            }
+            Stmt::ChaddrIn { set } => rule
+                .with_expr(
+                    Payload::default()
+                        .with_base(NFT_PAYLOAD_TRANSPORT_HEADER)
+                        .with_offset(CHADDR_OFFSET_BYTES)
+                        .with_len(6u32)
+                        .with_dreg(Register::Reg1),
+                )
+                .with_expr(lookup(set)),
+            Stmt::MarkNot { mask, mark } => rule
+                .with_expr(Meta::new(MetaType::Mark))
+                .with_expr(Bitwise::new(mask.to_ne_bytes().to_vec(), vec![0u8; 4])?)
+                .with_expr(Cmp::new(CmpOp::Neq, mark.to_ne_bytes().to_vec())),
+            Stmt::SetMark { keep, xor } => rule
+                .with_expr(Meta::new(MetaType::Mark))
+                .with_expr(Bitwise::new(keep.to_ne_bytes().to_vec(), xor.to_ne_bytes().to_vec())?)
+                .with_expr(Meta::default().with_key(MetaType::Mark).with_sreg(Register::Reg1)),
+            Stmt::Counter => rule.with_expr(Counter::default()),
+            Stmt::Accept => rule.with_expr(Immediate::new_verdict(VerdictKind::Accept)),
+            Stmt::Drop => rule.with_expr(Immediate::new_verdict(VerdictKind::Drop)),
+            Stmt::Jump(c) => rule.with_expr(Immediate::new_verdict(VerdictKind::Jump { chain: c.clone() })),
+            Stmt::Unknown(what) => {
+                return Err(NftError::Decode(format!("cannot build an unknown statement ({what})")));
+            }
+        };
+    }
+    Ok(rule.with_userdata(comment_udata(r.comment)))
+}
+
+fn udp_field(f: PortField) -> UDPHeaderField {
+    match f {
+        PortField::Dport => UDPHeaderField::Dport,
+        PortField::Sport => UDPHeaderField::Sport,
+    }
+}
+
+/// A lookup in a set of the same table, by name (the kernel also finds a set created earlier in the same
+/// transaction by name).
+fn lookup(set: &str) -> Lookup {
+    Lookup::default().with_set(set).with_sreg(Register::Reg1)
+}
+
+/// Adds the rules of `chains` (already created) of table `t`, in order.
+fn add_rules(tx: &mut Tx, side: Side, t: &Table, chains: &[BuiltChain]) -> Result<(), NftError> {
+    let fam = side.family_name();
+    let name = t.get_name().map(String::as_str).unwrap_or_default().to_string();
+    for c in chains {
+        let chain = regular_chain(t, c.name);
+        for r in &c.rules {
+            tx.rule(
+                &build_rule(&chain, r)?,
+                MsgType::Add,
+                format!("rule \"{}\" in chain {fam} {name} {}", r.what, c.name),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Creates the base chains of `side` in table `t` and adds their rules.
 fn add_base_chains(
     tx: &mut Tx,
     side: Side,
     t: &Table,
     config: &RulesetConfig,
-    priority: i32,
-    comment: &str,
-    build: &dyn Fn(Rule) -> Result<Rule, NftError>,
+    chains: &[BuiltChain],
 ) -> Result<(), NftError> {
     let fam = side.family_name();
-    let verb = if comment == comments::GUARD_DROP { "unmarked drop" } else { "jump pxe" };
     let name = t.get_name().map(String::as_str).unwrap_or_default().to_string();
-    let chains: Vec<(Chain, &str)> = match side {
-        Side::Requests => {
-            let mut v = Vec::new();
-            for &h in &config.hooks {
-                let chain = base_chain(t, h, priority);
-                tx.chain(&chain, MsgType::Add, format!("base chain {fam} {name} {}", h.chain_name()));
-                v.push((chain, h.chain_name()));
+    for c in chains {
+        let Some((_, priority)) = c.hook else { continue };
+        match side {
+            Side::Requests => {
+                let h = config
+                    .hooks
+                    .iter()
+                    .copied()
+                    .find(|h| h.chain_name() == c.name)
+                    .ok_or_else(|| NftError::Decode(format!("no hook for base chain {}", c.name)))?;
+                tx.chain(&base_chain(t, h, priority), MsgType::Add, format!("base chain {fam} {name} {}", c.name));
             }
-            v
-        }
-        Side::Replies => {
-            tx.raw(
+            Side::Replies => tx.raw(
                 egress_chain_message(&name, &config.egress_interfaces, priority),
                 format!(
                     "base chain {fam} {name} {EGRESS_CHAIN} (hook egress, devices {:?}; needs Linux 5.16 or later)",
                     config.egress_interfaces
                 ),
-            );
-            vec![(regular_chain(t, EGRESS_CHAIN), EGRESS_CHAIN)]
-        }
-    };
-    for (chain, cname) in chains {
-        for (rule, what) in dhcp_rules(side, &chain, config, build)? {
-            tx.rule(
-                &with_comment(rule, comment),
-                MsgType::Add,
-                format!("rule \"{what} {verb}\" in chain {fam} {name} {cname}"),
-            );
+            ),
         }
     }
-    Ok(())
+    add_rules(tx, side, t, chains)
 }
 
 fn regular_chain(t: &Table, name: &str) -> Chain {
@@ -596,178 +823,6 @@ fn nla_header(buf: &mut Vec<u8>, len: usize, ty: u16) {
     buf.extend_from_slice(&ty.to_ne_bytes());
 }
 
-fn with_comment(rule: Rule, comment: &str) -> Rule {
-    rule.with_userdata(comment_udata(comment))
-}
-
-/// The UDP port that identifies DHCP traffic on a side: the destination of a request, the source of a reply.
-fn udp_port_field(side: Side) -> UDPHeaderField {
-    match side {
-        Side::Requests => UDPHeaderField::Dport,
-        Side::Replies => UDPHeaderField::Sport,
-    }
-}
-
-/// Requests: `[iifname IF] udp dport PORT`. Replies: `udp sport PORT` (the chain is bound to its devices).
-fn match_dhcp(side: Side, mut rule: Rule, iface: Option<&str>, port: u16) -> Rule {
-    if let Some(name) = iface {
-        let mut bytes = [0u8; 16];
-        bytes[..name.len()].copy_from_slice(name.as_bytes());
-        rule = rule.with_expr(Meta::new(MetaType::IifName)).with_expr(Cmp::new(CmpOp::Eq, bytes.to_vec()));
-    }
-    rule.with_expr(Meta::new(MetaType::L4Proto))
-        .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
-        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(udp_port_field(side))).build())
-        .with_expr(Cmp::new(CmpOp::Eq, port.to_be_bytes().to_vec()))
-}
-
-/// `udp dport @lease` (replies: `udp sport @lease`): the rule matches only while the lease element of the packet's
-/// port has not expired.
-fn require_lease(side: Side, rule: Rule) -> Result<Rule, NftError> {
-    Ok(rule
-        .with_expr(Meta::new(MetaType::L4Proto))
-        .with_expr(Cmp::new(CmpOp::Eq, vec![IPPROTO_UDP]))
-        .with_expr(HighLevelPayload::Transport(TransportHeaderField::Udp(udp_port_field(side))).build())
-        .with_expr(Lookup::new(&lease_set_object(side, false))?))
-}
-
-/// Loads the address a set of this kind is keyed by into register 1.
-///
-/// The chaddr key is read from IPv4 packets only (`meta nfproto ipv4`; in the netdev family, where nfproto is
-/// netdev, `meta protocol ip`): `@th,288,48` is BOOTP's chaddr, while in a DHCPv6 message the same six bytes are
-/// whatever option sits there — in a SOLICIT with IA_NA first, the MAC of a DUID-LL, which a client chooses
-/// freely. DHCPv6 is identified by its Ethernet source alone (architecture.md).
-fn load_key(side: Side, rule: Rule, kind: SetKind) -> Rule {
-    if kind.is_chaddr() {
-        let rule = match side {
-            Side::Requests => {
-                rule.with_expr(Meta::new(MetaType::NfProto)).with_expr(Cmp::new(CmpOp::Eq, vec![NFPROTO_IPV4]))
-            }
-            Side::Replies => rule
-                .with_expr(Meta::new(MetaType::Protocol))
-                .with_expr(Cmp::new(CmpOp::Eq, ETH_P_IP.to_be_bytes().to_vec())),
-        };
-        rule.with_expr(
-            Payload::default()
-                .with_base(NFT_PAYLOAD_TRANSPORT_HEADER)
-                .with_offset(CHADDR_OFFSET_BYTES)
-                .with_len(6u32)
-                .with_dreg(Register::Reg1),
-        )
-    } else {
-        rule.with_expr(Meta::new(MetaType::IifType))
-            .with_expr(Cmp::new(CmpOp::Eq, ARPHRD_ETHER.to_ne_bytes().to_vec()))
-            .with_expr(HighLevelPayload::LinkLayer(LLHeaderField::Saddr).build())
-    }
-}
-
-fn lookup(side: Side, kind: SetKind) -> Result<Lookup, NftError> {
-    // By name: the kernel finds a set created earlier in the same transaction by name as well.
-    Ok(Lookup::new(&set_object(side, kind, false))?)
-}
-
-/// `meta mark set meta mark & ~MASK | MARK`
-fn set_mark(rule: Rule, config: &RulesetConfig) -> Result<Rule, NftError> {
-    Ok(rule
-        .with_expr(Meta::new(MetaType::Mark))
-        .with_expr(Bitwise::new((!config.mask).to_ne_bytes().to_vec(), config.mark.to_ne_bytes().to_vec())?)
-        .with_expr(Meta::default().with_key(MetaType::Mark).with_sreg(Register::Reg1)))
-}
-
-/// `meta mark set meta mark & ~MASK`: a reply leaves with ironguard's mark bits cleared, whatever its sender set
-/// (SO_MARK), so only the agent's table can mark it for the guard.
-fn clear_mark(rule: Rule, config: &RulesetConfig) -> Result<Rule, NftError> {
-    Ok(rule
-        .with_expr(Meta::new(MetaType::Mark))
-        .with_expr(Bitwise::new((!config.mask).to_ne_bytes().to_vec(), vec![0u8; 4])?)
-        .with_expr(Meta::default().with_key(MetaType::Mark).with_sreg(Register::Reg1)))
-}
-
-fn verdict(rule: Rule, v: VerdictKind) -> Rule {
-    rule.with_expr(Immediate::new_verdict(v))
-}
-
-fn counter(rule: Rule) -> Rule {
-    rule.with_expr(Counter::default())
-}
-
-/// The DHCP-matching rules of one base chain, each ending with `verdict`.
-fn dhcp_rules(
-    side: Side,
-    chain: &Chain,
-    config: &RulesetConfig,
-    build: &dyn Fn(Rule) -> Result<Rule, NftError>,
-) -> Result<Vec<(Rule, String)>, NftError> {
-    let ifaces: Vec<Option<&str>> = if config.interfaces.is_empty() || side == Side::Replies {
-        vec![None]
-    } else {
-        config.interfaces.iter().map(|s| Some(s.as_str())).collect()
-    };
-    let dir = if side == Side::Replies { "sport" } else { "dport" };
-    let mut out = Vec::new();
-    for iface in &ifaces {
-        for &port in &config.ports {
-            let rule = build(match_dhcp(side, Rule::new(chain)?, *iface, port))?;
-            let what = match iface {
-                Some(i) => format!("iifname {i} udp {dir} {port}"),
-                None => format!("udp {dir} {port}"),
-            };
-            out.push((rule, what));
-        }
-    }
-    Ok(out)
-}
-
-/// The rules of `pxe`, `whitelist` and `blacklist` for a mode and policy. These are the only rules a mode switch
-/// rewrites, so its cost does not depend on the size of the sets.
-fn mode_rules(
-    tx: &mut Tx,
-    side: Side,
-    config: &RulesetConfig,
-    mode: Mode,
-    policy: UnknownMacPolicy,
-) -> Result<(), NftError> {
-    let t = table(side, OWNED_TABLE);
-    let fam = side.family_name();
-    let pxe = regular_chain(&t, "pxe");
-    let white = regular_chain(&t, "whitelist");
-    let black = regular_chain(&t, "blacklist");
-    let sets = side.set_kinds(config);
-    let add = |tx: &mut Tx, rule: Rule, chain: &str, comment: &str| {
-        tx.rule(
-            &with_comment(rule, comment),
-            MsgType::Add,
-            format!("rule \"{comment}\" in chain {fam} {OWNED_TABLE} {chain}"),
-        );
-    };
-
-    if mode == Mode::Blocked {
-        add(tx, verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop), "pxe", comments::BLOCKED);
-    }
-    add(tx, verdict(Rule::new(&pxe)?, VerdictKind::Jump { chain: "whitelist".into() }), "pxe", comments::TO_WHITELIST);
-    add(tx, verdict(Rule::new(&pxe)?, VerdictKind::Jump { chain: "blacklist".into() }), "pxe", comments::TO_BLACKLIST);
-    add(tx, verdict(counter(Rule::new(&pxe)?), VerdictKind::Drop), "pxe", comments::NOT_MARKED);
-
-    if mode == Mode::Leader {
-        for &k in sets.iter().filter(|k| k.is_allow()) {
-            let r = load_key(side, require_lease(side, Rule::new(&white)?)?, k).with_expr(lookup(side, k)?);
-            let r = verdict(set_mark(counter(r), config)?, VerdictKind::Accept);
-            let c = if k.is_chaddr() { comments::ALLOW_CHADDR } else { comments::ALLOW_MAC };
-            add(tx, r, "whitelist", c);
-        }
-    }
-    for &k in sets.iter().filter(|k| !k.is_allow()) {
-        let r = load_key(side, Rule::new(&black)?, k).with_expr(lookup(side, k)?);
-        let c = if k.is_chaddr() { comments::DENY_CHADDR } else { comments::DENY_MAC };
-        add(tx, verdict(counter(r), VerdictKind::Drop), "blacklist", c);
-    }
-    if mode == Mode::Leader && policy == UnknownMacPolicy::Allow {
-        let r = verdict(set_mark(counter(require_lease(side, Rule::new(&black)?)?), config)?, VerdictKind::Accept);
-        add(tx, r, "blacklist", comments::PASS);
-    }
-    Ok(())
-}
-
 /// Rebuilds the agent's tables (one per side the configuration uses) in one transaction: create (no-op if
 /// present), delete, create, then sets, elements, chains and rules. Packets see either the old tables or the new
 /// ones, never a mix.
@@ -802,18 +857,13 @@ fn full_owned_side(tx: &mut Tx, side: Side, s: &DesiredState, lease_ms: u64) -> 
     if lease_ms > 0 {
         lease_add(tx, side, &s.config.ports, lease_ms);
     }
-    for name in ["whitelist", "blacklist", "pxe"] {
-        tx.chain(&regular_chain(&t, name), MsgType::Add, format!("chain {fam} {OWNED_TABLE} {name}"));
+    let chains = owned_rules(side, &s.config, s.mode, s.unknown_mac_policy);
+    for c in chains.iter().filter(|c| c.hook.is_none()) {
+        tx.chain(&regular_chain(&t, c.name), MsgType::Add, format!("chain {fam} {OWNED_TABLE} {}", c.name));
     }
-    mode_rules(tx, side, &s.config, s.mode, s.unknown_mac_policy)?;
-    let config = &s.config;
-    let jump = |r: Rule| -> Result<Rule, NftError> {
-        let r = counter(r);
-        // A reply's mark is the sender's to set (SO_MARK): clear ironguard's bits before the agent decides.
-        let r = if side == Side::Replies { clear_mark(r, config)? } else { r };
-        Ok(verdict(r, VerdictKind::Jump { chain: "pxe".into() }))
-    };
-    add_base_chains(tx, side, &t, &s.config, OWNED_PRIORITY, comments::DHCP_JUMP, &jump)
+    let (base, regular): (Vec<BuiltChain>, Vec<BuiltChain>) = chains.into_iter().partition(|c| c.hook.is_some());
+    add_rules(tx, side, &t, &regular)?;
+    add_base_chains(tx, side, &t, &s.config, &base)
 }
 
 /// Flushes and rebuilds the mode-dependent rules.
@@ -829,7 +879,7 @@ pub(crate) fn switch_mode(config: &RulesetConfig, mode: Mode, policy: UnknownMac
                 format!("flush chain {} {OWNED_TABLE} {name}", side.family_name()),
             );
         }
-        mode_rules(&mut tx, side, config, mode, policy)?;
+        add_rules(&mut tx, side, &t, &mode_chains(side, config, mode, policy))?;
     }
     Ok(tx)
 }
@@ -1000,14 +1050,7 @@ pub(crate) fn guard_install(config: &RulesetConfig, flags: u32, existing: GuardF
         }
         let t = table(side, GUARD_TABLE).with_flags(flags);
         tx.table(&t, MsgType::Add, format!("table {fam} {GUARD_TABLE} (flags {flags:#x})"));
-        let drop_unmarked = |r: Rule| -> Result<Rule, NftError> {
-            let r = r
-                .with_expr(Meta::new(MetaType::Mark))
-                .with_expr(Bitwise::new(config.mask.to_ne_bytes().to_vec(), vec![0u8; 4])?)
-                .with_expr(Cmp::new(CmpOp::Neq, config.mark.to_ne_bytes().to_vec()));
-            Ok(verdict(counter(r), VerdictKind::Drop))
-        };
-        add_base_chains(&mut tx, side, &t, config, GUARD_PRIORITY, comments::GUARD_DROP, &drop_unmarked)?;
+        add_base_chains(&mut tx, side, &t, config, &guard_rules(side, config))?;
     }
     Ok(tx)
 }
@@ -1042,7 +1085,7 @@ pub(crate) fn add_invalid_object(tx: &mut Tx) -> Result<(), NftError> {
     let t = table(Side::Requests, OWNED_TABLE);
     let chain = regular_chain(&t, "ironguard-fault-injection");
     tx.rule(
-        &verdict(Rule::new(&chain)?, VerdictKind::Drop),
+        &Rule::new(&chain)?.with_expr(Immediate::new_verdict(VerdictKind::Drop)),
         MsgType::Add,
         format!("rule in chain inet {OWNED_TABLE} ironguard-fault-injection (injected fault)"),
     );
