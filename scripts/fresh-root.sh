@@ -1,69 +1,166 @@
 #!/usr/bin/env bash
-# The README's two commands on a brand-new Debian 12: builds a minimal Debian 12 root with mmdebstrap
-# (--variant=minbase, nothing but apt and the essentials), copies this checkout into it, and runs there, as root:
-#   1. ./scripts/test.sh --build-only   the test command's install step and build
-#   2. ./scripts/demo.sh                the demo: install step, debug build of the binaries, the whole demo
+# The README's two commands on a brand-new Debian: builds a minimal root with mmdebstrap (--variant=minbase,
+# nothing but apt and the essentials), and runs there, as root:
+#   1. scripts/install-deps.sh          the install step of both commands (every system package they need)
+#   2. ./scripts/test.sh --build-only   the test command's install step and build
+#   3. ./scripts/demo.sh                the demo: install step, build, the whole demo
 # A package that install-deps.sh forgets makes one of them fail here even when this machine already has it.
 # Then, in the same root, scripts/package.sh makes the Debian packages from that build and apt installs them, and
 # scripts/systemd-check.sh boots the root with systemd-nspawn and checks the packaged units under a real systemd
 # (readiness, privileges, watchdog, guard across restarts and a reboot) with real DHCP traffic.
 #
-# Only the Rust toolchain (~/.rustup, ~/.cargo/bin, read-only) and cargo's download cache (~/.cargo/registry)
-# are bound in from this machine, as the machine image ships them; everything else the root gets from
-# install-deps.sh. Everything runs in a private mount namespace, so no bind mount outlives the run, and the root
-# is deleted at the end (kept with IRONGUARD_KEEP_ROOT=1).
+# What the root reuses from this machine's build (target/debug, which must be built first, as scripts/test.sh
+# does), and why that proves the same: pure Rust crates compiled by the same rustc give the same output on any
+# distribution, so they are taken from an overlay of this machine's target/debug. Everything that touches the
+# system is done again in the root:
+#   - every crate whose build runs a system tool (a C compiler, libclang through bindgen, protoc: found from
+#     `cargo metadata`, e.g. ring, rustables, etcd-client, ironguard-proto) has its build script run from scratch
+#     (`cargo check` in a second overlay), so a missing -dev package or compiler fails here;
+#   - every binary of the workspace is compiled and linked again in the root (its C library, its linker);
+#   - the Python environment of the real Ironic is made in the root (pip's download cache is shared).
+# The checkout is copied (as a clean clone would hold it) to the same absolute path in the root as here, so the
+# build's fingerprints match; the Rust toolchain (~/.rustup, ~/.cargo/bin, read-only) and cargo's download cache
+# are bound in from this machine, as the machine image ships them.
+#
+#   scripts/fresh-root.sh [--suite bookworm] [bootstrap DIR | run DIR]
+# Without a phase: both, in a temporary directory deleted at the end (kept with IRONGUARD_KEEP_ROOT=1).
+# `bootstrap DIR` makes the root and runs the install step (network and disk, little CPU: scripts/test.sh runs it
+# beside the build); `run DIR` does the rest. Everything runs in a private mount namespace, so no mount outlives it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
 
-for tool in mmdebstrap unshare chroot; do
-  command -v "$tool" >/dev/null || { echo "fresh-root: $tool is missing (scripts/test.sh installs mmdebstrap)" >&2; exit 1; }
+suite=bookworm
+if [ "${1:-}" = --suite ]; then suite=$2; shift 2; fi
+phase=${1:-all}
+case "$suite" in
+  bookworm) mirrors=("deb http://deb.debian.org/debian bookworm main" "deb http://deb.debian.org/debian bookworm-updates main"
+    "deb http://deb.debian.org/debian-security bookworm-security main") ;;
+  *) echo "fresh-root: unknown suite $suite" >&2; exit 2 ;;
+esac
+
+for tool in mmdebstrap unshare chroot jq; do
+  command -v "$tool" >/dev/null || { echo "fresh-root: $tool is missing (scripts/install-deps.sh installs it)" >&2; exit 1; }
 done
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
 rustup_home=${RUSTUP_HOME:-$HOME/.rustup}
 [ -x "$cargo_home/bin/cargo" ] && [ -d "$rustup_home/toolchains" ] ||
   { echo "fresh-root: no rustup toolchain in $cargo_home / $rustup_home to bind into the root" >&2; exit 1; }
-mkdir -p "$cargo_home/registry"
+mkdir -p "$cargo_home/registry" "$HOME/.cache/pip"
 
-base=$(mktemp -d "${TMPDIR:-/tmp}/ironguard-fresh-root.XXXXXX")
+case "$phase" in
+  all)
+    base=$(mktemp -d "${TMPDIR:-/tmp}/ironguard-fresh-root.XXXXXX")
+    cleanup() {
+      local rc=$?
+      if [ "${IRONGUARD_KEEP_ROOT:-0}" = 1 ]; then echo "fresh-root: kept $base"; else rm -rf --one-file-system "$base"; fi
+      exit $rc
+    }
+    trap cleanup EXIT
+    "$0" --suite "$suite" bootstrap "$base"
+    "$0" --suite "$suite" run "$base"
+    exit 0
+    ;;
+  bootstrap | run) base=${2:?usage: scripts/fresh-root.sh [--suite S] [bootstrap DIR | run DIR]} ;;
+  *) echo "usage: scripts/fresh-root.sh [--suite S] [bootstrap DIR | run DIR]" >&2; exit 2 ;;
+esac
+base=$(cd "$base" && pwd)
 root=$base/root
-cleanup() {
-  local rc=$?
-  # The mounts lived in the private mount namespace of the run below and died with it; --one-file-system is a
-  # second guard against deleting through a bind mount.
-  if [ "${IRONGUARD_KEEP_ROOT:-0}" = 1 ]; then echo "fresh-root: kept $root"; else rm -rf --one-file-system "$base"; fi
-  exit $rc
-}
-trap cleanup EXIT
-
-echo "== fresh Debian 12 root: mmdebstrap --variant=minbase bookworm"
 t0=$(date +%s)
-mmdebstrap --quiet --variant=minbase --mode=root bookworm "$root" \
-  "deb http://deb.debian.org/debian bookworm main" \
-  "deb http://deb.debian.org/debian bookworm-updates main" \
-  "deb http://deb.debian.org/debian-security bookworm-security main"
-cp /etc/resolv.conf "$root/etc/resolv.conf"
-# This machine's network: the certificate authorities it trusts locally (e.g. an egress proxy's) and the variables
-# that point TLS clients at the trust store. Not an install step of ironguard's; ca-certificates (installed by
-# install-deps.sh in the root) adds these to the root's bundle.
-if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
-  mkdir -p "$root/usr/local/share/ca-certificates"
-  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
-fi
-tls_env=()
-for v in SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE PIP_CERT CURL_CA_BUNDLE PIP_INDEX_URL PIP_EXTRA_INDEX_URL \
-  http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
-  [ -n "${!v:-}" ] && tls_env+=("$v=${!v}")
-done
 
-# This checkout as a clean clone would hold it (tracked and new, not ignored, files; the working tree's contents).
-mkdir -p "$root/root/ironguard"
-git ls-files -z --cached --others --exclude-standard | xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
-  tar --null -T - -cf - | tar -xf - -C "$root/root/ironguard"
+# Runs the script $1 in the root, in a private mount namespace: the system mounts, the toolchain, the checkout at
+# this machine's path, and (phase run) target/debug as an overlay of this machine's, with a second overlay for the
+# native build steps at /root/native-target/debug.
+in_root() {
+  local inner=$1 tls_env=() v
+  for v in SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE PIP_CERT CURL_CA_BUNDLE PIP_INDEX_URL PIP_EXTRA_INDEX_URL \
+    http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
+    [ -n "${!v:-}" ] && tls_env+=("$v=${!v}")
+  done
+  unshare --mount --propagation private -- bash -euo pipefail -c '
+    base=$1 root=$2 src=$3 cargo_home=$4 rustup_home=$5 phase=$6 inner=$7
+    # The root as a mount point of its own: `ip netns exec` remounts / as a slave, which needs one.
+    mount --bind "$root" "$root"
+    mount -t proc proc "$root/proc"
+    mount --rbind /sys "$root/sys"
+    mount --rbind /dev "$root/dev"
+    mount -t tmpfs tmpfs "$root/run"
+    mount -t tmpfs tmpfs "$root/tmp"
+    mkdir -p "$root/root/.rustup" "$root/root/.cargo/bin" "$root/root/.cargo/registry" "$root/root/.cache/pip" "$root$src"
+    mount --bind "$rustup_home" "$root/root/.rustup" && mount -o remount,bind,ro "$root/root/.rustup"
+    mount --bind "$cargo_home/bin" "$root/root/.cargo/bin" && mount -o remount,bind,ro "$root/root/.cargo/bin"
+    mount --bind "$cargo_home/registry" "$root/root/.cargo/registry"
+    mount --bind "$HOME/.cache/pip" "$root/root/.cache/pip"
+    mount --bind "$base/checkout" "$root$src"
+    if [ "$phase" = run ]; then
+      mkdir -p "$base/checkout/target/debug" "$base/target"/{upper,work} "$base/native"/{upper,work} \
+        "$root/root/native-target/debug"
+      mount -t overlay overlay -o "lowerdir=$src/target/debug,upperdir=$base/target/upper,workdir=$base/target/work" \
+        "$root$src/target/debug"
+      mount -t overlay overlay -o "lowerdir=$src/target/debug,upperdir=$base/native/upper,workdir=$base/native/work" \
+        "$root/root/native-target/debug"
+    fi
+    shift 7
+    exec chroot "$root" /usr/bin/env -i TERM=dumb CI="${CI:-}" SRC="$src" "$@" /bin/bash -c "$inner"
+  ' fresh-root "$base" "$root" "$src" "$cargo_home" "$rustup_home" "$phase" "$inner" "${tls_env[@]}"
+}
 
-inner='set -euo pipefail
+if [ "$phase" = bootstrap ]; then
+  echo "== fresh Debian root ($suite): mmdebstrap --variant=minbase"
+  mmdebstrap --quiet --variant=minbase --mode=root "$suite" "$root" "${mirrors[@]}"
+  cp /etc/resolv.conf "$root/etc/resolv.conf"
+  # This machine's network: the certificate authorities it trusts locally (e.g. an egress proxy's) and the variables
+  # that point TLS clients at the trust store. Not an install step of ironguard's; ca-certificates (installed by
+  # install-deps.sh in the root) adds these to the root's bundle.
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$root/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+  fi
+  # This checkout as a clean clone would hold it (tracked and new, not ignored, files; the working tree's contents).
+  mkdir -p "$base/checkout"
+  git ls-files -z --cached --others --exclude-standard | xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
+    tar --null -T - -cf - | tar -xf - -C "$base/checkout"
+  echo "== [fresh root] the install step (scripts/install-deps.sh) ($(($(date +%s) - t0)) s so far)"
+  in_root 'set -euo pipefail
 export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-cd /root/ironguard
+cd "$SRC"
+./scripts/install-deps.sh'
+  echo "== fresh root ($suite): bootstrapped in $(($(date +%s) - t0)) s"
+  exit 0
+fi
+
+[ -d "$src/target/debug/deps" ] || { echo "fresh-root: build target/debug first (scripts/test.sh does)" >&2; exit 1; }
+echo "== [fresh root] the README's commands ($suite)"
+in_root 'set -euo pipefail
+export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+cd "$SRC"
+source scripts/cargo-env.sh
+t=$(date +%s)
+# The crates whose build runs a system tool, built from scratch here.
+native=$(cargo metadata --locked --format-version 1 | jq -r '"'"'
+  .packages[] | select(any(.dependencies[]; .kind == "build" and (.optional | not) and
+    (.name | IN("cc", "bindgen", "prost-build", "tonic-prost-build", "tonic-build", "pkg-config", "cmake"))))
+  | .name'"'"' | sort -u)
+[ -n "$native" ] || { echo "fresh-root: found no crate with a native build step" >&2; exit 1; }
+members=$(cargo metadata --locked --no-deps --format-version 1 | jq -r '"'"'.packages[].name'"'"')
+deps=() own=()
+for p in $native; do
+  if grep -qx "$p" <<<"$members"; then own+=(-p "$p"); else deps+=(-p "$p"); fi
+done
+echo "== [fresh root] crates with native build steps, built from scratch: "$native
+export CARGO_TARGET_DIR=/root/native-target
+cargo clean --locked "${deps[@]}" "${own[@]}"
+# `cargo check` runs their build scripts in full (the C compiler, bindgen with libclang, protoc); linking is proven
+# by the binaries below. Dependencies and workspace members in separate runs: cargo resolves `-p` of a member
+# within that member alone.
+[ "${#deps[@]}" = 0 ] || cargo check --locked "${deps[@]}"
+[ "${#own[@]}" = 0 ] || cargo check --locked "${own[@]}"
+unset CARGO_TARGET_DIR
+echo "== [fresh root] native build steps done ($(($(date +%s) - t)) s)"
+# Every binary of the workspace compiled and linked again here.
+for b in $(cargo metadata --locked --no-deps --format-version 1 | jq -r '"'"'.packages[].targets[] | select(any(.kind[]; . == "bin")) | .name'"'"'); do
+  rm -f "target/debug/$b" target/debug/deps/"${b//-/_}"-*
+done
 echo "== [fresh root] the test command: install step and build"
 ./scripts/test.sh --build-only
 echo "== [fresh root] the demo"
@@ -72,26 +169,9 @@ echo "== [fresh root] the Debian packages of this build (scripts/package.sh), in
 t=$(date +%s)
 ./scripts/package.sh --profile dev --no-build
 apt-get install -y -qq --no-install-recommends ./target/debian/*.deb
+rm -rf /var/cache/ironguard-debs && mkdir -p /var/cache/ironguard-debs && cp target/debian/*.deb /var/cache/ironguard-debs/
 echo "== [fresh root] packages built and installed ($(($(date +%s) - t)) s)"'
-
-echo "== running the README's commands in the fresh root ($(($(date +%s) - t0)) s so far)"
-unshare --mount --propagation private -- bash -euo pipefail -c '
-  root=$1 cargo_home=$2 rustup_home=$3 inner=$4
-  # The root as a mount point of its own: `ip netns exec` remounts / as a slave, which needs one.
-  mount --bind "$root" "$root"
-  mount -t proc proc "$root/proc"
-  mount --rbind /sys "$root/sys"
-  mount --rbind /dev "$root/dev"
-  mount -t tmpfs tmpfs "$root/run"
-  mount -t tmpfs tmpfs "$root/tmp"
-  mkdir -p "$root/root/.rustup" "$root/root/.cargo/bin" "$root/root/.cargo/registry"
-  mount --bind "$rustup_home" "$root/root/.rustup" && mount -o remount,bind,ro "$root/root/.rustup"
-  mount --bind "$cargo_home/bin" "$root/root/.cargo/bin" && mount -o remount,bind,ro "$root/root/.cargo/bin"
-  mount --bind "$cargo_home/registry" "$root/root/.cargo/registry"
-  shift 4
-  exec chroot "$root" /usr/bin/env -i TERM=dumb CI="${CI:-}" "$@" /bin/bash -c "$inner"
-' fresh-root "$root" "$cargo_home" "$rustup_home" "$inner" "${tls_env[@]}"
-echo "== fresh root: the README's commands passed, the packages are installed ($(($(date +%s) - t0)) s)"
+echo "== fresh root ($suite): the README's commands passed, the packages are installed ($(($(date +%s) - t0)) s)"
 # The same root booted under systemd-nspawn: the packages' units under a real systemd, with real DHCP traffic.
-scripts/systemd-check.sh "$root" /root/ironguard/target/debian
-echo "== fresh root: passed ($(($(date +%s) - t0)) s)"
+scripts/systemd-check.sh "$root" /var/cache/ironguard-debs
+echo "== fresh root ($suite): passed ($(($(date +%s) - t0)) s)"

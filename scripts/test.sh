@@ -1,53 +1,128 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it (as root): installs what it needs, builds, lints, runs unit, integration and
-# privileged end-to-end tests (network namespaces, real nftables, dnsmasq, udhcpc, etcd, a real Ironic 39), a
-# benchmark smoke run, and finally the README's two commands in a brand-new Debian 12 root (scripts/fresh-root.sh),
-# which proves the install step is complete.
+# The whole test suite, as CI runs it (as root): installs what it needs, builds with clippy's lints, runs unit,
+# integration and privileged end-to-end tests in one pool (cargo-nextest: network namespaces, real nftables,
+# dnsmasq, udhcpc, ISC dhcpd, etcd, a real Ironic 39), the tests that boot a stock Debian kernel under qemu, a
+# benchmark smoke run, and the README's two commands in a brand-new Debian 12 root (scripts/fresh-root.sh), which
+# proves the install step is complete. Independent stages run side by side; the table at the end gives each
+# stage's start and duration (also in target/ci/stages.txt).
 #   --build-only   install and build only (what the fresh root runs for this command)
 #   IRONGUARD_SKIP_FRESH_ROOT=1 skips the fresh-root stage (for a quick local run; CI never sets it)
+#   IRONGUARD_FAULT_ROUNDS     rounds per fault in the fault matrix (1 here; `ironguard-bench ha` repeats them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
-stage() { echo "== $* (at $(($(date +%s) - T0)) s)"; }
-source scripts/install-deps.sh
-[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+CI_DIR=$PWD/target/ci
+STAGES=()   # "name|start|end|status"
+now() { echo $(($(date +%s) - T0)); }
+stage() { echo "== $1 (at $(now) s)"; }
+# Runs a stage in the foreground and records its time.
+run_stage() {
+  local name=$1 start rc=0
+  shift
+  start=$(now)
+  stage "$name"
+  "$@" || rc=$?
+  STAGES+=("$name|$start|$(now)|$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")")
+  return "$rc"
+}
+# Starts a stage in the background; its output goes to target/ci/<id>.log and is printed when it is awaited.
+declare -A BG_PID BG_NAME BG_START
+bg_stage() {
+  local id=$1 name=$2
+  shift 2
+  stage "$name: started in the background (target/ci/$id.log)"
+  BG_NAME[$id]=$name
+  BG_START[$id]=$(now)
+  "$@" >"$CI_DIR/$id.log" 2>&1 &
+  BG_PID[$id]=$!
+}
+await_stage() {
+  local id=$1 rc=0
+  wait "${BG_PID[$id]}" || rc=$?
+  echo "== ${BG_NAME[$id]}: output"
+  cat "$CI_DIR/$id.log"
+  STAGES+=("${BG_NAME[$id]}|${BG_START[$id]}|$(now)|$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")")
+  unset "BG_PID[$id]"
+  return "$rc"
+}
+print_stages() {
+  {
+    echo
+    echo "| stage | start (s) | end (s) | duration (s) | result |"
+    echo "|---|---:|---:|---:|---|"
+    local s name start end status
+    for s in "${STAGES[@]}"; do
+      IFS='|' read -r name start end status <<<"$s"
+      echo "| $name | $start | $end | $((end - start)) | $status |"
+    done
+    echo "| **whole run** | 0 | $(now) | $(now) | |"
+  } | tee "$CI_DIR/stages.txt"
+}
+finish() {
+  local rc=$?
+  for id in "${!BG_PID[@]}"; do kill "${BG_PID[$id]}" 2>/dev/null || true; done
+  [ "${BUILD_ONLY:-0}" = 1 ] || print_stages
+  exit "$rc"
+}
 
-stage "build"
-cargo build --workspace --all-targets --locked
-if [ "${1:-}" = --build-only ]; then stage "build only: done"; exit 0; fi
-stage "clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-stage "the real Ironic 39 for the end-to-end tests (cached Python environment)"
-scripts/ironic-venv.sh >/dev/null
-stage "unit, integration and end-to-end tests (network namespaces: real kernel, dnsmasq, udhcpc, etcd, Ironic 39)"
-# One invocation for the whole workspace (no second build with other features). The end-to-end tests mostly wait
-# on DHCP timeouts and leases, so more threads than cores.
-# The tests that boot a Debian 12 kernel under qemu (tests/netns/tests/debian_kernel.rs: emulated CPU, minutes, no
-# timing assertions) run later, beside the fresh root, where much of the time is spent downloading and waiting.
-cargo test --workspace --locked -- --test-threads 8 --skip in_a_debian_
-guest_tests=$(cargo test --workspace --locked --no-run --message-format=json 2>/dev/null |
-  jq -r 'select(.reason == "compiler-artifact" and .target.name == "debian_kernel") | .executable // empty')
-[ -x "$guest_tests" ] || { echo "test.sh: cannot find the debian_kernel test binary" >&2; exit 1; }
-run_guest_tests() { "$guest_tests" --test-threads 1 in_a_debian_; }
-stage "benchmark smoke run (small sizes; full figures: see docs/benchmarks.md)"
-target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 --backend-sizes 1000 \
-  --json target/bench-smoke/dataplane.json
-if [ "${IRONGUARD_SKIP_FRESH_ROOT:-0}" = 1 ] && [ "${CI:-}" != true ]; then
-  stage "the Debian 12 kernel under qemu: the ipset backend, the egress dataplane before Linux 6.16"
-  run_guest_tests
-  stage "fresh Debian 12 root skipped (IRONGUARD_SKIP_FRESH_ROOT=1)"
+BUILD_ONLY=0
+[ "${1:-}" = --build-only ] && BUILD_ONLY=1
+mkdir -p "$CI_DIR"
+trap finish EXIT
+
+run_stage "install (scripts/install-deps.sh)" source scripts/install-deps.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+source scripts/cargo-env.sh
+if [ "$BUILD_ONLY" = 0 ] && ! cargo nextest --version >/dev/null 2>&1; then
+  # The test runner (one pool across all test binaries); from crates.io when the machine has none.
+  run_stage "install cargo-nextest (crates.io)" cargo install --locked cargo-nextest
+fi
+
+fresh_root=0
+if [ "$BUILD_ONLY" = 0 ] && { [ "${IRONGUARD_SKIP_FRESH_ROOT:-0}" != 1 ] || [ "${CI:-}" = true ]; }; then
+  fresh_root=1
+  FRESH=$(mktemp -d "${TMPDIR:-/tmp}/ironguard-fresh-root.XXXXXX")
+  # Downloading and unpacking Debian needs the network and the disk, hardly the CPU: it runs beside the build.
+  bg_stage fresh-bootstrap "fresh Debian 12 root: mmdebstrap and the install step" \
+    scripts/fresh-root.sh --suite bookworm bootstrap "$FRESH"
+fi
+if [ "$BUILD_ONLY" = 0 ]; then
+  bg_stage venv "the real Ironic 39 (cached Python environment)" scripts/ironic-venv.sh
+fi
+
+if [ "$BUILD_ONLY" = 1 ]; then
+  # What the demo and the packages need; the test targets build from the same crates with nothing more.
+  run_stage "build (bins, clippy's lints as errors)" cargo build --workspace --bins --locked
+  stage "build only: done"
+  exit 0
+fi
+run_stage "build (all targets, clippy's lints as errors)" cargo build --workspace --all-targets --locked
+await_stage venv
+
+if [ "$fresh_root" = 1 ]; then
+  # Both wait on timers and processes more than they compute: beside the tests.
+  bg_stage guest "Debian 12 kernel under qemu: ipset backend, egress before Linux 6.16" \
+    cargo nextest run --profile ci --workspace --locked -E 'binary(debian_kernel)'
+  await_stage fresh-bootstrap
+  bg_stage fresh-run "fresh Debian 12 root: the README's commands, the packages under systemd" \
+    scripts/fresh-root.sh --suite bookworm run "$FRESH"
+fi
+export IRONGUARD_FAULT_ROUNDS=${IRONGUARD_FAULT_ROUNDS:-1}
+if [ "$fresh_root" = 1 ]; then
+  run_stage "tests (cargo nextest, one pool: unit, integration, end-to-end)" \
+    cargo nextest run --profile ci --workspace --locked -E 'not binary(debian_kernel)'
 else
-  stage "the README's two commands in a fresh Debian 12 root; beside it, the Debian 12 kernel under qemu"
-  guest_log=target/debian-kernel-tests.log
-  run_guest_tests >"$guest_log" 2>&1 &
-  guest_pid=$!
-  trap 'kill "$guest_pid" 2>/dev/null' EXIT
-  scripts/fresh-root.sh
-  stage "the Debian 12 kernel under qemu: the ipset backend, the egress dataplane before Linux 6.16"
-  guest_rc=0
-  wait "$guest_pid" || guest_rc=$?
-  trap - EXIT
-  cat "$guest_log"
-  [ "$guest_rc" = 0 ] || { echo "test.sh: the tests in the Debian 12 kernel failed" >&2; exit 1; }
+  run_stage "tests (cargo nextest, one pool: unit, integration, end-to-end, Debian kernel under qemu)" \
+    cargo nextest run --profile ci --workspace --locked
+fi
+run_stage "benchmark smoke run (small sizes; full figures: docs/benchmarks.md)" \
+  target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
+  --backend-sizes 1000 --json target/bench-smoke/dataplane.json
+if [ "$fresh_root" = 1 ]; then
+  await_stage guest
+  await_stage fresh-run
+  rm -rf --one-file-system "$FRESH"
+else
+  stage "fresh Debian 12 root skipped (IRONGUARD_SKIP_FRESH_ROOT=1)"
 fi
 stage "all tests passed"

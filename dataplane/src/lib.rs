@@ -1,5 +1,5 @@
 //! `ironguard-dataplane` — the only ironguard crate that enforces the filter: every dataplane backend behind one trait
-//! (the name is from when nftables was the only one).
+//! (formerly `ironguard-nft`, from when nftables was the only one).
 //!
 //! - [`mac`]: [`MacAddr`], the strict MAC address type every API takes.
 //! - [`model`]: the desired state ([`RulesetConfig`], [`Mode`], [`DesiredState`], [`Delta`]).

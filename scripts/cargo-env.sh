@@ -1,0 +1,16 @@
+# Sourced by scripts/test.sh (and by the fresh root's run of the README's commands): how the test command runs cargo.
+#
+# clippy's lints come with the build itself: clippy-driver (rustc with clippy's lints, a documented drop-in) is the
+# compiler of the workspace's own crates (RUSTC_WORKSPACE_WRAPPER; dependencies are compiled by rustc as usual),
+# with warnings as errors. That is `cargo clippy --workspace --all-targets -- -D warnings` without a second
+# compilation of every crate in check mode. A build without these variables (a developer's `cargo build`) lints
+# nothing and rebuilds the workspace's crates once.
+clippy_driver=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)
+if [ -z "$clippy_driver" ]; then
+  echo "cargo-env: clippy-driver not found (rustup component add clippy)" >&2
+  return 1
+fi
+export RUSTC_WORKSPACE_WRAPPER=$clippy_driver
+export CLIPPY_ARGS=-Dwarnings
+# Builds from scratch (CI, the fresh roots) gain nothing from incremental compilation, and it doubles the disk used.
+export CARGO_INCREMENTAL=0
