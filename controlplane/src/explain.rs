@@ -117,7 +117,11 @@ fn host_verdict(
         ..Default::default()
     };
     if info.stale {
-        v.rule = format!("{} (inet {})", ironguard_dataplane::ruleset::comments::GUARD_DROP, ironguard_dataplane::GUARD_TABLE);
+        v.rule = format!(
+            "{} (inet {})",
+            ironguard_dataplane::ruleset::comments::GUARD_DROP,
+            ironguard_dataplane::GUARD_TABLE
+        );
         v.why = format!(
             "no report for {} s: the agent is probably gone, and its host's guard drops all DHCP",
             info.last_seen_ms / 1000
@@ -222,7 +226,7 @@ async fn nodes(engine: &Engine, entry: &Entry, mac: MacAddr) -> Vec<NodeState> {
         for p in ports {
             found.push((p.node_uuid.clone(), ironic.get_node(&p.node_uuid).await?));
         }
-        Ok::<_, crate::ironic::IronicError>(found)
+        Ok::<_, ironguard_ironic::IronicError>(found)
     };
     match tokio::time::timeout(IRONIC_TIMEOUT, ask).await {
         Ok(Ok(found)) if found.is_empty() => out.push(NodeState {

@@ -22,6 +22,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
 use futures::StreamExt as _;
+use ironguard_inspection::lookup::LookupError;
+use ironguard_inspection::machine::State as IState;
+use ironguard_inspection::records::NodeRecord;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -31,10 +34,7 @@ use crate::http_access::rate_limit::RateLimiter;
 use crate::http_access::tls::TlsListener;
 use crate::http_access::{AccessError, AuthStrategy, Authenticator, InspectorApiConfig, Refusal};
 use crate::inspection::engine::{ApiError, Engine};
-use crate::inspection::lookup::LookupError;
-use crate::inspection::machine::State as IState;
 use crate::inspection::process::StoredData;
-use crate::inspection::records::NodeRecord;
 
 /// The API version ironguard implements (ironic-inspector's last).
 pub const MAX_VERSION: &str = "1.18";

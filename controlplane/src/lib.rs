@@ -5,8 +5,9 @@
 //! - [`service`]: the `PxeFilter` gRPC service (UpdatePxeFilters, WatchFilters, ReportStatus, …).
 //! - [`agents`]: what each agent last reported, and who leads each network.
 //! - [`singleton`]: periodic tasks run by the elected control-plane leader only.
-//! - [`inspection`]: the inspection engine (state machine, work queue, workers, tasks, gRPC `Inspection`).
-//! - [`ironic`]: the Ironic REST client.
+//! - [`inspection`]: the inspection engine (work queue, workers, tasks, gRPC `Inspection`) around the pure domain of
+//!   [`ironguard_inspection`] (state machine, lookup, processing hooks, rules); Ironic is reached through
+//!   [`ironguard_ironic`].
 //! - [`inspector_api`]: the ironic-inspector v1 REST API (for ironic-python-agent and the OpenStack CLI).
 //! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, TLS, rate limits).
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`; [`refusals`]: refused calls logged without
@@ -29,7 +30,6 @@ pub mod filter;
 pub mod http_access;
 pub mod inspection;
 pub mod inspector_api;
-pub mod ironic;
 pub mod metrics;
 pub mod refusals;
 pub mod service;
@@ -44,21 +44,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use ironguard_coord::Coordinator;
+use ironguard_inspection::processing::Pipeline;
+use ironguard_ironic::Ironic;
+use ironguard_proto::v1::inspection_server::InspectionServer;
 use ironguard_proto::v1::pxe_filter_server::PxeFilterServer;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 pub use config::ControlPlaneConfig;
 
-use ironguard_coord::Coordinator;
-use ironguard_proto::v1::inspection_server::InspectionServer;
-
 use crate::agents::AgentRegistry;
 use crate::inspection::engine::{CrashPoint, Engine};
 use crate::inspection::periodic::PolicySetting;
-use crate::inspection::processing::Pipeline;
 use crate::inspection::service::InspectionService;
-use crate::ironic::Ironic;
 use crate::metrics::Metrics;
 use crate::service::PxeFilterService;
 use crate::store::FilterStore;
@@ -136,7 +135,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let ironic = if config.ironic.url.is_empty() {
         None
     } else {
-        let health = ironic::IronicHealth {
+        let health = ironguard_ironic::IronicHealth {
             failed_attempts: metrics.ironic_failed_attempts.clone(),
             up: metrics.ironic_up.clone(),
         };

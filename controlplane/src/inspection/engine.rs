@@ -7,20 +7,21 @@ use std::time::{Duration, Instant};
 
 use ironguard_coord::{Coordinator, Session};
 use ironguard_dataplane::MacAddr;
+use ironguard_inspection::lookup::{self, Attributes, LookupError, lookup_attributes};
+use ironguard_inspection::machine::{self, Event, State};
+use ironguard_inspection::outcome::fold_effects;
+use ironguard_inspection::processing::{self, Pipeline, Plan, ProcessingConfig};
+use ironguard_inspection::records::{Kind, NodeRecord, Taken, now_ms};
+use ironguard_inspection::rules;
+use ironguard_ironic::{Ironic, IronicError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
-use super::lookup::{self, Attributes, LookupError};
-use super::machine::{self, Event, State};
 use super::process::{self, Requests, StoredData};
-use super::processing::{self, Pipeline, Plan, ProcessingConfig};
-use super::records::{Kind, NodeRecord, Taken, now_ms};
-use super::rules;
 use crate::agents::AgentRegistry;
 use crate::filter::{ReasonChange, Side};
-use crate::ironic::{Ironic, IronicError};
 use crate::store::{FilterStore, InspectionStore, RuleStore, StoreError};
 
 /// Provision states in which Ironic lets a node be inspected.
@@ -150,7 +151,7 @@ pub enum ApiError {
     BadRule(String),
     #[error("rule {0} already exists")]
     RuleExists(String),
-    #[error("rule {} was not found", super::clip(.0, 64))]
+    #[error("rule {} was not found", ironguard_inspection::clip(.0, 64))]
     UnknownRule(String),
     #[error("node {0} has no stored introspection data to reapply")]
     NoData(String),
@@ -225,20 +226,6 @@ pub enum Handled {
 /// The reason recorded for a node's allow during its inspection.
 pub fn reason(node: &str) -> String {
     format!("inspection:{node}")
-}
-
-/// What the data offers to look its node up with: the MACs of all its interfaces and its BMC addresses
-/// (ironic-inspector's lookup attributes), and a `node_uuid` if the caller or the data names one.
-pub fn lookup_attributes(data: &Value, node_uuid: Option<String>) -> Attributes {
-    let (macs, bmcs) = processing::lookup_attributes(data);
-    let mut macs: Vec<MacAddr> = macs.iter().filter_map(|m| m.parse().ok()).collect();
-    if let Some(list) = data["macs"].as_array() {
-        macs.extend(list.iter().filter_map(|m| m.as_str()?.parse::<MacAddr>().ok()));
-    }
-    macs.sort();
-    macs.dedup();
-    let node_uuid = node_uuid.or_else(|| data["node_uuid"].as_str().map(str::to_string)).filter(|u| !u.is_empty());
-    Attributes { macs, bmc_addresses: bmcs.into_iter().filter(|b| lookup::usable_bmc(b)).collect(), node_uuid }
 }
 
 impl Engine {
@@ -768,7 +755,7 @@ impl Engine {
         let node_json = ironic.get_node_full(&rec.uuid).await.map_err(|e| e.to_string())?;
         let ports = ironic.list_ports_detail(&rec.uuid).await.map_err(|e| e.to_string())?;
         requests.reads += 2;
-        let view = process::node_view(&node_json, &ports);
+        let view = processing::node_view(&node_json, &ports);
         if !process::PROCESSABLE.contains(&view.provision_state.as_str()) {
             return Err(format!(
                 "Invalid provision state for introspection: \"{}\", valid states are \"{}\"",
@@ -783,7 +770,7 @@ impl Engine {
         self.store.put_data(&rec.uuid, &stored.to_value()).await.map_err(|e| format!("storing the data: {e}"))?;
         let rules = process::load_rules(&*self.rules).await?;
         let effects = rules::apply(&rules, &processed, &node_json).map_err(|e| format!("introspection rules: {e}"))?;
-        let outcome = process::fold_effects(effects, &mut plan);
+        let outcome = fold_effects(effects, &mut plan);
         process::apply_plan(ironic, &view, &plan, &outcome, &mut requests).await?;
         info!(reads = requests.reads, writes = requests.writes, "processed");
         match outcome.failed {
@@ -876,18 +863,6 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lookup_attributes_from_ipa_data() {
-        let d = serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:12:34:56"}, {"mac_address": "bogus"}], "bmc_address": "10.0.0.9"}});
-        let a = lookup_attributes(&d, None);
-        assert_eq!(a.macs, vec!["52:54:00:12:34:56".parse::<MacAddr>().unwrap()]);
-        assert_eq!(a.bmc_addresses, vec!["10.0.0.9".to_string()]);
-        assert_eq!(a.node_uuid, None);
-        let a = lookup_attributes(&serde_json::json!({"inventory": {"bmc_address": "0.0.0.0"}}), Some("n1".into()));
-        assert!(a.macs.is_empty() && a.bmc_addresses.is_empty());
-        assert_eq!(a.node_uuid.as_deref(), Some("n1"));
-    }
 
     #[test]
     fn discovery_config_is_checked() {

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ironguard_inspection::lookup::{self, Attributes};
+use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
-use crate::inspection::lookup::{self, Attributes};
-use crate::inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
 use crate::store::inspections::{InspectionStore, QueueEntry, pick};
 use crate::store::{Backend, StoreError, embedded as backend};
 
