@@ -9,7 +9,9 @@
 //!   [`ironguard_inspection`] (state machine, lookup, processing hooks, rules); Ironic is reached through
 //!   [`ironguard_ironic`].
 //! - [`inspector_api`]: the ironic-inspector v1 REST API (for ironic-python-agent and the OpenStack CLI).
-//! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, TLS, rate limits).
+//! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, rate limits).
+//! - [`listener`]: the one accept loop of the gRPC and ironic-inspector APIs (plaintext or TLS, the same limits on
+//!   connections and handshakes); [`tls`]: their certificates; [`authz`]: who may call what over gRPC.
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`; [`refusals`]: refused calls logged without
 //!   flooding.
 //! - [`explain`]: `ExplainMac`, why a MAC gets DHCP or not on each PXE host.
@@ -30,6 +32,7 @@ pub mod filter;
 pub mod http_access;
 pub mod inspection;
 pub mod inspector_api;
+pub mod listener;
 pub mod metrics;
 pub mod refusals;
 pub mod service;
@@ -123,7 +126,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     };
     store.apply(vec![], Some(initial_policy)).await.context("recording the unknown-MAC policy")?;
     let metrics = Arc::new(Metrics::new());
-    let grpc_tls = if config.grpc.tls() { Some(tls::ServerTls::new(&config.grpc)?) } else { None };
+    let grpc_tls = if config.grpc.tls() { Some(tls::ServerTls::grpc(&config.grpc)?) } else { None };
     let authz = authz::Authz::new(&config.grpc)?;
     let grpc = TcpListener::bind(config.grpc_listen())
         .await
@@ -227,6 +230,8 @@ impl Server {
             let _ = admin_stop.wait_for(|v| *v).await;
         });
         let mut grpc_stop = stop_rx.clone();
+        let grpc_incoming =
+            listener::Incoming::new("grpc", self.grpc, self.grpc_tls.clone(), listener::Limits::default())?;
         let grpc = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(5)))
@@ -237,7 +242,7 @@ impl Server {
                 engine: self.engine.clone(),
                 authz: self.authz.clone(),
             }))
-            .serve_with_incoming_shutdown(tls::incoming(self.grpc, self.grpc_tls.clone()), async move {
+            .serve_with_incoming_shutdown(grpc_incoming, async move {
                 let _ = grpc_stop.wait_for(|v| *v).await;
             });
         match &self.grpc_tls {
