@@ -7,9 +7,10 @@
 //! The verdict per host is [`ironguard_dataplane::decide`], the same function `ironguardctl explain --local` applies to
 //! what the kernel itself holds.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ironguard_dataplane::{MacAddr, MacInputs, Mode, UnknownMacPolicy};
+use ironguard_proto::time::now_ms;
 use ironguard_proto::v1::{self as pb, AgentInfo, HostVerdict, MacExplanation, NodeState, ReasonInfo};
 
 use crate::agents::AgentRegistry;
@@ -91,10 +92,6 @@ fn mode_of(m: i32) -> Option<Mode> {
         pb::Mode::Leader => Some(Mode::Leader),
         pb::Mode::Unspecified => None,
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// One host's verdict from its agent's last report.

@@ -342,7 +342,7 @@ fn agent_report_cleanup(coord: Arc<dyn Coordinator>) -> singleton::PeriodicTask 
         run: Arc::new(move |_stop| {
             let coord = coord.clone();
             Box::pin(async move {
-                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+                let now = ironguard_proto::time::now_ms();
                 for kv in coord.get_prefix("agents/status/").await? {
                     let at = kv.value.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes).unwrap_or(0);
                     if now.saturating_sub(at) > 86_400_000 {

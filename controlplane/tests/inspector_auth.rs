@@ -575,7 +575,7 @@ async fn continue_is_bounded_rate_limited_and_discreet() {
         .unwrap();
     s.wait_state(N1, "waiting").await;
     // N2's inspection is starting (as if its worker were busy powering it on): not waiting for data.
-    let mut rec = NodeRecord::new(N2);
+    let mut rec = NodeRecord::new(N2, ironguard_proto::time::now_ms());
     rec.state = State::Starting;
     rec.macs = vec![MAC2.parse().unwrap()];
     rec.bmc_addresses = vec!["10.0.0.2".into()];

@@ -170,7 +170,7 @@ mod tests {
     }
 
     fn rec(uuid: &str, state: State, macs: &[&str], bmcs: &[&str]) -> NodeRecord {
-        let mut r = NodeRecord::new(uuid);
+        let mut r = NodeRecord::new(uuid, 0);
         r.state = state;
         r.macs = macs.iter().map(|m| m.parse().unwrap()).collect();
         r.bmc_addresses = bmcs.iter().map(|b| b.to_string()).collect();

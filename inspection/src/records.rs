@@ -5,11 +5,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::machine::{Event, State};
 
-/// Milliseconds since the Unix epoch (records are shared between hosts, so wall clock).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 /// The inspection state of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRecord {
@@ -33,7 +28,8 @@ pub struct NodeRecord {
 }
 
 impl NodeRecord {
-    pub fn new(uuid: &str) -> Self {
+    /// A node never inspected (`finished`), the record written at `now_ms` (milliseconds since the Unix epoch).
+    pub fn new(uuid: &str, now_ms: u64) -> Self {
         Self {
             uuid: uuid.to_string(),
             state: State::Finished,
@@ -45,7 +41,7 @@ impl NodeRecord {
             macs: vec![],
             bmc_addresses: vec![],
             strict_request: None,
-            updated_at: now_ms(),
+            updated_at: now_ms,
         }
     }
 }

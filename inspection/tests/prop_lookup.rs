@@ -59,7 +59,7 @@ fn record() -> impl Strategy<Value = NodeRecord> {
         prop::collection::vec(bmc(), 0..2),
     )
         .prop_map(|(uuid, state, macs, bmcs)| {
-            let mut r = NodeRecord::new(&uuid);
+            let mut r = NodeRecord::new(&uuid, 0);
             r.state = state;
             r.macs = macs;
             r.bmc_addresses = bmcs;
@@ -122,7 +122,7 @@ fn a_node_with_a_unique_mac_is_found_by_it() {
                 r
             })
             .collect();
-        let mut target = NodeRecord::new("target");
+        let mut target = NodeRecord::new("target", 0);
         target.state = state;
         target.macs = vec![m];
         records.push(target);

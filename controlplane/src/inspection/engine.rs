@@ -11,9 +11,10 @@ use ironguard_inspection::lookup::{self, Attributes, LookupError, lookup_attribu
 use ironguard_inspection::machine::{self, Event, State};
 use ironguard_inspection::outcome::fold_effects;
 use ironguard_inspection::processing::{self, Pipeline, Plan, ProcessingConfig};
-use ironguard_inspection::records::{Kind, NodeRecord, Taken, now_ms};
+use ironguard_inspection::records::{Kind, NodeRecord, Taken};
 use ironguard_inspection::rules;
 use ironguard_ironic::{Ironic, IronicError};
+use ironguard_proto::time::now_ms;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -234,7 +235,7 @@ impl Engine {
     }
 
     async fn record(&self, node: &str) -> Result<NodeRecord, ApiError> {
-        Ok(self.store.get(node).await?.unwrap_or_else(|| NodeRecord::new(node)))
+        Ok(self.store.get(node).await?.unwrap_or_else(|| NodeRecord::new(node, now_ms())))
     }
 
     /// Starts (or restarts) the inspection of `node` (UUID or name). A node in maintenance is refused unless
@@ -351,7 +352,7 @@ impl Engine {
         if let Some(m) = data.as_object_mut() {
             m.insert("auto_discovered".into(), Value::Bool(true));
         }
-        let mut rec = NodeRecord::new(&uuid);
+        let mut rec = NodeRecord::new(&uuid, now_ms());
         rec.state = State::Enrolling;
         rec.started_at = Some(now_ms());
         rec.manage_boot = false;
@@ -556,7 +557,7 @@ impl Engine {
             info!("node deleted from Ironic: removed");
             return Ok(());
         }
-        let mut rec = self.store.get(&req.node).await?.unwrap_or_else(|| NodeRecord::new(&req.node));
+        let mut rec = self.store.get(&req.node).await?.unwrap_or_else(|| NodeRecord::new(&req.node, now_ms()));
         let Some(event) = req.kind.event() else { return Ok(()) };
         if event.is_strict() && rec.strict_request == Some(req.id) {
             let in_progress = match event {

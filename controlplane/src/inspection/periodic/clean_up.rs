@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ironguard_inspection::machine::State;
-use ironguard_inspection::records::now_ms;
+use ironguard_proto::time::now_ms;
 use tracing::info;
 
 use super::Task;

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ironguard_inspection::machine::State;
-use ironguard_inspection::records::{Kind, now_ms};
+use ironguard_inspection::records::Kind;
+use ironguard_proto::time::now_ms;
 use tracing::info;
 
 use super::Task;

@@ -16,7 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 use ironguard_coord::etcd::EtcdCoordinator;
-use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
+use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
+use ironguard_proto::time::now_ms;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
