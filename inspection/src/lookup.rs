@@ -80,7 +80,7 @@ pub fn usable_bmc(address: &str) -> bool {
 }
 
 /// The lookup form of a BMC address recorded from a node's `driver_info`: a URL is reduced to its host, brackets
-/// and ports are dropped; a loopback address is no lookup address at all.
+/// and ports are dropped; a loopback or unspecified address (`0::` is `::`) is no lookup address at all.
 pub fn normalise_bmc(value: &str) -> Option<String> {
     let v = value.trim();
     let host = match v.split_once("://") {
@@ -99,7 +99,7 @@ pub fn normalise_bmc(value: &str) -> Option<String> {
         return None;
     }
     match host.parse::<IpAddr>() {
-        Ok(ip) if ip.is_loopback() => None,
+        Ok(ip) if ip.is_loopback() || ip.is_unspecified() => None,
         Ok(ip) => Some(ip.to_string()),
         Err(_) => Some(host.to_ascii_lowercase()),
     }
@@ -233,6 +233,8 @@ mod tests {
             "::/0",
             "127.0.0.1",
             "::1",
+            "0::",
+            "[::0]:623",
             "http://localhost:8000".replace("localhost", "127.0.0.1").as_str(),
         ] {
             assert_eq!(normalise_bmc(none), None, "{none:?}");
