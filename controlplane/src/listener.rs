@@ -286,7 +286,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ck.cert.der().clone()).unwrap();
-        let client = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        let client = rustls::ClientConfig::builder_with_provider(ironguard_ironic::crypto_provider())
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_root_certificates(roots)

@@ -103,7 +103,7 @@ fn read_key(what: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, T
 }
 
 fn builder() -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>, TlsError> {
-    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    rustls::ServerConfig::builder_with_provider(ironguard_ironic::crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| TlsError::Config(format!("TLS versions: {e}")))
 }
@@ -123,7 +123,7 @@ pub fn grpc_server_config(cfg: &GrpcConfig) -> Result<Arc<rustls::ServerConfig>,
             roots.add(c).map_err(|e| ca(&e))?;
         }
         // A connection without a certificate is accepted at this level: it may carry the operator's token.
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = ironguard_ironic::crypto_provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
             .allow_unauthenticated()
             .build()

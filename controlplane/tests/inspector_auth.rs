@@ -708,7 +708,7 @@ fn test_pki() -> (String, String, String) {
 /// it), plain HTTP to the same port gets no answer, and authentication works over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn https_with_a_test_ca() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    ironguard_ironic::crypto_provider();
     let (ca, cert, key) = test_pki();
     let s = site("tls", |c, dir| {
         std::fs::write(dir.join("cert.pem"), &cert).unwrap();

@@ -5,10 +5,13 @@
 //! [`Ironic`] is the client, built from an [`IronicConfig`] (the control plane's `[ironic]` section); its calls
 //! return the few fields ironguard reads ([`Node`], [`Port`], [`InterfaceValidation`]) or Ironic's JSON as it is,
 //! and fail with an [`IronicError`]. [`IronicHealth`] is where it reports whether Ironic answers.
+//! [`crypto_provider`] is the process's rustls provider, installed once, here, for every TLS client and server.
 #![forbid(unsafe_code)]
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use rustls::crypto::CryptoProvider;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, RwLock};
@@ -187,9 +190,19 @@ pub struct IronicHealth {
     pub up: prometheus_client::metrics::gauge::Gauge,
 }
 
-fn install_crypto() {
-    // rustls needs a process-wide crypto provider; ring is already in the tree (tonic, etcd-client).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+/// The rustls crypto provider of the process (ring, already in the tree for tonic and etcd-client), installed as
+/// the process default the first time it is asked for. reqwest's clients read the process default (this crate's,
+/// the control plane's Keystone client); the control plane's TLS listeners take it from here. The one place that
+/// installs it.
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| {
+            // Fails only if something in the process installed another one first: then that one is the default.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            CryptoProvider::get_default().cloned().unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()))
+        })
+        .clone()
 }
 
 /// `fields` (comma-separated) with `required` added where missing.
@@ -248,7 +261,7 @@ fn segment(id: &str) -> Result<String, IronicError> {
 impl Ironic {
     pub fn new(cfg: IronicConfig) -> Result<Self, IronicError> {
         cfg.validate().map_err(IronicError::Config)?;
-        install_crypto();
+        crypto_provider();
         let mut b =
             reqwest::Client::builder().timeout(Duration::from_millis(cfg.timeout_ms)).pool_max_idle_per_host(16);
         if !cfg.ca_file.is_empty() {

@@ -243,7 +243,7 @@ async fn tls_front(backend: std::net::SocketAddr) -> (String, String) {
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let key = KeyPair::generate().unwrap();
     let cert = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap().signed_by(&key, &ca).unwrap();
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let server = rustls::ServerConfig::builder_with_provider(ironguard_ironic::crypto_provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()

@@ -89,8 +89,8 @@ pub fn v3_base(url: &str) -> String {
 
 impl KeystoneAuth {
     pub fn new(cfg: &InspectorApiConfig) -> Result<Self, KeystoneError> {
-        // rustls needs a process-wide crypto provider; ring is already in the tree.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // reqwest's TLS takes the process's provider.
+        ironguard_ironic::crypto_provider();
         let mut b = reqwest::Client::builder().timeout(Duration::from_millis(cfg.keystone_timeout_ms.max(1)));
         if !cfg.keystone_ca_file.is_empty() {
             let pem = std::fs::read(&cfg.keystone_ca_file)
