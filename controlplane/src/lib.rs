@@ -58,7 +58,9 @@ use tracing::{info, warn};
 pub use config::ControlPlaneConfig;
 
 use crate::agents::AgentRegistry;
-use crate::inspection::engine::{CrashPoint, Engine};
+#[cfg(feature = "test-hooks")]
+use crate::inspection::engine::CrashPoint;
+use crate::inspection::engine::Engine;
 use crate::inspection::periodic::PolicySetting;
 use crate::inspection::service::InspectionService;
 use crate::metrics::Metrics;
@@ -155,6 +157,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         processing: config.processing.clone(),
         discovery: config.discovery.clone(),
         rules: stores.rules.clone(),
+        #[cfg(feature = "test-hooks")]
         crash: CrashPoint::from_env(),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

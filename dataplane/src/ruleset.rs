@@ -1038,6 +1038,7 @@ pub(crate) fn guard_remove(existing: GuardFlags) -> Tx {
 }
 
 /// Test hook: appends an object the kernel must reject (a rule in a chain that does not exist).
+#[cfg(feature = "test-hooks")]
 pub(crate) fn add_invalid_object(tx: &mut Tx) -> Result<(), NftError> {
     let t = table(Side::Requests, OWNED_TABLE);
     let chain = regular_chain(&t, "ironguard-fault-injection");

@@ -164,7 +164,8 @@ pub enum ApiError {
     Store(#[from] StoreError),
 }
 
-/// Where a test makes the worker process die (`IRONGUARD_TEST_CRASH=<point>:<kind>`), to prove redelivery.
+/// Where a test makes the worker process die (`IRONGUARD_TEST_CRASH=<point>:<kind>`), to prove redelivery. Read
+/// only by a build with the `test-hooks` feature, which release builds and the packages never enable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashPoint {
     /// After taking the request, before saving the transition.
@@ -174,6 +175,7 @@ pub enum CrashPoint {
 }
 
 impl CrashPoint {
+    #[cfg(feature = "test-hooks")]
     pub fn from_env() -> Option<Self> {
         Self::parse(&std::env::var("IRONGUARD_TEST_CRASH").ok()?)
     }
@@ -204,6 +206,7 @@ pub struct Engine {
     /// `[discovery]`: what happens to data from a machine no inspection knows.
     pub discovery: DiscoveryConfig,
     pub rules: Arc<dyn RuleStore>,
+    #[cfg(feature = "test-hooks")]
     pub crash: Option<CrashPoint>,
 }
 
@@ -539,6 +542,7 @@ impl Engine {
     }
 
     /// Test hook: stops the worker at `point` and keeps the process alive so a test can SIGKILL it right there.
+    #[cfg(feature = "test-hooks")]
     fn crash_if(&self, point: CrashPoint) {
         if self.crash == Some(point) {
             error!(?point, "IRONGUARD_TEST_CRASH: worker stopped here, waiting to be killed");
@@ -576,6 +580,7 @@ impl Engine {
             self.cleanup(&rec).await;
             return self.fail(&mut rec, msg).await;
         }
+        #[cfg(feature = "test-hooks")]
         self.crash_if(CrashPoint::BeforeTransition(req.kind));
         let redelivered_start = req.kind == Kind::Start && rec.state == State::Starting && taken.attempt > 1;
         if !redelivered_start {
@@ -606,6 +611,7 @@ impl Engine {
             r = self.task(req.kind, &mut rec, &req.args) => r,
             _ = stop.cancelled() => Err("shutting down".to_string()),
         };
+        #[cfg(feature = "test-hooks")]
         self.crash_if(CrashPoint::AfterTask(req.kind));
         // The task may have taken long: reload the version to save over.
         let latest = self.store.get(&req.node).await?.map(|r| r.version).unwrap_or(0);

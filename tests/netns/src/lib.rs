@@ -102,6 +102,30 @@ pub fn bin(name: &str) -> PathBuf {
     );
 }
 
+/// Strings only a build with the `test-hooks` feature puts in a binary, with the hook each stands for: the
+/// control plane's crash points and the dataplane's injected invalid object. `scripts/package.sh` refuses a binary
+/// that holds one (`tests/packaging.rs` checks that its list is this one).
+pub const TEST_HOOK_MARKERS: [(&str, &str); 2] = [
+    ("IRONGUARD_TEST_CRASH", "the control plane's crash points"),
+    ("ironguard-fault-injection", "the dataplane's injected invalid object"),
+];
+
+/// The [`TEST_HOOK_MARKERS`] the file `binary` holds.
+pub fn test_hooks_in(binary: &Path) -> Vec<&'static str> {
+    TEST_HOOK_MARKERS
+        .iter()
+        .filter(|(marker, _)| {
+            let grep = Command::new("grep").args(["-q", "-a", "-F", "--", marker]).arg(binary).status();
+            match grep.unwrap_or_else(|e| panic!("cannot run grep: {e}")).code() {
+                Some(0) => true,
+                Some(1) => false,
+                other => panic!("grep {marker} {}: exit status {other:?}", binary.display()),
+            }
+        })
+        .map(|(marker, _)| *marker)
+        .collect()
+}
+
 /// Runs a command to completion; panics with its output if it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
@@ -649,7 +673,16 @@ impl ControlPlane {
 
     fn spawn(&mut self, ns: &Netns, dir: &TempDir) {
         assert_eq!(ns.name(), self.ns_name);
-        let mut cmd = ns.cmd(bin("ironguard-controlplane"));
+        let exe = bin("ironguard-controlplane");
+        if self.env.iter().any(|(k, _)| k == "IRONGUARD_TEST_CRASH") {
+            assert!(
+                test_hooks_in(&exe).contains(&"IRONGUARD_TEST_CRASH"),
+                "{} was built without the test-hooks feature, so it ignores IRONGUARD_TEST_CRASH: build it with the \
+                 tests (cargo build --workspace --all-targets), not with cargo build --bins alone",
+                exe.display()
+            );
+        }
+        let mut cmd = ns.cmd(exe);
         cmd.arg("--grpc-listen")
             .arg(format!("{}:{}", self.host, self.grpc_port))
             .arg("--admin-listen")
