@@ -164,8 +164,12 @@ pub enum ApiError {
     Store(#[from] StoreError),
 }
 
-/// Where a test makes the worker process die (`IRONGUARD_TEST_CRASH=<point>:<kind>`), to prove redelivery. Read
-/// only by a build with the `test-hooks` feature, which release builds and the packages never enable.
+/// The variable that names a [`CrashPoint`] (`IRONGUARD_TEST_CRASH=<point>:<kind>`). Only a build with the
+/// `test-hooks` feature reads it, and only such a binary holds this string.
+pub const CRASH_VAR: &str = "IRONGUARD_TEST_CRASH";
+
+/// Where a test makes the worker process die ([`CRASH_VAR`]), to prove redelivery. Read only by a build with the
+/// `test-hooks` feature, which release builds and the packages never enable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashPoint {
     /// After taking the request, before saving the transition.
@@ -177,7 +181,7 @@ pub enum CrashPoint {
 impl CrashPoint {
     #[cfg(feature = "test-hooks")]
     pub fn from_env() -> Option<Self> {
-        Self::parse(&std::env::var("IRONGUARD_TEST_CRASH").ok()?)
+        Self::parse(&std::env::var(CRASH_VAR).ok()?)
     }
 
     /// `before-transition:process`, `after-task:start`, ...
@@ -545,7 +549,7 @@ impl Engine {
     #[cfg(feature = "test-hooks")]
     fn crash_if(&self, point: CrashPoint) {
         if self.crash == Some(point) {
-            error!(?point, "IRONGUARD_TEST_CRASH: worker stopped here, waiting to be killed");
+            error!(?point, "{CRASH_VAR}: worker stopped here, waiting to be killed");
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }

@@ -102,28 +102,14 @@ pub fn bin(name: &str) -> PathBuf {
     );
 }
 
-/// Strings only a build with the `test-hooks` feature puts in a binary, with the hook each stands for: the
-/// control plane's crash points and the dataplane's injected invalid object. `scripts/package.sh` refuses a binary
-/// that holds one (`tests/packaging.rs` checks that its list is this one).
-pub const TEST_HOOK_MARKERS: [(&str, &str); 2] = [
-    ("IRONGUARD_TEST_CRASH", "the control plane's crash points"),
-    ("ironguard-fault-injection", "the dataplane's injected invalid object"),
-];
-
-/// The [`TEST_HOOK_MARKERS`] the file `binary` holds.
-pub fn test_hooks_in(binary: &Path) -> Vec<&'static str> {
-    TEST_HOOK_MARKERS
-        .iter()
-        .filter(|(marker, _)| {
-            let grep = Command::new("grep").args(["-q", "-a", "-F", "--", marker]).arg(binary).status();
-            match grep.unwrap_or_else(|e| panic!("cannot run grep: {e}")).code() {
-                Some(0) => true,
-                Some(1) => false,
-                other => panic!("grep {marker} {}: exit status {other:?}", binary.display()),
-            }
-        })
-        .map(|(marker, _)| *marker)
-        .collect()
+/// Whether the file `binary` holds the bytes of `marker` (e.g. a string only a test hook puts there).
+pub fn binary_holds(binary: &Path, marker: &str) -> bool {
+    let grep = Command::new("grep").args(["-q", "-a", "-F", "--", marker]).arg(binary).status();
+    match grep.unwrap_or_else(|e| panic!("cannot run grep: {e}")).code() {
+        Some(0) => true,
+        Some(1) => false,
+        other => panic!("grep {marker} {}: exit status {other:?}", binary.display()),
+    }
 }
 
 /// Runs a command to completion; panics with its output if it fails.
@@ -676,7 +662,7 @@ impl ControlPlane {
         let exe = bin("ironguard-controlplane");
         if self.env.iter().any(|(k, _)| k == "IRONGUARD_TEST_CRASH") {
             assert!(
-                test_hooks_in(&exe).contains(&"IRONGUARD_TEST_CRASH"),
+                binary_holds(&exe, "IRONGUARD_TEST_CRASH"),
                 "{} was built without the test-hooks feature, so it ignores IRONGUARD_TEST_CRASH: build it with the \
                  tests (cargo build --workspace --all-targets), not with cargo build --bins alone",
                 exe.display()
