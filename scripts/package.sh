@@ -58,6 +58,11 @@ fi
 export SOURCE_DATE_EPOCH
 mandate=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)
 
+# The packaged binaries are built without test targets, so no dev-dependency enables a crate's `test-hooks`
+# feature (the end-to-end tests' fault injection); a binary that carries one of these strings was built with it
+# (e.g. by `cargo build --all-targets`, the test build) and is refused below. tests/netns/tests/packaging.rs checks
+# this build command and this list.
+test_hook_markers=(IRONGUARD_TEST_CRASH ironguard-fault-injection)
 if [ "$build" = 1 ]; then
   echo "== package: cargo build --profile $profile"
   cargo build --locked --profile "$profile" --bins \
@@ -111,6 +116,14 @@ stage() {
   # Debug information is dropped (as dh_strip does; the symbol table stays, so backtraces keep function names).
   strip --strip-debug -o "$root/usr/bin/$bin" "$bindir/$bin"
   chmod 0755 "$root/usr/bin/$bin"
+  local marker
+  for marker in "${test_hook_markers[@]}"; do
+    if grep -q -a -F -- "$marker" "$root/usr/bin/$bin"; then
+      echo "package.sh: $bindir/$bin carries a test hook ($marker): it was built with the test-hooks feature, as by" \
+        "cargo build --all-targets; build it without (drop --no-build, or cargo build --bins -p PACKAGE)" >&2
+      exit 1
+    fi
+  done
   local page
   for page in "$work/gen/man/man1/$bin".1 "$work/gen/man/man1/$bin"-*.1; do
     [ -e "$page" ] || continue

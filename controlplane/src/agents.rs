@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ironguard_coord::Coordinator;
+use ironguard_proto::time::now_ms;
 use ironguard_proto::v1::{AgentInfo, AgentStatus, Mode, NetworkLeader};
 use prost::Message as _;
 use tracing::warn;
@@ -34,10 +35,6 @@ impl std::fmt::Debug for AgentRegistry {
             AgentRegistry::Shared { .. } => "AgentRegistry::Shared",
         })
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 const STATUS: &str = "agents/status/";

@@ -14,7 +14,8 @@ use std::path::Path;
 
 use tonic::{Request, Status};
 
-use crate::tls::{GrpcConfig, PeerInfo};
+use crate::listener::PeerInfo;
+use crate::tls::GrpcConfig;
 
 /// The caller of one request, as far as the connection and its metadata prove it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +170,10 @@ impl Authz {
 
 /// The caller's address, for refusal logs.
 fn peer<T>(req: &Request<T>) -> String {
-    req.remote_addr().map(|a| a.ip().to_string()).unwrap_or_else(|| "unknown".into())
+    match req.extensions().get::<PeerInfo>().and_then(|p| p.remote) {
+        Some(a) => a.ip().to_string(),
+        None => "unknown".into(),
+    }
 }
 
 #[cfg(test)]

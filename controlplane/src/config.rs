@@ -4,12 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use ironguard_coord::EtcdConfig;
+use ironguard_inspection::processing::ProcessingConfig;
+use ironguard_ironic::IronicConfig;
 
 use crate::http_access::InspectorApiConfig;
 use crate::inspection::engine::{DiscoveryConfig, InspectionConfig};
 use crate::inspection::periodic::{PolicySetting, SyncConfig};
-use crate::inspection::processing::ProcessingConfig;
-use crate::ironic::IronicConfig;
 use crate::tls::GrpcConfig;
 use serde::{Deserialize, Serialize};
 

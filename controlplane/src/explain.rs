@@ -7,9 +7,10 @@
 //! The verdict per host is [`ironguard_dataplane::decide`], the same function `ironguardctl explain --local` applies to
 //! what the kernel itself holds.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ironguard_dataplane::{MacAddr, MacInputs, Mode, UnknownMacPolicy};
+use ironguard_proto::time::now_ms;
 use ironguard_proto::v1::{self as pb, AgentInfo, HostVerdict, MacExplanation, NodeState, ReasonInfo};
 
 use crate::agents::AgentRegistry;
@@ -93,10 +94,6 @@ fn mode_of(m: i32) -> Option<Mode> {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
 /// One host's verdict from its agent's last report.
 fn host_verdict(
     store: &dyn FilterStore,
@@ -117,7 +114,11 @@ fn host_verdict(
         ..Default::default()
     };
     if info.stale {
-        v.rule = format!("{} (inet {})", ironguard_dataplane::ruleset::comments::GUARD_DROP, ironguard_dataplane::GUARD_TABLE);
+        v.rule = format!(
+            "{} (inet {})",
+            ironguard_dataplane::ruleset::comments::GUARD_DROP,
+            ironguard_dataplane::GUARD_TABLE
+        );
         v.why = format!(
             "no report for {} s: the agent is probably gone, and its host's guard drops all DHCP",
             info.last_seen_ms / 1000
@@ -222,7 +223,7 @@ async fn nodes(engine: &Engine, entry: &Entry, mac: MacAddr) -> Vec<NodeState> {
         for p in ports {
             found.push((p.node_uuid.clone(), ironic.get_node(&p.node_uuid).await?));
         }
-        Ok::<_, crate::ironic::IronicError>(found)
+        Ok::<_, ironguard_ironic::IronicError>(found)
     };
     match tokio::time::timeout(IRONIC_TIMEOUT, ask).await {
         Ok(Ok(found)) if found.is_empty() => out.push(NodeState {

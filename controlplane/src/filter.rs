@@ -216,11 +216,7 @@ pub struct WriteStamp {
 impl WriteStamp {
     /// Now, for a store at `revision`.
     pub fn now(revision: u64) -> Self {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        Self { now_ms, next_revision: revision + 1 }
+        Self { now_ms: ironguard_proto::time::now_ms(), next_revision: revision + 1 }
     }
 }
 

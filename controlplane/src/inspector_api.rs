@@ -22,19 +22,20 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
 use futures::StreamExt as _;
+use ironguard_inspection::lookup::LookupError;
+use ironguard_inspection::machine::State as IState;
+use ironguard_inspection::records::NodeRecord;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
 use crate::http_access::rate_limit::RateLimiter;
-use crate::http_access::tls::TlsListener;
 use crate::http_access::{AccessError, AuthStrategy, Authenticator, InspectorApiConfig, Refusal};
 use crate::inspection::engine::{ApiError, Engine};
-use crate::inspection::lookup::LookupError;
-use crate::inspection::machine::State as IState;
 use crate::inspection::process::StoredData;
-use crate::inspection::records::NodeRecord;
+use crate::listener::{Incoming, Limits};
+use crate::tls::ServerTls;
 
 /// The API version ironguard implements (ironic-inspector's last).
 pub const MAX_VERSION: &str = "1.18";
@@ -114,7 +115,7 @@ pub fn router(engine: Arc<Engine>, access: Arc<Access>) -> Router {
 /// `[inspector_api]`), ready to [`serve`](InspectorListener::serve).
 pub struct InspectorListener {
     tcp: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<ServerTls>,
     access: Arc<Access>,
     local: SocketAddr,
 }
@@ -143,10 +144,7 @@ impl InspectorListener {
     pub async fn bind(addr: SocketAddr, cfg: &InspectorApiConfig) -> Result<Self, ListenError> {
         let access = Arc::new(Access::new(cfg)?);
         let tls = if cfg.tls() {
-            Some(
-                crate::http_access::tls::server_config(&cfg.tls_cert_file, &cfg.tls_key_file)
-                    .map_err(AccessError::from)?,
-            )
+            Some(ServerTls::https(cfg.tls_cert_file.as_ref(), cfg.tls_key_file.as_ref()).map_err(AccessError::from)?)
         } else {
             None
         };
@@ -175,18 +173,9 @@ impl InspectorListener {
         }
         info!(addr = %self.local, tls = self.tls.is_some(), auth_strategy = strategy.as_str(), "ironic-inspector v1 API serving");
         let app = router(engine, self.access).into_make_service_with_connect_info::<SocketAddr>();
-        match self.tls {
-            None => {
-                let tcp = self.tcp.tap_io(|s| {
-                    let _ = s.set_nodelay(true);
-                });
-                axum::serve(tcp, app).with_graceful_shutdown(shutdown).await
-            }
-            Some(cfg) => {
-                let tls = TlsListener::new(self.tcp, cfg)?.tap_io(|_| {});
-                axum::serve(tls, app).with_graceful_shutdown(shutdown).await
-            }
-        }
+        // `tap_io` only for axum's `ConnectInfo<SocketAddr>`, which it provides for tapped listeners.
+        let incoming = Incoming::new("inspector-api", self.tcp, self.tls, Limits::default())?.tap_io(|_| {});
+        axum::serve(incoming, app).with_graceful_shutdown(shutdown).await
     }
 }
 

@@ -5,10 +5,13 @@
 //! - [`service`]: the `PxeFilter` gRPC service (UpdatePxeFilters, WatchFilters, ReportStatus, …).
 //! - [`agents`]: what each agent last reported, and who leads each network.
 //! - [`singleton`]: periodic tasks run by the elected control-plane leader only.
-//! - [`inspection`]: the inspection engine (state machine, work queue, workers, tasks, gRPC `Inspection`).
-//! - [`ironic`]: the Ironic REST client.
+//! - [`inspection`]: the inspection engine (work queue, workers, tasks, gRPC `Inspection`) around the pure domain of
+//!   [`ironguard_inspection`] (state machine, lookup, processing hooks, rules); Ironic is reached through
+//!   [`ironguard_ironic`].
 //! - [`inspector_api`]: the ironic-inspector v1 REST API (for ironic-python-agent and the OpenStack CLI).
-//! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, TLS, rate limits).
+//! - [`http_access`]: who may call that API and how often (noauth / http_basic / keystone, rate limits).
+//! - [`listener`]: the one accept loop of the gRPC and ironic-inspector APIs (plaintext or TLS, the same limits on
+//!   connections and handshakes); [`tls`]: their certificates; [`authz`]: who may call what over gRPC.
 //! - [`admin`] and [`metrics`]: `/metrics`, `/healthz`, `/readyz`; [`refusals`]: refused calls logged without
 //!   flooding.
 //! - [`explain`]: `ExplainMac`, why a MAC gets DHCP or not on each PXE host.
@@ -29,7 +32,7 @@ pub mod filter;
 pub mod http_access;
 pub mod inspection;
 pub mod inspector_api;
-pub mod ironic;
+pub mod listener;
 pub mod metrics;
 pub mod refusals;
 pub mod service;
@@ -44,21 +47,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use ironguard_coord::Coordinator;
+use ironguard_inspection::processing::Pipeline;
+use ironguard_ironic::Ironic;
+use ironguard_proto::v1::inspection_server::InspectionServer;
 use ironguard_proto::v1::pxe_filter_server::PxeFilterServer;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
 pub use config::ControlPlaneConfig;
 
-use ironguard_coord::Coordinator;
-use ironguard_proto::v1::inspection_server::InspectionServer;
-
 use crate::agents::AgentRegistry;
-use crate::inspection::engine::{CrashPoint, Engine};
+#[cfg(feature = "test-hooks")]
+use crate::inspection::engine::CrashPoint;
+use crate::inspection::engine::Engine;
 use crate::inspection::periodic::PolicySetting;
-use crate::inspection::processing::Pipeline;
 use crate::inspection::service::InspectionService;
-use crate::ironic::Ironic;
 use crate::metrics::Metrics;
 use crate::service::PxeFilterService;
 use crate::store::FilterStore;
@@ -124,7 +128,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     };
     store.apply(vec![], Some(initial_policy)).await.context("recording the unknown-MAC policy")?;
     let metrics = Arc::new(Metrics::new());
-    let grpc_tls = if config.grpc.tls() { Some(tls::ServerTls::new(&config.grpc)?) } else { None };
+    let grpc_tls = if config.grpc.tls() { Some(tls::ServerTls::grpc(&config.grpc)?) } else { None };
     let authz = authz::Authz::new(&config.grpc)?;
     let grpc = TcpListener::bind(config.grpc_listen())
         .await
@@ -136,7 +140,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let ironic = if config.ironic.url.is_empty() {
         None
     } else {
-        let health = ironic::IronicHealth {
+        let health = ironguard_ironic::IronicHealth {
             failed_attempts: metrics.ironic_failed_attempts.clone(),
             up: metrics.ironic_up.clone(),
         };
@@ -153,6 +157,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         processing: config.processing.clone(),
         discovery: config.discovery.clone(),
         rules: stores.rules.clone(),
+        #[cfg(feature = "test-hooks")]
         crash: CrashPoint::from_env(),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -228,6 +233,8 @@ impl Server {
             let _ = admin_stop.wait_for(|v| *v).await;
         });
         let mut grpc_stop = stop_rx.clone();
+        let grpc_incoming =
+            listener::Incoming::new("grpc", self.grpc, self.grpc_tls.clone(), listener::Limits::default())?;
         let grpc = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(10)))
             .http2_keepalive_timeout(Some(Duration::from_secs(5)))
@@ -238,7 +245,7 @@ impl Server {
                 engine: self.engine.clone(),
                 authz: self.authz.clone(),
             }))
-            .serve_with_incoming_shutdown(tls::incoming(self.grpc, self.grpc_tls.clone()), async move {
+            .serve_with_incoming_shutdown(grpc_incoming, async move {
                 let _ = grpc_stop.wait_for(|v| *v).await;
             });
         match &self.grpc_tls {
@@ -338,7 +345,7 @@ fn agent_report_cleanup(coord: Arc<dyn Coordinator>) -> singleton::PeriodicTask 
         run: Arc::new(move |_stop| {
             let coord = coord.clone();
             Box::pin(async move {
-                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+                let now = ironguard_proto::time::now_ms();
                 for kv in coord.get_prefix("agents/status/").await? {
                     let at = kv.value.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes).unwrap_or(0);
                     if now.saturating_sub(at) > 86_400_000 {

@@ -1,27 +1,20 @@
-//! The gRPC listener's transport: TLS (rustls) with optional client certificates, or plaintext when
-//! `[grpc] insecure = true`; and the identity each connection proves.
+//! The listeners' certificates: the rustls server configurations of the gRPC API (TLS 1.3 and 1.2, optional client
+//! certificates that must chain to `client_ca_file`) and of the ironic-inspector API (HTTPS, no client
+//! certificates), read from PEM files; and the name a client certificate proves.
 //!
-//! A client certificate must chain to `client_ca_file` (a connection without one is accepted: it may still carry
-//! an operator's bearer token). The connection's identity is the certificate's first DNS subject alternative
-//! name, or its common name when it has none; [`crate::authz`] decides what that identity may call.
+//! A gRPC connection without a client certificate is accepted: it may still carry an operator's bearer token. The
+//! connection's identity is the certificate's first DNS subject alternative name, or its common name when it has
+//! none; [`crate::authz`] decides what that identity may call.
 //!
-//! [`ServerTls::reload`] re-reads the certificate, key and CA (on SIGHUP): new connections get the new ones,
-//! established connections and their streams carry on untouched.
+//! [`ServerTls::reload`] re-reads the files (the gRPC API's on SIGHUP): new connections get the new configuration,
+//! established connections and their streams carry on untouched. [`crate::listener`] accepts the connections.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_stream::wrappers::ReceiverStream;
-use tracing::{debug, info, warn};
 
 /// `[grpc]` in the control-plane configuration: TLS and who may call what.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,77 +65,137 @@ impl GrpcConfig {
     }
 }
 
-/// What a connection proved, in every request's extensions.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerInfo {
-    pub remote: Option<SocketAddr>,
-    /// The client certificate's name, if one was presented (and verified).
-    pub identity: Option<String>,
+/// A certificate, key or CA file cannot be used. Names the file, never its content.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {what} {path}: {reason}")]
+    Read { what: &'static str, path: PathBuf, reason: String },
+    #[error("{what} {path}: no PEM certificate in the file")]
+    NoCertificate { what: &'static str, path: PathBuf },
+    #[error("{what} {path}: a PEM section is malformed")]
+    NotPem { what: &'static str, path: PathBuf },
+    // The key's parse error is not shown: it could quote the key file.
+    #[error("{what} {path}: no PEM private key (PKCS#8, PKCS#1 or SEC1) in the file")]
+    NoKey { what: &'static str, path: PathBuf },
+    #[error("the client CA {path}: {reason}")]
+    ClientCa { path: PathBuf, reason: String },
+    #[error("the certificate and key cannot be used together: {0}")]
+    Config(String),
 }
 
-/// The server's rustls configuration, replaced as a whole by [`ServerTls::reload`].
-#[derive(Debug, Clone)]
-pub struct ServerTls {
-    cfg: GrpcConfig,
-    current: Arc<RwLock<Arc<rustls::ServerConfig>>>,
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::Read { what, path: path.to_path_buf(), reason: e.to_string() })
 }
 
-fn read_certs(what: &str, path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| anyhow::anyhow!("cannot read {what} {}: {e}", path.display()))?
+/// Every certificate in a PEM file (at least one).
+fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&read(what, path)?)
         .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!("{what} {} is not PEM: {e}", path.display()))?;
+        .map_err(|_| TlsError::NotPem { what, path: path.to_path_buf() })?;
     if certs.is_empty() {
-        anyhow::bail!("{what} {} holds no certificate", path.display());
+        return Err(TlsError::NoCertificate { what, path: path.to_path_buf() });
     }
     Ok(certs)
 }
 
-fn build(cfg: &GrpcConfig) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = read_certs("the gRPC certificate", &cfg.tls_cert_file)?;
-    let key = PrivateKeyDer::from_pem_file(&cfg.tls_key_file)
-        .map_err(|e| anyhow::anyhow!("cannot read the gRPC key {}: {e}", cfg.tls_key_file.display()))?;
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+fn read_key(what: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(&read(what, path)?).map_err(|_| TlsError::NoKey { what, path: path.to_path_buf() })
+}
+
+fn builder() -> Result<rustls::ConfigBuilder<rustls::ServerConfig, rustls::WantsVerifier>, TlsError> {
+    rustls::ServerConfig::builder_with_provider(ironguard_ironic::crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| anyhow::anyhow!("TLS versions: {e}"))?;
+        .map_err(|e| TlsError::Config(format!("TLS versions: {e}")))
+}
+
+/// The gRPC API's configuration: `[grpc]`'s certificate and key, client certificates verified against
+/// `client_ca_file` when it is set, HTTP/2.
+pub fn grpc_server_config(cfg: &GrpcConfig) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let chain = read_certs("the gRPC certificate", &cfg.tls_cert_file)?;
+    let key = read_key("the gRPC key", &cfg.tls_key_file)?;
     let builder = if cfg.client_ca_file.as_os_str().is_empty() {
-        builder.with_no_client_auth()
+        builder()?.with_no_client_auth()
     } else {
+        let ca =
+            |e: &dyn std::fmt::Display| TlsError::ClientCa { path: cfg.client_ca_file.clone(), reason: e.to_string() };
         let mut roots = rustls::RootCertStore::empty();
         for c in read_certs("the client CA", &cfg.client_ca_file)? {
-            roots.add(c).map_err(|e| anyhow::anyhow!("client CA {}: {e}", cfg.client_ca_file.display()))?;
+            roots.add(c).map_err(|e| ca(&e))?;
         }
         // A connection without a certificate is accepted at this level: it may carry the operator's token.
+        let provider = ironguard_ironic::crypto_provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
             .allow_unauthenticated()
             .build()
-            .map_err(|e| anyhow::anyhow!("client CA {}: {e}", cfg.client_ca_file.display()))?;
-        builder.with_client_cert_verifier(verifier)
+            .map_err(|e| ca(&e))?;
+        builder()?.with_client_cert_verifier(verifier)
     };
-    let mut sc = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| anyhow::anyhow!("the gRPC certificate and key do not fit together: {e}"))?;
+    let mut sc = builder.with_single_cert(chain, key).map_err(|e| TlsError::Config(e.to_string()))?;
     sc.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(sc))
 }
 
+/// The ironic-inspector API's configuration: `cert_file` (a chain, leaf first) and `key_file`, no client
+/// certificates, HTTP/1.1.
+pub fn https_server_config(cert_file: &Path, key_file: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let chain = read_certs("the certificate", cert_file)?;
+    let key = read_key("the key", key_file)?;
+    let mut sc =
+        builder()?.with_no_client_auth().with_single_cert(chain, key).map_err(|e| TlsError::Config(e.to_string()))?;
+    sc.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(sc))
+}
+
+/// Where a [`ServerTls`] reads its configuration from.
+#[derive(Debug, Clone)]
+enum Source {
+    Grpc(GrpcConfig),
+    Https { cert_file: PathBuf, key_file: PathBuf },
+}
+
+impl Source {
+    fn build(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        match self {
+            Source::Grpc(cfg) => grpc_server_config(cfg),
+            Source::Https { cert_file, key_file } => https_server_config(cert_file, key_file),
+        }
+    }
+}
+
+/// The rustls configuration a listener gives each new connection, replaced as a whole by [`ServerTls::reload`].
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    source: Source,
+    current: Arc<RwLock<Arc<rustls::ServerConfig>>>,
+}
+
 impl ServerTls {
-    pub fn new(cfg: &GrpcConfig) -> anyhow::Result<Self> {
-        Ok(Self { cfg: cfg.clone(), current: Arc::new(RwLock::new(build(cfg)?)) })
+    fn new(source: Source) -> Result<Self, TlsError> {
+        let current = Arc::new(RwLock::new(source.build()?));
+        Ok(Self { source, current })
     }
 
-    /// Re-reads the certificate, key and CA. On error the previous configuration stays in use.
-    pub fn reload(&self) -> anyhow::Result<()> {
-        let fresh = build(&self.cfg)?;
-        if let Ok(mut c) = self.current.write() {
-            *c = fresh;
-        }
+    /// The gRPC API's ([`grpc_server_config`]).
+    pub fn grpc(cfg: &GrpcConfig) -> Result<Self, TlsError> {
+        Self::new(Source::Grpc(cfg.clone()))
+    }
+
+    /// The ironic-inspector API's ([`https_server_config`]).
+    pub fn https(cert_file: &Path, key_file: &Path) -> Result<Self, TlsError> {
+        Self::new(Source::Https { cert_file: cert_file.to_path_buf(), key_file: key_file.to_path_buf() })
+    }
+
+    /// Re-reads the files. On error the previous configuration stays in use.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let fresh = self.source.build()?;
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        *current = fresh;
         Ok(())
     }
 
-    fn config(&self) -> Option<Arc<rustls::ServerConfig>> {
-        self.current.read().ok().map(|c| c.clone())
+    /// The configuration for a connection accepted now.
+    pub fn current(&self) -> Arc<rustls::ServerConfig> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -157,122 +210,4 @@ pub fn certificate_name(der: &[u8]) -> Option<String> {
         }
     }
     cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_string)
-}
-
-/// One accepted connection, plaintext or TLS.
-#[derive(Debug)]
-pub enum Conn {
-    Plain(TcpStream, PeerInfo),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, PeerInfo),
-}
-
-impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = PeerInfo;
-
-    fn connect_info(&self) -> PeerInfo {
-        match self {
-            Conn::Plain(_, p) | Conn::Tls(_, p) => p.clone(),
-        }
-    }
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_read(cx, buf),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_write(cx, buf),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_flush(cx),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_shutdown(cx),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Conn::Plain(s, _) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Conn::Tls(s, _) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            Conn::Plain(s, _) => s.is_write_vectored(),
-            Conn::Tls(s, _) => s.is_write_vectored(),
-        }
-    }
-}
-
-/// Accepts connections on `listener`; with `tls`, each completes its handshake (10 s at most) in its own task
-/// first, so a slow or hostile client delays nobody else.
-pub fn incoming(listener: TcpListener, tls: Option<ServerTls>) -> ReceiverStream<std::io::Result<Conn>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let (stream, remote) = match listener.accept().await {
-                Ok(a) => a,
-                Err(e) => {
-                    warn!(error = %e, "gRPC listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let tx = tx.clone();
-            match &tls {
-                None => {
-                    let peer = PeerInfo { remote: Some(remote), identity: None };
-                    if tx.send(Ok(Conn::Plain(stream, peer))).await.is_err() {
-                        return;
-                    }
-                }
-                Some(tls) => {
-                    let Some(cfg) = tls.config() else { continue };
-                    tokio::spawn(async move {
-                        let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-                        match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
-                            Ok(Ok(s)) => {
-                                let identity = s
-                                    .get_ref()
-                                    .1
-                                    .peer_certificates()
-                                    .and_then(|c| c.first())
-                                    .and_then(|c| certificate_name(c.as_ref()));
-                                debug!(%remote, identity = ?identity, "gRPC TLS connection");
-                                let _ = tx
-                                    .send(Ok(Conn::Tls(Box::new(s), PeerInfo { remote: Some(remote), identity })))
-                                    .await;
-                            }
-                            Ok(Err(e)) => info!(%remote, error = %e, "gRPC TLS handshake refused"),
-                            Err(_) => info!(%remote, "gRPC TLS handshake timed out"),
-                        }
-                    });
-                }
-            }
-        }
-    });
-    ReceiverStream::new(rx)
 }

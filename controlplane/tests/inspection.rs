@@ -331,7 +331,8 @@ async fn the_reboot_throttle_spaces_power_ons() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_workers_racing_for_one_node_one_proceeds_the_other_leaves_the_request() {
-    use ironguard_controlplane::inspection::records::{Kind, Taken, now_ms};
+    use ironguard_inspection::records::{Kind, Taken};
+    use ironguard_proto::time::now_ms;
     let s = site("race", |_| {}).await;
     // The first worker's task blocks in Ironic for a while (validating the power interface), holding the node's lock.
     s.ironic.inject(Fault {

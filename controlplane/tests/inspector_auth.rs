@@ -15,8 +15,8 @@ use base64::Engine as _;
 use fake_ironic::{FakeIronic, Port};
 use ironguard_controlplane::ControlPlaneConfig;
 use ironguard_controlplane::http_access::{AuthStrategy, Secret};
-use ironguard_controlplane::inspection::machine::State;
-use ironguard_controlplane::inspection::records::NodeRecord;
+use ironguard_inspection::machine::State;
+use ironguard_inspection::records::NodeRecord;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::{NodeRequest, StartRequest};
 use serde_json::{Value, json};
@@ -575,7 +575,7 @@ async fn continue_is_bounded_rate_limited_and_discreet() {
         .unwrap();
     s.wait_state(N1, "waiting").await;
     // N2's inspection is starting (as if its worker were busy powering it on): not waiting for data.
-    let mut rec = NodeRecord::new(N2);
+    let mut rec = NodeRecord::new(N2, ironguard_proto::time::now_ms());
     rec.state = State::Starting;
     rec.macs = vec![MAC2.parse().unwrap()];
     rec.bmc_addresses = vec!["10.0.0.2".into()];
@@ -708,7 +708,7 @@ fn test_pki() -> (String, String, String) {
 /// it), plain HTTP to the same port gets no answer, and authentication works over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn https_with_a_test_ca() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    ironguard_ironic::crypto_provider();
     let (ca, cert, key) = test_pki();
     let s = site("tls", |c, dir| {
         std::fs::write(dir.join("cert.pem"), &cert).unwrap();

@@ -24,7 +24,6 @@
 //! site); `scripts/fuzz.sh` runs many more.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod prop_support;
 mod site_support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,14 +33,15 @@ use std::time::{Duration, Instant};
 
 use fake_ironic::{FakeIronic, Node, Port};
 use ironguard_controlplane::filter::MAX_MACS_PER_REQUEST;
-use ironguard_controlplane::inspection::machine::State;
-use ironguard_controlplane::inspection::records::{NodeRecord, Request};
 use ironguard_dataplane::MacAddr;
+use ironguard_inspection::machine::State;
+use ironguard_inspection::records::{NodeRecord, Request};
 use ironguard_proto::v1::{
     ContinueRequest, DataRequest, FilterState, GetFilterStateRequest, ListRequest, ListRulesRequest, NodeRequest, Rule,
     RuleRequest, StartRequest, UpdatePxeFiltersRequest,
 };
-use prop_support::{check, json, json_object, mutate, mutated_fixture, mutation, text};
+use ironguard_testkit::hostile::{json, json_object, mutate, mutated_fixture, mutation, text};
+use ironguard_testkit::prop::check;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tonic::Code;
@@ -65,7 +65,7 @@ const R1: &str = "0f4c1a54-7d0a-4a4e-9d4c-0a4f8a1c2b3d";
 const PRE_PROCESSING: &str = "The following failures happened during running pre-processing hooks";
 
 fn cases() -> u32 {
-    prop_support::cases("IRONGUARD_PROPTEST_NET_CASES", DEFAULT_CASES)
+    ironguard_testkit::prop::cases("IRONGUARD_PROPTEST_NET_CASES", DEFAULT_CASES)
 }
 
 // --- panics anywhere in the process -----------------------------------------------------------------------------

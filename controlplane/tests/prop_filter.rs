@@ -7,15 +7,14 @@
 //! Case count: `IRONGUARD_PROPTEST_CASES` (default below); `scripts/fuzz.sh` runs many more.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod prop_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use ironguard_controlplane::filter::{
     API, Entry, InvalidRequest, MAX_MACS_PER_REQUEST, WriteStamp, api_changes_with, apply_changes,
 };
 use ironguard_dataplane::MacAddr;
-use prop_support::{check, text};
+use ironguard_testkit::hostile::text;
+use ironguard_testkit::prop::check;
 use proptest::prelude::*;
 
 const DEFAULT_CASES: u32 = 3000;
@@ -24,7 +23,7 @@ const DEFAULT_STORE_CASES: u32 = 300;
 const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proptest-regressions/prop_filter.txt");
 
 fn cases() -> u32 {
-    prop_support::cases("IRONGUARD_PROPTEST_CASES", DEFAULT_CASES)
+    ironguard_testkit::prop::cases("IRONGUARD_PROPTEST_CASES", DEFAULT_CASES)
 }
 
 fn store_cases() -> u32 {

@@ -7,9 +7,9 @@
 //! ([`ironguard_dataplane::decide`]), so a host whose kernel disagrees with its agent's report shows it.
 
 use std::fmt::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use ironguard_dataplane::{MacAddr, MacDecision, Mode as NftMode, UnknownMacPolicy};
+use ironguard_proto::time::now_ms;
 use ironguard_proto::v1::{self as pb, MacExplanation};
 use serde::Serialize;
 
@@ -96,10 +96,6 @@ fn policy_name(p: i32) -> String {
         Ok(pb::UnknownMacPolicy::Deny) => "deny".into(),
         _ => "unspecified".into(),
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 impl ExplainReport {

@@ -22,9 +22,33 @@ pub struct KernelDataplane {
     capacity: (usize, usize),
     /// The end of the kernel lease as last set (re-applied, with what remains of it, by a full rebuild).
     lease_until: Option<Instant>,
+    #[cfg(feature = "test-hooks")]
+    hooks: TestHooks,
+}
+
+/// Faults the end-to-end tests inject (feature `test-hooks`, which release builds and the packages never enable).
+#[cfg(feature = "test-hooks")]
+#[derive(Debug, Default)]
+struct TestHooks {
+    /// The next batch carries an object the kernel must reject.
     inject_invalid: bool,
-    /// For tests: the next `.1` batches that carry the lease wait `.0` between computing its timeout and sending.
+    /// The next `.1` batches that carry the lease wait `.0` between computing its timeout and sending.
     lease_write_delay: (Duration, u32),
+}
+
+#[cfg(feature = "test-hooks")]
+impl TestHooks {
+    /// What the hooks do to a batch about to be committed.
+    fn before_commit(&mut self, what: &str, mut tx: Tx) -> Result<Tx, NftError> {
+        if matches!(what, "lease" | "full") && self.lease_write_delay.1 > 0 {
+            self.lease_write_delay.1 -= 1;
+            std::thread::sleep(self.lease_write_delay.0);
+        }
+        if std::mem::take(&mut self.inject_invalid) {
+            ruleset::add_invalid_object(&mut tx)?;
+        }
+        Ok(tx)
+    }
 }
 
 /// A lease element's timeout counts from when the kernel applies its batch, not from when it was computed. A
@@ -51,8 +75,8 @@ impl KernelDataplane {
             committed: None,
             capacity: (0, 0),
             lease_until: None,
-            inject_invalid: false,
-            lease_write_delay: (Duration::ZERO, 0),
+            #[cfg(feature = "test-hooks")]
+            hooks: TestHooks::default(),
         };
         if let Some(tables) = observe::read_tables(&DumpSocket::open()?)? {
             if let Some(t) = tables.iter().find(|t| t.name == OWNED_TABLE) {
@@ -76,29 +100,24 @@ impl KernelDataplane {
     }
 
     /// Makes the next batch carry an object the kernel must reject. For tests of the all-or-nothing guarantee.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn inject_invalid_object_once(&mut self) {
-        self.inject_invalid = true;
+        self.hooks.inject_invalid = true;
     }
 
     /// Makes the next `writes` batches that carry the lease wait `delay` after its timeout was computed, as a
     /// starved agent does. For tests of [`LEASE_APPLY_SLACK`].
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn delay_lease_writes(&mut self, delay: Duration, writes: u32) {
-        self.lease_write_delay = (delay, writes);
+        self.hooks.lease_write_delay = (delay, writes);
     }
 
-    fn commit(&mut self, mut tx: Tx, what: &str) -> Result<ApplyReport, NftError> {
+    fn commit(&mut self, tx: Tx, what: &str) -> Result<ApplyReport, NftError> {
         if tx.is_empty() {
             return Ok(ApplyReport::default());
         }
-        if matches!(what, "lease" | "full") && self.lease_write_delay.1 > 0 {
-            self.lease_write_delay.1 -= 1;
-            std::thread::sleep(self.lease_write_delay.0);
-        }
-        if std::mem::take(&mut self.inject_invalid) {
-            ruleset::add_invalid_object(&mut tx)?;
-        }
+        #[cfg(feature = "test-hooks")]
+        let tx = self.hooks.before_commit(what, tx)?;
         let start = Instant::now();
         let f = tx.finish();
         let span =

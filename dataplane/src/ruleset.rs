@@ -1080,14 +1080,19 @@ pub(crate) fn guard_remove(existing: GuardFlags) -> Tx {
     tx
 }
 
+/// The chain (that does not exist) of the invalid object the test hook injects. Only a build with the `test-hooks`
+/// feature holds this string.
+pub const FAULT_INJECTION_CHAIN: &str = "ironguard-fault-injection";
+
 /// Test hook: appends an object the kernel must reject (a rule in a chain that does not exist).
+#[cfg(feature = "test-hooks")]
 pub(crate) fn add_invalid_object(tx: &mut Tx) -> Result<(), NftError> {
     let t = table(Side::Requests, OWNED_TABLE);
-    let chain = regular_chain(&t, "ironguard-fault-injection");
+    let chain = regular_chain(&t, FAULT_INJECTION_CHAIN);
     tx.rule(
         &Rule::new(&chain)?.with_expr(Immediate::new_verdict(VerdictKind::Drop)),
         MsgType::Add,
-        format!("rule in chain inet {OWNED_TABLE} ironguard-fault-injection (injected fault)"),
+        format!("rule in chain inet {OWNED_TABLE} {FAULT_INJECTION_CHAIN} (injected fault)"),
     );
     Ok(())
 }

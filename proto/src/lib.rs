@@ -2,7 +2,8 @@
 //!
 //! - [`v1`]: messages, the `PxeFilter` client and server.
 //! - [`FILE_DESCRIPTOR_SET`]: for gRPC server reflection (so `grpcurl` works without the .proto files).
-//! - [`time`]: the calendar fields of the API's millisecond timestamps, for printing them.
+//! - [`time`]: the API's millisecond timestamps: [`time::now_ms`], the one clock every crate stamps them with, and
+//!   their calendar fields, for printing them.
 //! - [`client`]: how clients reach the API (plaintext or TLS, client certificates, the operator's bearer token).
 
 pub mod client;
@@ -16,9 +17,16 @@ pub mod v1 {
 /// Encoded file descriptor set of every ironguard .proto, for `tonic-reflection`.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ironguard_descriptor");
 
-/// The API's times are milliseconds since the Unix epoch; this breaks one into its UTC calendar fields, for the
-/// places that print them (`ironguardctl`, the ironic-inspector REST API).
+/// The API's times are milliseconds since the Unix epoch: [`now_ms`](time::now_ms) reads the clock, and
+/// [`utc_fields`](time::utc_fields) breaks a time into its UTC calendar fields, for the places that print them
+/// (`ironguardctl`, the ironic-inspector REST API).
 pub mod time {
+    /// Milliseconds since the Unix epoch, now. The wall clock, not a monotonic one: these times are shared between
+    /// hosts (records in etcd, agents' reports); 0 if the clock is set before 1970.
+    pub fn now_ms() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    }
+
     /// A UTC time split into calendar fields (proleptic Gregorian).
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct UtcFields {

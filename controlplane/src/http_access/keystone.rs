@@ -11,9 +11,10 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::http::{HeaderValue, StatusCode};
+use ironguard_proto::time::now_ms;
 use serde_json::{Value, json};
 use tracing::{debug, error, warn};
 
@@ -88,8 +89,8 @@ pub fn v3_base(url: &str) -> String {
 
 impl KeystoneAuth {
     pub fn new(cfg: &InspectorApiConfig) -> Result<Self, KeystoneError> {
-        // rustls needs a process-wide crypto provider; ring is already in the tree.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // reqwest's TLS takes the process's provider.
+        ironguard_ironic::crypto_provider();
         let mut b = reqwest::Client::builder().timeout(Duration::from_millis(cfg.keystone_timeout_ms.max(1)));
         if !cfg.keystone_ca_file.is_empty() {
             let pem = std::fs::read(&cfg.keystone_ca_file)
@@ -337,10 +338,6 @@ fn first_line(path: &str) -> Result<Secret, String> {
         return Err(format!("{path} is empty"));
     }
     Ok(Secret::new(line))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Milliseconds since the epoch of an ISO 8601 UTC time as Keystone writes it: `2025-01-31T12:00:00.000000Z`

@@ -1,10 +1,9 @@
-//! Who may call the ironic-inspector v1 REST API, how often, and over what transport.
+//! Who may call the ironic-inspector v1 REST API, and how often (its TLS: [`crate::tls`], [`crate::listener`]).
 //!
 //! - [`config`]: the `[inspector_api]` section ([`InspectorApiConfig`]).
 //! - [`htpasswd`]: `http_basic`, an Apache htpasswd file of bcrypt entries.
 //! - [`keystone`]: `keystone`, tokens validated against Keystone's `GET /v3/auth/tokens`.
 //! - [`rate_limit`]: a token bucket per source address, for the unauthenticated `POST /v1/continue`.
-//! - [`tls`]: the listener's rustls configuration and a TLS [`axum::serve::Listener`].
 //!
 //! [`Authenticator`] is the configured strategy; the inspector API asks it about every operator call and turns a
 //! [`Refusal`] into ironic-inspector's JSON error. Secrets (passwords, tokens, hashes) never reach a log line, a
@@ -14,7 +13,6 @@ pub mod config;
 pub mod htpasswd;
 pub mod keystone;
 pub mod rate_limit;
-pub mod tls;
 
 use std::sync::Arc;
 
@@ -68,7 +66,7 @@ pub enum AccessError {
     #[error("[inspector_api] keystone: {0}")]
     Keystone(#[from] keystone::KeystoneError),
     #[error("[inspector_api] TLS: {0}")]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] crate::tls::TlsError),
 }
 
 impl Authenticator {

@@ -7,20 +7,22 @@ use std::time::{Duration, Instant};
 
 use ironguard_coord::{Coordinator, Session};
 use ironguard_dataplane::MacAddr;
+use ironguard_inspection::lookup::{self, Attributes, LookupError, lookup_attributes};
+use ironguard_inspection::machine::{self, Event, State};
+use ironguard_inspection::outcome::fold_effects;
+use ironguard_inspection::processing::{self, Pipeline, Plan, ProcessingConfig};
+use ironguard_inspection::records::{Kind, NodeRecord, Taken};
+use ironguard_inspection::rules;
+use ironguard_ironic::{Ironic, IronicError};
+use ironguard_proto::time::now_ms;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
-use super::lookup::{self, Attributes, LookupError};
-use super::machine::{self, Event, State};
 use super::process::{self, Requests, StoredData};
-use super::processing::{self, Pipeline, Plan, ProcessingConfig};
-use super::records::{Kind, NodeRecord, Taken, now_ms};
-use super::rules;
 use crate::agents::AgentRegistry;
 use crate::filter::{ReasonChange, Side};
-use crate::ironic::{Ironic, IronicError};
 use crate::store::{FilterStore, InspectionStore, RuleStore, StoreError};
 
 /// Provision states in which Ironic lets a node be inspected.
@@ -150,7 +152,7 @@ pub enum ApiError {
     BadRule(String),
     #[error("rule {0} already exists")]
     RuleExists(String),
-    #[error("rule {} was not found", super::clip(.0, 64))]
+    #[error("rule {} was not found", ironguard_inspection::clip(.0, 64))]
     UnknownRule(String),
     #[error("node {0} has no stored introspection data to reapply")]
     NoData(String),
@@ -162,7 +164,12 @@ pub enum ApiError {
     Store(#[from] StoreError),
 }
 
-/// Where a test makes the worker process die (`IRONGUARD_TEST_CRASH=<point>:<kind>`), to prove redelivery.
+/// The variable that names a [`CrashPoint`] (`IRONGUARD_TEST_CRASH=<point>:<kind>`). Only a build with the
+/// `test-hooks` feature reads it, and only such a binary holds this string.
+pub const CRASH_VAR: &str = "IRONGUARD_TEST_CRASH";
+
+/// Where a test makes the worker process die ([`CRASH_VAR`]), to prove redelivery. Read only by a build with the
+/// `test-hooks` feature, which release builds and the packages never enable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashPoint {
     /// After taking the request, before saving the transition.
@@ -172,8 +179,9 @@ pub enum CrashPoint {
 }
 
 impl CrashPoint {
+    #[cfg(feature = "test-hooks")]
     pub fn from_env() -> Option<Self> {
-        Self::parse(&std::env::var("IRONGUARD_TEST_CRASH").ok()?)
+        Self::parse(&std::env::var(CRASH_VAR).ok()?)
     }
 
     /// `before-transition:process`, `after-task:start`, ...
@@ -202,6 +210,7 @@ pub struct Engine {
     /// `[discovery]`: what happens to data from a machine no inspection knows.
     pub discovery: DiscoveryConfig,
     pub rules: Arc<dyn RuleStore>,
+    #[cfg(feature = "test-hooks")]
     pub crash: Option<CrashPoint>,
 }
 
@@ -227,27 +236,13 @@ pub fn reason(node: &str) -> String {
     format!("inspection:{node}")
 }
 
-/// What the data offers to look its node up with: the MACs of all its interfaces and its BMC addresses
-/// (ironic-inspector's lookup attributes), and a `node_uuid` if the caller or the data names one.
-pub fn lookup_attributes(data: &Value, node_uuid: Option<String>) -> Attributes {
-    let (macs, bmcs) = processing::lookup_attributes(data);
-    let mut macs: Vec<MacAddr> = macs.iter().filter_map(|m| m.parse().ok()).collect();
-    if let Some(list) = data["macs"].as_array() {
-        macs.extend(list.iter().filter_map(|m| m.as_str()?.parse::<MacAddr>().ok()));
-    }
-    macs.sort();
-    macs.dedup();
-    let node_uuid = node_uuid.or_else(|| data["node_uuid"].as_str().map(str::to_string)).filter(|u| !u.is_empty());
-    Attributes { macs, bmc_addresses: bmcs.into_iter().filter(|b| lookup::usable_bmc(b)).collect(), node_uuid }
-}
-
 impl Engine {
     fn ironic(&self) -> Result<&Arc<Ironic>, ApiError> {
         self.ironic.as_ref().ok_or(ApiError::NoIronic)
     }
 
     async fn record(&self, node: &str) -> Result<NodeRecord, ApiError> {
-        Ok(self.store.get(node).await?.unwrap_or_else(|| NodeRecord::new(node)))
+        Ok(self.store.get(node).await?.unwrap_or_else(|| NodeRecord::new(node, now_ms())))
     }
 
     /// Starts (or restarts) the inspection of `node` (UUID or name). A node in maintenance is refused unless
@@ -364,7 +359,7 @@ impl Engine {
         if let Some(m) = data.as_object_mut() {
             m.insert("auto_discovered".into(), Value::Bool(true));
         }
-        let mut rec = NodeRecord::new(&uuid);
+        let mut rec = NodeRecord::new(&uuid, now_ms());
         rec.state = State::Enrolling;
         rec.started_at = Some(now_ms());
         rec.manage_boot = false;
@@ -551,9 +546,10 @@ impl Engine {
     }
 
     /// Test hook: stops the worker at `point` and keeps the process alive so a test can SIGKILL it right there.
+    #[cfg(feature = "test-hooks")]
     fn crash_if(&self, point: CrashPoint) {
         if self.crash == Some(point) {
-            error!(?point, "IRONGUARD_TEST_CRASH: worker stopped here, waiting to be killed");
+            error!(?point, "{CRASH_VAR}: worker stopped here, waiting to be killed");
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
@@ -569,7 +565,7 @@ impl Engine {
             info!("node deleted from Ironic: removed");
             return Ok(());
         }
-        let mut rec = self.store.get(&req.node).await?.unwrap_or_else(|| NodeRecord::new(&req.node));
+        let mut rec = self.store.get(&req.node).await?.unwrap_or_else(|| NodeRecord::new(&req.node, now_ms()));
         let Some(event) = req.kind.event() else { return Ok(()) };
         if event.is_strict() && rec.strict_request == Some(req.id) {
             let in_progress = match event {
@@ -588,6 +584,7 @@ impl Engine {
             self.cleanup(&rec).await;
             return self.fail(&mut rec, msg).await;
         }
+        #[cfg(feature = "test-hooks")]
         self.crash_if(CrashPoint::BeforeTransition(req.kind));
         let redelivered_start = req.kind == Kind::Start && rec.state == State::Starting && taken.attempt > 1;
         if !redelivered_start {
@@ -618,6 +615,7 @@ impl Engine {
             r = self.task(req.kind, &mut rec, &req.args) => r,
             _ = stop.cancelled() => Err("shutting down".to_string()),
         };
+        #[cfg(feature = "test-hooks")]
         self.crash_if(CrashPoint::AfterTask(req.kind));
         // The task may have taken long: reload the version to save over.
         let latest = self.store.get(&req.node).await?.map(|r| r.version).unwrap_or(0);
@@ -768,7 +766,7 @@ impl Engine {
         let node_json = ironic.get_node_full(&rec.uuid).await.map_err(|e| e.to_string())?;
         let ports = ironic.list_ports_detail(&rec.uuid).await.map_err(|e| e.to_string())?;
         requests.reads += 2;
-        let view = process::node_view(&node_json, &ports);
+        let view = processing::node_view(&node_json, &ports);
         if !process::PROCESSABLE.contains(&view.provision_state.as_str()) {
             return Err(format!(
                 "Invalid provision state for introspection: \"{}\", valid states are \"{}\"",
@@ -783,7 +781,7 @@ impl Engine {
         self.store.put_data(&rec.uuid, &stored.to_value()).await.map_err(|e| format!("storing the data: {e}"))?;
         let rules = process::load_rules(&*self.rules).await?;
         let effects = rules::apply(&rules, &processed, &node_json).map_err(|e| format!("introspection rules: {e}"))?;
-        let outcome = process::fold_effects(effects, &mut plan);
+        let outcome = fold_effects(effects, &mut plan);
         process::apply_plan(ironic, &view, &plan, &outcome, &mut requests).await?;
         info!(reads = requests.reads, writes = requests.writes, "processed");
         match outcome.failed {
@@ -876,18 +874,6 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lookup_attributes_from_ipa_data() {
-        let d = serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:12:34:56"}, {"mac_address": "bogus"}], "bmc_address": "10.0.0.9"}});
-        let a = lookup_attributes(&d, None);
-        assert_eq!(a.macs, vec!["52:54:00:12:34:56".parse::<MacAddr>().unwrap()]);
-        assert_eq!(a.bmc_addresses, vec!["10.0.0.9".to_string()]);
-        assert_eq!(a.node_uuid, None);
-        let a = lookup_attributes(&serde_json::json!({"inventory": {"bmc_address": "0.0.0.0"}}), Some("n1".into()));
-        assert!(a.macs.is_empty() && a.bmc_addresses.is_empty());
-        assert_eq!(a.node_uuid.as_deref(), Some("n1"));
-    }
 
     #[test]
     fn discovery_config_is_checked() {

@@ -2,19 +2,21 @@
 //! ironic-inspector does it:
 //!
 //! 1. the node as Ironic has it (one GET of the node, one of its ports), and its provision state checked;
-//! 2. every hook's `before_update` (`processing`), building one [`Plan`];
+//! 2. every hook's `before_update` ([`ironguard_inspection::processing`]), building one [`Plan`];
 //! 3. the processed data stored (without `logs`), beside the unprocessed data for reapply;
-//! 4. the introspection rules applied to the processed data and the node ([`super::rules`]), into the same plan;
+//! 4. the introspection rules applied to the processed data and the node ([`rules`]), folded into the same plan
+//!    ([`ironguard_inspection::outcome`]);
 //! 5. the plan written to Ironic: ONE JSON-PATCH of the node, then the port creations, port patches, port
 //!    deletions and traits. A failure stops there and the inspection fails with a message that says which write
 //!    failed and which went through, so nothing half-written goes unreported.
 
-use serde_json::{Map, Value, json};
+use ironguard_inspection::outcome::RuleOutcome;
+use ironguard_inspection::processing::{NodeView, PatchOp, Plan};
+use ironguard_inspection::rules;
+use ironguard_ironic::{Ironic, IronicError};
+use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-use super::processing::{NodeView, PatchOp, Plan, PortView};
-use super::rules::{self, Effect};
-use crate::ironic::{Ironic, IronicError};
 use crate::store::RuleStore;
 
 /// The provision states in which ironic-inspector processes data.
@@ -51,66 +53,6 @@ impl StoredData {
 pub struct Requests {
     pub reads: usize,
     pub writes: usize,
-}
-
-fn string_map(v: &Value) -> Map<String, Value> {
-    v.as_object().cloned().unwrap_or_default()
-}
-
-/// The node and its ports as the hooks see them, from Ironic's JSON.
-pub fn node_view(node: &Value, ports: &[Value]) -> NodeView {
-    NodeView {
-        uuid: node["uuid"].as_str().unwrap_or_default().to_string(),
-        provision_state: node["provision_state"].as_str().unwrap_or_default().to_string(),
-        properties: string_map(&node["properties"]),
-        extra: string_map(&node["extra"]),
-        ports: ports
-            .iter()
-            .map(|p| PortView {
-                uuid: p["uuid"].as_str().unwrap_or_default().to_string(),
-                address: p["address"].as_str().unwrap_or_default().to_ascii_lowercase(),
-                pxe_enabled: p["pxe_enabled"].as_bool().unwrap_or(true),
-                extra: string_map(&p["extra"]),
-                local_link_connection: string_map(&p["local_link_connection"]),
-                physical_network: p["physical_network"].as_str().map(str::to_string),
-            })
-            .collect(),
-    }
-}
-
-/// What the rules want beyond the node patch: traits, `reset_interfaces`, and a `fail` action's message.
-#[derive(Debug, Default)]
-pub struct RuleOutcome {
-    pub traits_add: Vec<String>,
-    pub traits_remove: Vec<String>,
-    pub reset_interfaces: Option<bool>,
-    pub failed: Option<String>,
-}
-
-/// Folds the rules' effects into the plan, in order, up to the first `fail` (ironic-inspector stops there: the
-/// actions before it took effect, the ones after it do not).
-pub fn fold_effects(effects: Vec<Effect>, plan: &mut Plan) -> RuleOutcome {
-    let mut out = RuleOutcome::default();
-    for e in effects {
-        match e {
-            Effect::Fail(msg) => {
-                out.failed = Some(msg);
-                break;
-            }
-            Effect::NodePatch { op, path, value } => plan.set_node(&op, &path, Some(value)),
-            Effect::ResetInterfaces(r) => out.reset_interfaces = Some(r),
-            Effect::Capability { name, value } => plan.merge_capabilities([(name, value)]),
-            Effect::AddTrait(t) => {
-                out.traits_remove.retain(|x| x != &t);
-                out.traits_add.push(t);
-            }
-            Effect::RemoveTrait(t) => {
-                out.traits_add.retain(|x| x != &t);
-                out.traits_remove.push(t);
-            }
-        }
-    }
-    out
 }
 
 /// The stored rules, parsed (a rule that no longer parses is skipped with a warning rather than blocking every
@@ -230,31 +172,6 @@ mod tests {
         assert_eq!(StoredData::from_value(s.to_value()), s);
         let old = StoredData::from_value(json!({"inventory": {"cpu": {}}}));
         assert_eq!(old.processed, old.unprocessed);
-    }
-
-    #[test]
-    fn rule_effects_fold_into_the_plan() {
-        let node = NodeView { uuid: "n".into(), ..Default::default() };
-        let mut plan = Plan::new();
-        let out = fold_effects(
-            vec![
-                Effect::NodePatch { op: "add".into(), path: "/extra/rack".into(), value: json!("r1") },
-                Effect::Capability { name: "gpu".into(), value: Some("true".into()) },
-                Effect::AddTrait("CUSTOM_A".into()),
-                Effect::RemoveTrait("CUSTOM_A".into()),
-                Effect::AddTrait("CUSTOM_B".into()),
-                Effect::Fail("no good".into()),
-                Effect::AddTrait("CUSTOM_AFTER_FAIL".into()),
-                Effect::Fail("second".into()),
-            ],
-            &mut plan,
-        );
-        assert_eq!(out.failed.as_deref(), Some("no good"));
-        assert_eq!(out.traits_add, ["CUSTOM_B"], "nothing after the first fail");
-        assert_eq!(out.traits_remove, ["CUSTOM_A"]);
-        let ops = plan.node_patch(&node);
-        assert!(ops.iter().any(|o| o.path == "/extra/rack"));
-        assert!(ops.iter().any(|o| o.path == "/properties/capabilities" && o.value == Some(json!("gpu:true"))));
     }
 
     #[test]

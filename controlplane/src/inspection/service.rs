@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use ironguard_inspection::machine::State;
+use ironguard_inspection::records::NodeRecord;
 use ironguard_proto::v1::inspection_server::Inspection;
 use ironguard_proto::v1::{
     ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, InspectionStatus, ListRequest,
@@ -11,9 +13,7 @@ use ironguard_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::engine::{ApiError, Engine};
-use super::machine::State;
 use super::process::StoredData;
-use super::records::NodeRecord;
 
 /// gRPC front of the engine.
 #[derive(Debug)]
@@ -29,7 +29,7 @@ pub const MAX_DATA_BYTES: usize = 2 << 20;
 /// The gRPC status of an engine error. Its message is bounded (it can quote the caller's data, e.g. a ramdisk's
 /// error text, and a gRPC message travels in a header: 1000 characters, at most 12 kB percent-encoded).
 fn status(e: ApiError) -> Status {
-    let msg = super::clip(&e.to_string(), 1000);
+    let msg = ironguard_inspection::clip(&e.to_string(), 1000);
     match &e {
         ApiError::UnknownNode(_) | ApiError::NoMatch(_) => Status::not_found(msg),
         ApiError::ProvisionState { .. }
@@ -37,7 +37,7 @@ fn status(e: ApiError) -> Status {
         | ApiError::Illegal { .. }
         | ApiError::NoData(_)
         | ApiError::NoIronic => Status::failed_precondition(msg),
-        ApiError::Lookup(super::lookup::LookupError::NotFound(_)) => Status::not_found(msg),
+        ApiError::Lookup(ironguard_inspection::lookup::LookupError::NotFound(_)) => Status::not_found(msg),
         ApiError::Lookup(_) => Status::failed_precondition(msg),
         ApiError::BadData(_) | ApiError::PreProcessing(_) | ApiError::Discovery(_) | ApiError::BadRule(_) => {
             Status::invalid_argument(msg)
@@ -65,7 +65,10 @@ fn to_pb(r: NodeRecord) -> InspectionStatus {
 
 fn node_arg(n: &str) -> Result<&str, Status> {
     if n.is_empty() || n.len() > 255 || n.contains('/') {
-        return Err(Status::invalid_argument(format!("{:?} is not a node UUID or name", super::clip(n, 64))));
+        return Err(Status::invalid_argument(format!(
+            "{:?} is not a node UUID or name",
+            ironguard_inspection::clip(n, 64)
+        )));
     }
     Ok(n)
 }
@@ -80,7 +83,7 @@ impl InspectionService {
         match &self.engine.ironic {
             Some(i) => match i.get_node(node).await {
                 Ok(n) => Ok(n.uuid),
-                Err(crate::ironic::IronicError::NotFound { .. }) => {
+                Err(ironguard_ironic::IronicError::NotFound { .. }) => {
                     Err(Status::not_found(format!("node {node} is not known to Ironic")))
                 }
                 Err(e) => Err(Status::unavailable(e.to_string())),

@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::StoreError;
-use crate::inspection::records::{Kind, NodeRecord, Request, Taken};
 
 /// A queue entry as stored: the request and who holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,14 +61,14 @@ pub trait InspectionStore: Send + Sync + 'static {
     async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError>;
     async fn list(&self) -> Result<Vec<NodeRecord>, StoreError>;
     /// The records `/v1/continue`'s lookup scores above zero (sharing a MAC or BMC address with `attrs`, or
-    /// named by it): [`lookup::lookup`](crate::inspection::lookup::lookup) over them decides as over every record.
+    /// named by it): [`lookup::lookup`](ironguard_inspection::lookup::lookup) over them decides as over every record.
     async fn lookup_candidates(
         &self,
-        attrs: &crate::inspection::lookup::Attributes,
+        attrs: &ironguard_inspection::lookup::Attributes,
     ) -> Result<Vec<NodeRecord>, StoreError> {
         let bmcs = attrs.normalised_bmcs();
         let mut all = self.list().await?;
-        all.retain(|r| crate::inspection::lookup::score(attrs, &bmcs, r) > 0);
+        all.retain(|r| ironguard_inspection::lookup::score(attrs, &bmcs, r) > 0);
         Ok(all)
     }
     /// Saves `rec` if the stored version is still `rec.version` (0: absent), then increments `rec.version`.
@@ -95,7 +95,7 @@ pub trait InspectionStore: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inspection::records::{Kind, Request};
+    use ironguard_inspection::records::{Kind, Request};
 
     fn entry(id: u64, node: &str, worker: Option<&str>, lease_until: u64) -> QueueEntry {
         QueueEntry {

@@ -102,6 +102,16 @@ pub fn bin(name: &str) -> PathBuf {
     );
 }
 
+/// Whether the file `binary` holds the bytes of `marker` (e.g. a string only a test hook puts there).
+pub fn binary_holds(binary: &Path, marker: &str) -> bool {
+    let grep = Command::new("grep").args(["-q", "-a", "-F", "--", marker]).arg(binary).status();
+    match grep.unwrap_or_else(|e| panic!("cannot run grep: {e}")).code() {
+        Some(0) => true,
+        Some(1) => false,
+        other => panic!("grep {marker} {}: exit status {other:?}", binary.display()),
+    }
+}
+
 /// Runs a command to completion; panics with its output if it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
@@ -649,7 +659,16 @@ impl ControlPlane {
 
     fn spawn(&mut self, ns: &Netns, dir: &TempDir) {
         assert_eq!(ns.name(), self.ns_name);
-        let mut cmd = ns.cmd(bin("ironguard-controlplane"));
+        let exe = bin("ironguard-controlplane");
+        if self.env.iter().any(|(k, _)| k == "IRONGUARD_TEST_CRASH") {
+            assert!(
+                binary_holds(&exe, "IRONGUARD_TEST_CRASH"),
+                "{} was built without the test-hooks feature, so it ignores IRONGUARD_TEST_CRASH: build it with the \
+                 tests (cargo build --workspace --all-targets), not with cargo build --bins alone",
+                exe.display()
+            );
+        }
+        let mut cmd = ns.cmd(exe);
         cmd.arg("--grpc-listen")
             .arg(format!("{}:{}", self.host, self.grpc_port))
             .arg("--admin-listen")

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use ironguard_controlplane::ironic::{Ironic, IronicConfig, IronicError};
+use ironguard_ironic::{Ironic, IronicConfig, IronicError};
 use ironguard_netns_tests::*;
 use serde_json::{Value, json};
 

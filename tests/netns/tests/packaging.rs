@@ -3,7 +3,8 @@
 //! notify + watchdog agent with CAP_NET_ADMIN only, a guard ordered before dnsmasq, a control plane without any
 //! capability, all as an unprivileged user); the sysusers.d file creates that user; the example agent
 //! configuration is accepted by the agent; and the guard unit's exact command line installs the guard as an
-//! unprivileged user holding only the unit's capabilities (in a private network namespace).
+//! unprivileged user holding only the unit's capabilities (in a private network namespace); and no packaged binary
+//! carries a test hook.
 //!
 //! Like every test of this crate, a missing tool is a failure, never a skip: `systemd-analyze` and
 //! `systemd-sysusers` come with Debian's `systemd` package.
@@ -13,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ironguard_netns_tests::{Netns, TempDir, bin, run_ok};
+use ironguard_netns_tests::{Netns, TempDir, bin, binary_holds, run_ok};
 
 const AGENT_UNIT: &str = "ironguard-agent.service";
 const GUARD_UNIT: &str = "ironguard-guard.service";
@@ -512,5 +513,93 @@ fn guard_unit_command_installs_the_guard_as_an_unprivileged_user() {
         out.status.success() && ruleset.contains("iifname \"br-pxe\" udp dport 67") && ruleset.contains("drop"),
         "the guard drops unmarked DHCP on br-pxe:\n{ruleset}\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `scripts/package.sh`'s build command, joined across its continuation lines, as words.
+fn package_build_command(script: &str) -> Vec<String> {
+    let mut lines = script.lines().map(str::trim).skip_while(|l| !l.starts_with("cargo build "));
+    let mut command = String::new();
+    for line in lines.by_ref() {
+        command.push_str(line.trim_end_matches('\\'));
+        command.push(' ');
+        if !line.ends_with('\\') {
+            break;
+        }
+    }
+    assert!(!command.is_empty(), "no `cargo build` line in scripts/package.sh");
+    command.split_whitespace().map(str::to_string).collect()
+}
+
+/// The features `cargo tree` resolves for `packages` with these dependency kinds: the same resolution as a build of
+/// them (with `dev`, as a build of their tests).
+fn resolved_features(packages: &[String], dev: bool) -> String {
+    let edges = if dev { "normal,build,dev,features" } else { "normal,build,features" };
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["tree", "--locked", "--offline", "--prefix", "none", "--edges", edges, "--manifest-path"])
+        .arg(repo_root().join("Cargo.toml"));
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    String::from_utf8_lossy(&run_ok(&mut cmd).stdout).into_owned()
+}
+
+/// The Debian packages carry no test hook (IRONGUARD_TEST_CRASH, the dataplane's fault injection):
+/// `scripts/package.sh` builds their binaries without test targets, so the `test-hooks` feature that the end-to-end
+/// tests enable through their dev-dependencies is not resolved for them, and it refuses a binary that holds a
+/// hook's marker anyway. Checked: that build command, cargo's feature resolution for it, and the markers (the hooks'
+/// own strings; the control plane of this test build carries its hook and marker).
+#[test]
+fn packaged_binaries_carry_no_test_hook() {
+    let script = read(&repo_root().join("scripts/package.sh"));
+    let build = package_build_command(&script);
+    for word in &build {
+        assert!(
+            ![
+                "--all-targets",
+                "--tests",
+                "--benches",
+                "--examples",
+                "--workspace",
+                "--all-features",
+                "--features",
+                "-F"
+            ]
+            .contains(&word.as_str())
+                && !word.contains("test-hooks"),
+            "scripts/package.sh builds with {word}, which can enable the test hooks: {}",
+            build.join(" ")
+        );
+    }
+    let packages: Vec<String> = build.windows(2).filter(|w| w[0] == "-p").map(|w| w[1].clone()).collect();
+    for packaged in ["ironguard-agent", "ironguard-controlplane", "ironguardctl"] {
+        assert!(packages.iter().any(|p| p == packaged), "package.sh does not build {packaged}: {}", build.join(" "));
+    }
+    // Cargo resolves no test-hooks feature for what package.sh builds; for the end-to-end tests it does (so the
+    // query would see it).
+    let packaged = resolved_features(&packages, false);
+    assert!(!packaged.contains("feature \"test-hooks\""), "the packaged binaries get the test hooks:\n{packaged}");
+    let tests = resolved_features(&["ironguard-netns-tests".to_string()], true);
+    for krate in ["ironguard-controlplane", "ironguard-dataplane"] {
+        assert!(tests.contains(&format!("{krate} feature \"test-hooks\"")), "{krate}'s hooks in the tests:\n{tests}");
+    }
+    // package.sh's markers are the hooks' own strings, and the control plane of this test build (which the
+    // end-to-end crash tests run) holds its marker.
+    let listed = script
+        .lines()
+        .find_map(|l| l.strip_prefix("test_hook_markers=("))
+        .and_then(|l| l.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no test_hook_markers=(...) line in scripts/package.sh"));
+    let listed: Vec<&str> = listed.split_whitespace().collect();
+    let hooks =
+        [ironguard_controlplane::inspection::engine::CRASH_VAR, ironguard_dataplane::ruleset::FAULT_INJECTION_CHAIN];
+    assert_eq!(listed, hooks, "scripts/package.sh's test_hook_markers are not the hooks' strings");
+    let controlplane = controlplane_bin();
+    assert!(
+        binary_holds(&controlplane, hooks[0]),
+        "{} lacks {}: the test build carries the hooks (cargo build --workspace --all-targets, as scripts/test.sh \
+         does; after cargo build --bins it carries none and the end-to-end crash tests fail too)",
+        controlplane.display(),
+        hooks[0]
     );
 }

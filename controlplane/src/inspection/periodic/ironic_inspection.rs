@@ -12,14 +12,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ironguard_dataplane::{MacAddr, UnknownMacPolicy};
+use ironguard_inspection::machine::State;
+use ironguard_ironic::{Ironic, Node};
 use tracing::{debug, info, warn};
 
 use super::mirror::ReasonMirror;
 use super::{IRONIC_INSPECTION, PolicySetting, SyncConfig, Task};
 use crate::filter::Side;
 use crate::inspection::engine::Engine;
-use crate::inspection::machine::State;
-use crate::ironic::{Ironic, Node};
 
 /// The provision states of a node Ironic is inspecting in band.
 const INSPECTING: [&str; 2] = ["inspect wait", "inspecting"];

@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ironguard_dataplane::MacAddr;
+use ironguard_inspection::records::Kind;
+use ironguard_ironic::Ironic;
 use tracing::{info, warn};
 
 use super::mirror::ReasonMirror;
 use super::{IRONIC, Task};
 use crate::filter::Side;
 use crate::inspection::engine::Engine;
-use crate::inspection::records::Kind;
-use crate::ironic::Ironic;
 
 #[derive(Debug)]
 pub(super) struct IronicSync {

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use ironguard_inspection::machine::State;
 use tracing::warn;
 
 use super::Task;
 use crate::filter::{ReasonChange, Side};
 use crate::inspection::engine::Engine;
-use crate::inspection::machine::State;
 
 /// The allow reasons of ironguard's own inspections start with this.
 const PREFIX: &str = "inspection:";

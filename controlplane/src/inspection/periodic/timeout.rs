@@ -3,12 +3,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use ironguard_inspection::machine::State;
+use ironguard_inspection::records::Kind;
+use ironguard_proto::time::now_ms;
 use tracing::info;
 
 use super::Task;
 use crate::inspection::engine::Engine;
-use crate::inspection::machine::State;
-use crate::inspection::records::{Kind, now_ms};
 
 #[derive(Debug)]
 pub(super) struct InspectionTimeout {

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ironguard_inspection::lookup::{self, Attributes};
+use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
+use ironguard_proto::time::now_ms;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
-use crate::inspection::lookup::{self, Attributes};
-use crate::inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
 use crate::store::inspections::{InspectionStore, QueueEntry, pick};
 use crate::store::{Backend, StoreError, embedded as backend};
 
@@ -520,18 +521,18 @@ mod tests {
         let (m1, m2): (MacAddr, MacAddr) = ("52:54:00:00:00:01".parse().unwrap(), "52:54:00:00:00:02".parse().unwrap());
         {
             let s = open(&d);
-            let mut a = NodeRecord::new("a");
+            let mut a = NodeRecord::new("a", now_ms());
             a.macs = vec![m1];
             a.bmc_addresses = vec!["10.0.0.1".into()];
             s.save(&mut a).await.unwrap();
-            let mut b = NodeRecord::new("b");
+            let mut b = NodeRecord::new("b", now_ms());
             b.macs = vec![m2];
             s.save(&mut b).await.unwrap();
             let mut stale = b.clone();
             s.save(&mut b).await.unwrap();
             assert!(s.save(&mut stale).await.is_err(), "conflict");
             assert_eq!(s.get("b").await.unwrap().unwrap().version, 2, "the failed save left memory alone");
-            let mut c = NodeRecord::new("c");
+            let mut c = NodeRecord::new("c", now_ms());
             s.save(&mut c).await.unwrap();
             s.remove("c").await.unwrap();
             assert!(s.get("c").await.unwrap().is_none());
@@ -604,7 +605,7 @@ mod tests {
         s.consume(&t).await.unwrap();
         assert!(s.pending().await.unwrap().is_empty());
         // records: compare-and-swap
-        let mut r = NodeRecord::new("n1");
+        let mut r = NodeRecord::new("n1", now_ms());
         s.save(&mut r).await.unwrap();
         assert_eq!(r.version, 1);
         let mut stale = r.clone();

@@ -16,10 +16,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 use ironguard_coord::etcd::EtcdCoordinator;
+use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
+use ironguard_proto::time::now_ms;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::inspection::records::{Kind, NodeRecord, Request, Taken, now_ms};
 use crate::store::inspections::{InspectionStore, QueueEntry, pick};
 use crate::store::{Backend, StoreError};
 
