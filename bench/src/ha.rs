@@ -91,8 +91,8 @@ fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
     anyhow::ensure!(out.status.success(), "allowing the probe's MAC failed: {out:?}");
     wait_for(Duration::from_secs(10), || site.dhcp(0, mac(KNOWN))).context("the allowed MAC is not served")?;
     let watcher = Watcher::start_raw(&site.hosts);
-    let known = site.spawn_probe(0, mac(KNOWN), 36000.0, 0.25);
-    let unknown = site.spawn_probe(1, mac(UNKNOWN), 36000.0, 0.5);
+    let known = site.spawn_probe(0, mac(KNOWN), 36000.0, 0.25, 0);
+    let unknown = site.spawn_probe(1, mac(UNKNOWN), 36000.0, 0.5, 0);
     let mut done = Vec::new();
     let mut failed = None;
     for r in 0..rounds {
