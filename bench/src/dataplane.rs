@@ -5,7 +5,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use ironguard_dataplane::{Backend, Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy};
+use ironguard_dataplane::{
+    Backend, Dataplane, Delta, DesiredState, KernelDataplane, Mode, RulesetConfig, UnknownMacPolicy,
+};
 use nix::sys::resource::{UsageWho, getrusage};
 use serde_json::json;
 
@@ -32,6 +34,9 @@ pub struct Args {
     /// largest.
     #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
     backend_sizes: Vec<usize>,
+    /// Times a leading `ironguard-agent hold` is killed (SIGKILL) to time how soon its table is gone.
+    #[arg(long, default_value_t = 20)]
+    kill_reps: usize,
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/dataplane.json")]
     json: PathBuf,
@@ -293,7 +298,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let backend_rows = other_backends(&args, &dir)?;
     results.insert("backends".into(), json!(backend_rows.iter().map(BackendRow::json).collect::<Vec<_>>()));
 
-    // 4. One iptables process per MAC, as ironic-inspector does.
+    // 4. The owner killed: how soon the kernel drops its table (what the end-to-end tests only order).
+    let killed = owner_killed(args.kill_reps, &dir)?;
+    results.insert(
+        "owner_killed".into(),
+        json!({"reps": killed.gone.len(), "table_gone_p50_ms": ms(killed.gone.median()),
+            "table_gone_p99_ms": ms(killed.gone.percentile(99.0)), "table_gone_max_ms": ms(killed.gone.percentile(100.0)),
+            "reaped_p50_ms": ms(killed.reaped.median()), "reaped_max_ms": ms(killed.reaped.percentile(100.0))}),
+    );
+
+    // 5. One iptables process per MAC, as ironic-inspector does.
     let ipt_version = Command::new("iptables")
         .arg("-V")
         .output()
@@ -387,6 +401,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!();
+    println!(
+        "The owner killed (SIGKILL of a leading `ironguard-agent hold`, 1000 MACs denied), read from the kernel every ~0.2 ms:"
+    );
+    println!();
+    println!("| from SIGKILL to | reps | p50 | p99 | max | goal |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for (what, s) in [("its table gone (CLOSED)", &killed.gone), ("the process reaped", &killed.reaped)] {
+        println!(
+            "| {what} | {} | {} | {} | {} | < 1 s |",
+            s.len(),
+            human(s.median()),
+            human(s.percentile(99.0)),
+            human(s.percentile(100.0))
+        );
+    }
+    println!();
     println!("Other backends, same states (the nftables figures above are from this run):");
     println!();
     println!("| backend | full load | one-MAC add | one-MAC delete | notes |");
@@ -423,6 +453,64 @@ pub(crate) fn iptables_json(
 ) -> serde_json::Value {
     json!({"macs": macs, "total_ms": ms(total), "per_mac_ms": ms(per_mac),
         "per_mac_last_100_ms": ms(per_mac_last_100), "version": version})
+}
+
+/// SIGKILL → table gone, and SIGKILL → reaped, over `reps` runs.
+struct OwnerKilled {
+    gone: Samples,
+    reaped: Samples,
+}
+
+/// Starts a leading `ironguard-agent hold` (in this process's namespace) `reps` times, kills it, and times how soon
+/// a kernel read finds its table gone, and how soon the process is reaped.
+fn owner_killed(reps: usize, dir: &std::path::Path) -> anyhow::Result<OwnerKilled> {
+    let agent = ironguard_netns_tests::bin("ironguard-agent");
+    let deny: Vec<String> = macs(1000, 0x4b).iter().map(|m| format!("--deny={m}")).collect();
+    let (mut gone, mut reaped) = (vec![], vec![]);
+    for rep in 0..reps {
+        let ready = dir.join(format!("hold-ready-{rep}"));
+        let mut child = Command::new(&agent)
+            .args(["hold", "--no-guard", "--interface", "bench0", "--mode", "leader", "--unknown-mac-policy", "deny"])
+            .args(&deny)
+            .arg("--ready-file")
+            .arg(&ready)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting ironguard-agent hold")?;
+        let start = Instant::now();
+        while !ready.exists() {
+            if start.elapsed() > Duration::from_secs(60) || child.try_wait()?.is_some() {
+                let _ = child.kill();
+                bail!("ironguard-agent hold did not become ready");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let owned = || ironguard_dataplane::observe(false).map(|o| o.owned.is_some());
+        anyhow::ensure!(owned()?, "the holder's table is not there");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let t = Instant::now();
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)?;
+        let (mut table_gone, mut exited) = (None, None);
+        while table_gone.is_none() || exited.is_none() {
+            if table_gone.is_none() {
+                match owned() {
+                    Ok(false) => table_gone = Some(t.elapsed()),
+                    Ok(true) | Err(ironguard_dataplane::NftError::Unstable(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if exited.is_none() && child.try_wait()?.is_some() {
+                exited = Some(t.elapsed());
+            }
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(60), "the killed holder or its table stayed");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        gone.extend(table_gone);
+        reaped.extend(exited);
+        let _ = std::fs::remove_file(&ready);
+    }
+    Ok(OwnerKilled { gone: Samples::new(gone), reaped: Samples::new(reaped) })
 }
 
 /// Loads `s`, then times `reps` Follower -> Leader switches.

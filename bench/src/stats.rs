@@ -38,6 +38,11 @@ impl Samples {
         self.0.len()
     }
 
+    /// Every sample, smallest first.
+    pub fn sorted(&self) -> &[Duration] {
+        &self.0
+    }
+
     /// Every sample, smallest first, for logs.
     pub fn list(&self) -> String {
         self.0.iter().map(|d| human(*d)).collect::<Vec<_>>().join(" ")

@@ -442,10 +442,12 @@ mod tests {
             }
         });
         let target = Target { rpc_timeout: Duration::from_millis(200), ..Target::new(url.clone()) };
-        let started = std::time::Instant::now();
         let mut controlplane = ControlPlane::connect(&target).await.unwrap();
-        let err = controlplane.list_agents().await.unwrap_err();
-        assert!(started.elapsed() < Duration::from_secs(2), "{err}");
+        // The call's own timeout ends it (a generous outer deadline only keeps a hang from hanging the test).
+        let err = tokio::time::timeout(Duration::from_secs(60), controlplane.list_agents())
+            .await
+            .expect("the call ends by its own timeout")
+            .unwrap_err();
         assert!(matches!(err, ControlPlaneError::NoAnswer { .. }), "{err:?}");
         assert_eq!(err.to_string(), format!("the control plane at {url} did not answer ListAgents within 200ms"));
     }

@@ -302,9 +302,21 @@ async fn latency_fault_delays() {
     assert_eq!(resp.status, 200, "status 0 is latency only");
     assert!(started.elapsed() >= Duration::from_millis(800), "{:?}", started.elapsed());
 
-    let started = Instant::now();
+    // A request the fault does not match is not delayed: it is answered while a matching one is still held (for a
+    // minute, far longer than any answer takes).
+    fake.clear_faults();
+    fake.inject(Fault { path_prefix: "/v1/nodes".into(), latency_ms: 60_000, ..Fault::default() });
+    let url = format!("{}/v1/nodes", fake.url());
+    let held = tokio::spawn(async move { client::get(&url).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The first /v1/nodes call above, then the held one.
+    while fake.calls().iter().filter(|c| c.path.starts_with("/v1/nodes")).count() < 2 {
+        assert!(Instant::now() < deadline, "the held request never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(get(&fake, "/v1/ports").await.status, 200);
-    assert!(started.elapsed() < Duration::from_millis(800), "not matching, not delayed: {:?}", started.elapsed());
+    assert!(!held.is_finished(), "not matching, not delayed: answered while the matching request is still held");
+    held.abort();
 
     // Latency and an error together.
     fake.clear_faults();
@@ -638,12 +650,20 @@ async fn stop_releases_the_port() {
     fake.inject(Fault { latency_ms: 60_000, ..Fault::default() });
     let url = format!("{}/v1/nodes", fake.url());
     let stuck = tokio::spawn(async move { client::get(&url).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // stop() does not wait the full minute for the stuck request.
-    let started = Instant::now();
-    tokio::time::timeout(Duration::from_secs(10), fake.stop()).await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(10));
-    stuck.abort();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fake.calls().is_empty() {
+        assert!(Instant::now() < deadline, "the stuck request never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // stop() does not wait the full minute for the stuck request: it returns (a generous deadline, far less than the
+    // minute) and the stuck request never got its answer.
+    tokio::time::timeout(Duration::from_secs(30), fake.stop()).await.expect("stop() returns without the minute");
+    if stuck.is_finished() {
+        let answer = stuck.await.expect("the client task");
+        assert!(!answer.as_ref().is_ok_and(|r| r.status == 200), "the stuck request was not answered: {answer:?}");
+    } else {
+        stuck.abort();
+    }
     let again = FakeIronic::start(addr).await.unwrap();
     assert_eq!(again.local_addr(), addr);
 }

@@ -2,7 +2,8 @@
 """Sends one DHCPv6 SOLICIT whose client identifier is a DUID-LL naming DUID_MAC, and reports the ADVERTISE.
 
 Usage: dhcp6_solicit.py IFACE DUID_MAC TIMEOUT
-The SOLICIT leaves from IFACE's own Ethernet and link-local addresses (so that the server's unicast answer reaches
+The SOLICIT is sent once the capture that will see the ADVERTISE is running, and TIMEOUT counts from then (it ends
+at the first ADVERTISE). It leaves from IFACE's own Ethernet and link-local addresses (so that the server's unicast answer reaches
 it) to ff02::1:2, udp 546 -> 547. Its options come in this order: IA_NA, client identifier (DUID-LL), elapsed time.
 That order is legal (RFC 8415 fixes none) and puts the DUID's link-layer address 28 bytes into the DHCPv6 message:
 exactly where BOOTP's chaddr sits in a DHCPv4 packet (@th,288,48). The filter must identify a DHCPv6 client by its
@@ -12,6 +13,7 @@ Ethernet source alone, whatever its DUID says. Prints one JSON object:
 import json
 import random
 import sys
+import threading
 import time
 
 from scapy.all import UDP, AsyncSniffer, Ether, IPv6, conf, get_if_hwaddr, sendp  # noqa: E402
@@ -48,14 +50,20 @@ solicit = (
     / DHCP6OptElapsedTime()
 )
 got = []
+capturing = threading.Event()
 sniffer = AsyncSniffer(
     iface=iface,
     filter="udp and port 546",
     prn=lambda p: got.append(p) if DHCP6_Advertise in p and p[DHCP6_Advertise].trid == trid else None,
     store=False,
+    started_callback=capturing.set,
 )
 sniffer.start()
-time.sleep(0.3)
+# The capture socket (and its BPF filter, which scapy compiles by running tcpdump) must be in place before the
+# SOLICIT leaves: on a busy machine that takes far longer than any fixed pause.
+CAPTURE_START_LIMIT = 60
+if not capturing.wait(CAPTURE_START_LIMIT):
+    sys.exit(f"the capture on {iface} did not start within {CAPTURE_START_LIMIT} s")
 sendp(
     Ether(src=src, dst="33:33:00:01:00:02") / IPv6(src=lla, dst="ff02::1:2") / UDP(sport=546, dport=547) / solicit,
     iface=iface,

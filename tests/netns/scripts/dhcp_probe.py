@@ -1,9 +1,13 @@
 #!/usr/bin/python3
 """Sends DHCPDISCOVERs and reports, per DISCOVER, every server that offered.
 
-Usage: dhcp_probe.py IFACE MAC SECONDS INTERVAL
+Usage: dhcp_probe.py IFACE MAC SECONDS INTERVAL [MIN_DISCOVERS]
+Sends a DISCOVER every INTERVAL seconds for SECONDS, and on until MIN_DISCOVERS (default 0) have left (a busy
+machine sends fewer than SECONDS / INTERVAL), unless SIGTERM ends it first.
 Prints one JSON object per line: {"xid": N, "sent": t, "servers": ["10.80.0.1", ...]}. A DISCOVER answered by two
-servers is the failure the HA tests look for. Runs inside a node's network namespace (as root).
+servers is the failure the HA tests look for. The first DISCOVER leaves once the capture is running; after the last
+one the capture stays open until every DISCOVER has an answer (and a little longer, for a second server's) or
+TAIL seconds have passed. Runs inside a node's network namespace (as root).
 """
 import json
 import random
@@ -21,6 +25,7 @@ from scapy.all import BOOTP, DHCP, IP, UDP, Ether, AsyncSniffer, conf, get_if_hw
 
 conf.verb = 0
 iface, mac, seconds, interval = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+min_discovers = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 chaddr = bytes.fromhex(mac.replace(":", "")) + b"\x00" * 10
 offers = {}
 lock = threading.Lock()
@@ -36,12 +41,23 @@ def on_packet(p):
         offers.setdefault(p[BOOTP].xid, set()).add(str(opts.get("server_id", p[IP].src)))
 
 
-sniffer = AsyncSniffer(iface=iface, filter="udp and (port 67 or port 68)", prn=on_packet, store=False)
+capturing = threading.Event()
+sniffer = AsyncSniffer(
+    iface=iface,
+    filter="udp and (port 67 or port 68)",
+    prn=on_packet,
+    store=False,
+    started_callback=capturing.set,
+)
 sniffer.start()
-time.sleep(0.3)
+# The capture socket (and its BPF filter, which scapy compiles by running tcpdump) must be in place before the first
+# DISCOVER leaves: on a busy machine that takes far longer than any fixed pause.
+CAPTURE_START_LIMIT = 60
+if not capturing.wait(CAPTURE_START_LIMIT):
+    sys.exit(f"the capture on {iface} did not start within {CAPTURE_START_LIMIT} s")
 sent = []
 end = time.time() + seconds
-while time.time() < end and not stop.is_set():
+while (time.time() < end or len(sent) < min_discovers) and not stop.is_set():
     xid = random.randint(1, 2**31)
     pkt = (
         Ether(src=mac, dst="ff:ff:ff:ff:ff:ff")
@@ -53,7 +69,15 @@ while time.time() < end and not stop.is_set():
     sendp(pkt, iface=iface)
     sent.append((xid, time.time()))
     time.sleep(interval)
-time.sleep(1.0)
+# Offers to the last DISCOVERs may still be on their way (or queued for the capture thread on a busy machine).
+TAIL, SECOND_OFFER_GRACE = 3.0, 0.5
+last = time.time()
+while time.time() < last + TAIL:
+    with lock:
+        all_answered = all(xid in offers for xid, _ in sent)
+    if all_answered and time.time() >= last + SECOND_OFFER_GRACE:
+        break
+    time.sleep(0.05)
 sniffer.stop()
 with lock:
     for xid, t in sent:

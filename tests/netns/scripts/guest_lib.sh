@@ -20,6 +20,19 @@ lease() {
   out=$(ip netns exec "$1" busybox udhcpc -i eth0 -n -q -f -t 3 -T 1 -A 1 -s /bin/true 2>&1)
   case $out in *obtained*) return 0 ;; *) return 1 ;; esac
 }
+# check_eventually NAME SECS COMMAND...: like `check NAME yes COMMAND...` for what the system does by itself (a
+# delta applied, a repair, a thawed holder refreshing its lease): COMMAND is retried until it succeeds or SECS
+# seconds have passed. A deadline for something stuck (the emulated CPU is slow, and slower beside other work), not
+# a measurement.
+check_eventually() {
+  name=$1 deadline=$(($(date +%s) + $2))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then result "$name" FAIL "not within the deadline"; return; fi
+    sleep 0.2
+  done
+  result "$name" PASS
+}
 wait_ready() { i=0; while [ ! -s "$1" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; [ -s "$1" ]; }
 # hold ARGS...: ironguard-agent hold in the PXE namespace with the caller's $HOLD_ARGS before ARGS; sets HOLD_PID
 # once its table is in place.

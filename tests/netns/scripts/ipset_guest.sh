@@ -43,10 +43,9 @@ ip netns exec pxe dnsmasq --conf-file=/dev/null --port=0 --user=root --no-ping -
   --dhcp-range=10.95.1.100,10.95.1.200,255.255.255.0,1h --dhcp-leasefile=/tmp/pxe.leases --pid-file=/tmp/pxe.pid
 ip netns exec relay dnsmasq --conf-file=/dev/null --port=0 --user=root --interface=r0 --interface=r1 \
   --dhcp-relay=10.95.1.1,10.95.2.1 --pid-file=/tmp/relay.pid
-sleep 1
 
-check control-no-firewall yes lease n1 $UNKNOWN
-check control-relayed yes lease far $UNKNOWN
+check_eventually control-no-firewall 300 lease n1 $UNKNOWN
+check_eventually control-relayed 300 lease far $UNKNOWN
 
 # The guard alone: nothing marks, so every DISCOVER is dropped.
 ip netns exec pxe "$BIN/ironguard-agent" guard install --backend ipset --interface br0 --interface s0 >/tmp/guard.log 2>&1 ||
@@ -59,7 +58,8 @@ hold --mode leader --unknown-mac-policy deny --allow $M1 --deny $M2
 check leader-allowed yes lease n1 $M1
 check leader-denied no lease n1 $M2
 check leader-unknown no lease n1 $UNKNOWN
-check lease-element yes test "$(lease_members)" -ge 1
+lease_written() { test "$(lease_members)" -ge 1; }
+check_eventually lease-element 300 lease_written
 # Behind a relay the Ethernet source is the relay's: it decides for every node behind it.
 check relayed-allowed-node-unknown-relay no lease far $M1
 stop_hold
@@ -96,8 +96,7 @@ kill -STOP "$HOLD_PID"
 sleep 2.2
 check sigstop-closed no lease n1 $M1
 kill -CONT "$HOLD_PID"
-sleep 0.5
-check sigcont-serves yes lease n1 $M1
+check_eventually sigcont-serves 300 lease n1 $M1
 stop_hold
 
 # The agent with a control plane: deltas, and tampering repaired by its read-back.
@@ -108,19 +107,18 @@ sleep 1
 ip netns exec pxe "$BIN/ironguard-agent" --config /tmp/agent.toml run >/tmp/agent.log 2>&1 &
 AGENT=$!
 leading() { ip netns exec pxe busybox wget -q -O - http://127.0.0.1:9181/metrics | grep -q '^ironguard_agent_mode 3'; }
-i=0; while ! leading && [ $i -lt 100 ]; do sleep 0.2; i=$((i + 1)); done
-check agent-leads yes leading
+check_eventually agent-leads 300 leading
 ctl filters allow $M1 >/dev/null && ctl filters deny $M2 >/dev/null
-sleep 1
-check agent-allowed yes lease n1 $M1
+check_eventually agent-allowed 300 lease n1 $M1
 check agent-denied no lease n1 $M2
 check agent-unknown no lease n1 $UNKNOWN
 ip netns exec pxe iptables-legacy -w -F ironguard-guard
 ip netns exec pxe ipset flush ironguard-allow
-sleep 3
-check tamper-guard-repaired yes ip netns exec pxe "$BIN/ironguard-agent" guard status --backend ipset --interface br0 --interface s0
+# The read-back (every 2 s here) repairs both.
+check_eventually tamper-guard-repaired 300 \
+  ip netns exec pxe "$BIN/ironguard-agent" guard status --backend ipset --interface br0 --interface s0
 check tamper-unknown-still-closed no lease n1 $UNKNOWN
-check tamper-allow-set-repaired yes lease n1 $M1
+check_eventually tamper-allow-set-repaired 300 lease n1 $M1
 kill -TERM $AGENT; wait $AGENT
 check agent-sigterm-closes no lease n1 $M1
 kill -TERM $CP; wait $CP

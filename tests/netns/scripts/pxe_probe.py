@@ -1,12 +1,14 @@
 #!/usr/bin/python3
 """A PXE ROM's two exchanges with a proxyDHCP server, each reported on its own.
 
-Usage: pxe_probe.py IFACE MAC SERVER TIMEOUT [BOOT_TYPE]
+Usage: pxe_probe.py IFACE MAC SERVER OFFER_WAIT ACK_WAIT [BOOT_TYPE]
   1. udp/67: a PXE DHCPDISCOVER (vendor class "PXEClient", client architecture, UUID), broadcast from 0.0.0.0 as a
-     ROM sends it; waits up to TIMEOUT seconds for a proxy offer (an OFFER naming the PXE service, no address).
+     ROM sends it once the capture that will see the answer is running; waits up to OFFER_WAIT seconds for a proxy
+     offer (an OFFER naming the PXE service, no address).
   2. udp/4011: a PXE DHCPREQUEST for boot item BOOT_TYPE (the first type the proxy offer's boot menu names, else
      BOOT_TYPE, default 0x8000 (dnsmasq's first --pxe-service), layer 0), unicast from the interface's address to
-     SERVER:4011 through a kernel UDP socket; waits up to TIMEOUT seconds for the server's ACK.
+     SERVER:4011 through a kernel UDP socket bound before it is sent; waits up to ACK_WAIT seconds for the ACK.
+Each wait ends at the first answer: a long one costs time only when no answer comes.
 Prints one JSON object: {"offer": bool, "offer_server": str|null, "boot_types": [int], "ack": bool,
 "ack_file": str|null}. The Ethernet source and the BOOTP chaddr are both MAC. Runs in a node's namespace as root;
 the interface must already carry MAC and an IPv4 address for step 2.
@@ -16,13 +18,15 @@ import random
 import socket
 import struct
 import sys
+import threading
 import time
 
 from scapy.all import BOOTP, DHCP, IP, UDP, Ether, AsyncSniffer, conf, get_if_addr, sendp  # noqa: E402
 
 conf.verb = 0
-iface, mac, server, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-default_type = int(sys.argv[5], 0) if len(sys.argv) > 5 else 0x8000
+iface, mac, server = sys.argv[1], sys.argv[2], sys.argv[3]
+offer_wait, ack_wait = float(sys.argv[4]), float(sys.argv[5])
+default_type = int(sys.argv[6], 0) if len(sys.argv) > 6 else 0x8000
 chaddr = bytes.fromhex(mac.replace(":", "")) + b"\x00" * 10
 uuid = bytes([0]) + bytes(random.getrandbits(8) for _ in range(16))
 pxe_opts = [
@@ -51,6 +55,8 @@ def options(p):
 
 
 # 1. DISCOVER on udp/67.
+CAPTURE_START_LIMIT = 60
+capturing = threading.Event()
 xid = random.randint(1, 2**31)
 offers = []
 sniffer = AsyncSniffer(
@@ -60,9 +66,13 @@ sniffer = AsyncSniffer(
     if BOOTP in p and p[BOOTP].op == 2 and p[BOOTP].xid == xid and options(p).get("message-type") == 2
     else None,
     store=False,
+    started_callback=capturing.set,
 )
 sniffer.start()
-time.sleep(0.3)
+# The capture socket (and its BPF filter, which scapy compiles by running tcpdump) must be in place before the
+# DISCOVER leaves: on a busy machine that takes far longer than any fixed pause.
+if not capturing.wait(CAPTURE_START_LIMIT):
+    sys.exit(f"the capture on {iface} did not start within {CAPTURE_START_LIMIT} s")
 sendp(
     Ether(src=mac, dst="ff:ff:ff:ff:ff:ff")
     / IP(src="0.0.0.0", dst="255.255.255.255")
@@ -71,7 +81,7 @@ sendp(
     / DHCP(options=[("message-type", "discover")] + pxe_opts + ["end"]),
     iface=iface,
 )
-deadline = time.time() + timeout
+deadline = time.time() + offer_wait
 while time.time() < deadline and not offers:
     time.sleep(0.05)
 sniffer.stop()
@@ -98,7 +108,7 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((ip, 68))
 s.settimeout(0.2)
 s.sendto(bytes(request), (server, 4011))
-deadline = time.time() + timeout
+deadline = time.time() + ack_wait
 while time.time() < deadline:
     try:
         data, _ = s.recvfrom(4096)

@@ -31,6 +31,8 @@ pub enum Fault {
     Oom,
     /// The leader's packets to etcd dropped for 2 × TTL.
     CutEtcd,
+    /// The leader's management link (etcd and both control planes) down until a successor serves.
+    Partition,
     /// The leader's packets to both control planes dropped until it gives up (lost_after) and a bit more.
     CutControlPlane,
     /// etcd stopped for 2 × TTL, then started again on its data.
@@ -48,7 +50,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::Sigterm,
         Fault::Sigkill,
         Fault::SigkillRestart,
@@ -56,6 +58,7 @@ impl Fault {
         Fault::CpuStarve,
         Fault::Oom,
         Fault::CutEtcd,
+        Fault::Partition,
         Fault::CutControlPlane,
         Fault::EtcdStop,
         Fault::EtcdReplace,
@@ -74,6 +77,7 @@ impl Fault {
             Fault::CpuStarve => "cpu starvation",
             Fault::Oom => "oom kill",
             Fault::CutEtcd => "cut from etcd",
+            Fault::Partition => "management link down",
             Fault::CutControlPlane => "cut from control plane",
             Fault::EtcdStop => "etcd stopped",
             Fault::EtcdReplace => "etcd replaced (empty)",
@@ -95,9 +99,11 @@ pub struct Round {
     /// The host leading once the site served again, and when that was first seen.
     pub serving: usize,
     pub serving_at: Instant,
-    /// For a frozen or starved leader: when its kernel lease was due to end (read from its kernel right after
-    /// the fault began, when its agent could no longer move it).
+    /// For a leader frozen, starved or cut from etcd: when its kernel lease was due to end (read from its kernel
+    /// after the fault began, once its agent could no longer move it).
     pub lease_deadline: Option<Instant>,
+    /// For SIGTERM: how long the agent took from the signal to its exit.
+    pub stopped_in: Option<Duration>,
 }
 
 /// What ends a fault once the site serves again (thaw, restore a link, remove a block).
@@ -111,9 +117,11 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
     let mut lease_deadline = None;
     let mut restart_after_successor = false;
     let mut cleanup: Option<Cleanup> = None;
+    let mut stopped_in = None;
     match fault {
         Fault::Sigterm => {
             signal_agent(&mut site.hosts[leader], Signal::SIGTERM).ok_or("the agent did not exit on SIGTERM")?;
+            stopped_in = Some(injected.elapsed());
             restart_after_successor = true;
         }
         Fault::Sigkill => {
@@ -175,8 +183,13 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
         }
         Fault::CutEtcd => {
             block(&site.hosts[leader].ns, &[2379])?;
-            std::thread::sleep(2 * ttl);
+            lease_deadline = watch_lease_end(&site.hosts[leader].ns, 2 * ttl);
             cleanup = Some(Box::new(move |site: &mut HaSite| unblock(&site.hosts[leader].ns)));
+        }
+        Fault::Partition => {
+            site.partition(leader, true);
+            lease_deadline = watch_lease_end(&site.hosts[leader].ns, 2 * ttl);
+            cleanup = Some(Box::new(move |site: &mut HaSite| site.partition(leader, false)));
         }
         Fault::CutControlPlane => {
             block(&site.hosts[leader].ns, &[9100, 9110])?;
@@ -186,7 +199,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
         }
         Fault::EtcdStop => {
             site.etcd.stop();
-            std::thread::sleep(2 * ttl);
+            lease_deadline = watch_lease_end(&site.hosts[leader].ns, 2 * ttl);
             site.etcd.restart();
         }
         Fault::EtcdReplace => {
@@ -235,7 +248,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
     });
     settled
         .ok_or_else(|| format!("not a single leader with followers after {}: {:?}", fault.name(), site.verdicts()))?;
-    Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline })
+    Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline, stopped_in })
 }
 
 /// When a frozen or starved host's kernel lease ended: its kernel is read every 10 ms for `window` (a starved agent

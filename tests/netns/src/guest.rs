@@ -1,7 +1,8 @@
 //! Tests that need another kernel than this machine's: a stock Debian 12 kernel (6.1) booted with qemu
-//! (`scripts/guest-kernel.sh`). The guest mounts this machine's root read-only and runs one script from
-//! `tests/netns/scripts/` with the workspace's binaries; the script prints `RESULT <check> PASS|FAIL [detail]` per
-//! check, then `DONE`.
+//! (`scripts/guest-kernel.sh`). The guest mounts this machine's root read-only (with a tmpfs of its own on /tmp and
+//! /run, where only the script's and the binaries' directories stay visible, so the checkout may live anywhere) and
+//! runs one script from `tests/netns/scripts/` with the workspace's binaries; the script prints
+//! `RESULT <check> PASS|FAIL [detail]` per check, then `DONE`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -25,17 +26,34 @@ pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
         .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-")))
         .expect("the guest kernel");
     let script = root.join("tests/netns/scripts").join(script).canonicalize().expect("the guest script");
+    let script_dir = script.parent().expect("the scripts' directory");
     let bin_dir = bin("ironguard-agent").parent().expect("the binaries' directory").canonicalize().expect("bin dir");
+    // The guest sees this machine's root, but with a tmpfs of its own on /tmp and /run: the checkout and the
+    // binaries may live there (a clone under /tmp), so the guest is told to keep both directories visible.
+    for dir in [script_dir, bin_dir.as_path()] {
+        let text = dir.to_string_lossy();
+        assert!(
+            !text.contains([' ', ',']) && text.len() < 400,
+            "{text}: the guest's kernel command line cannot carry this path (a space, a comma, or too long)"
+        );
+    }
     let start = Instant::now();
-    // KVM does not run guests on the CI machines; qemu emulates the CPU (TCG), with one thread per guest CPU.
+    // KVM does not run guests on the CI machines; qemu emulates the CPU (TCG), with one thread per guest CPU. The
+    // timeout is for a guest that hangs: beside other tests and a CPU hog a guest took 15 minutes.
     let out = Command::new("timeout")
-        .args(["600", "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-m", "2048", "-smp", "2"])
+        .args(["1800", "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-m", "2048", "-smp", "2"])
         .args(["-nographic", "-no-reboot", "-kernel"])
         .arg(&kernel)
         .arg("-initrd")
         .arg(Path::new(&cache).join("initrd.gz"))
         .arg("-append")
-        .arg(format!("console=ttyS0 quiet panic=-1 ig.script={} ig.args={}", script.display(), bin_dir.display()))
+        .arg(format!(
+            "console=ttyS0 quiet panic=-1 ig.script={} ig.args={} ig.keep={},{}",
+            script.display(),
+            bin_dir.display(),
+            script_dir.display(),
+            bin_dir.display()
+        ))
         .args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"])
         .stdin(Stdio::null())
         .output()

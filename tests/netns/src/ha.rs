@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use ironguard_dataplane::MacAddr;
 
 use crate::{
-    ControlPlane, Dnsmasq, EtcdProcess, Lease, Netns, Proc, TempDir, dhcp, run_ok, start_agent, verdict, veth, wait_for,
+    ControlPlane, Dnsmasq, EtcdProcess, Lease, Netns, Proc, TempDir, assert_kernel_refuses, dhcp, dhcp_refused, run_ok,
+    start_agent, verdict, veth, wait_for,
 };
 
 /// One PXE host of the site.
@@ -154,19 +155,42 @@ impl HaSite {
         self.hosts[i].ns.ip(&["link", "set", "mgmt0", if cut { "down" } else { "up" }]);
     }
 
-    /// One DHCP exchange from node `j` with `mac`.
+    /// One DHCP exchange from node `j` with `mac`, which should get a lease.
     pub fn dhcp(&self, j: usize, mac: MacAddr) -> Option<Lease> {
         dhcp(&self.nodes[j], "eth0", mac)
     }
 
-    /// Runs the scapy DHCP probe in node `j` for `seconds`, sending a DISCOVER every `interval` seconds.
-    pub fn spawn_probe(&self, j: usize, mac: MacAddr, seconds: f64, interval: f64) -> std::process::Child {
+    /// Whether every host's kernel refuses `mac` now (read back and judged as `ironguardctl explain --local` does).
+    pub fn all_refuse(&self, mac: MacAddr) -> bool {
+        self.hosts.iter().all(|h| !crate::kernel_decision(&h.ns, mac).served)
+    }
+
+    /// The negative proof from node `j`: every host's kernel refuses `mac` (read first), and one DISCOVER gets no
+    /// offer. `None` unless one came anyway.
+    pub fn dhcp_refused(&self, j: usize, mac: MacAddr) -> Option<Lease> {
+        for h in &self.hosts {
+            assert_kernel_refuses(&h.ns, mac);
+        }
+        dhcp_refused(&self.nodes[j], "eth0", mac)
+    }
+
+    /// Runs the scapy DHCP probe in node `j` for `seconds` (and at least `min_discovers` DISCOVERs), sending a
+    /// DISCOVER every `interval` seconds.
+    pub fn spawn_probe(
+        &self,
+        j: usize,
+        mac: MacAddr,
+        seconds: f64,
+        interval: f64,
+        min_discovers: usize,
+    ) -> std::process::Child {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/dhcp_probe.py");
         self.nodes[j].ip(&["link", "set", "eth0", "address", &mac.to_string()]);
         self.nodes[j]
             .cmd("/usr/bin/python3")
             .arg(script)
             .args(["eth0", &mac.to_string(), &seconds.to_string(), &interval.to_string()])
+            .arg(min_discovers.to_string())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -193,15 +217,29 @@ pub fn probe_results(child: std::process::Child) -> Vec<(u64, Vec<String>)> {
 pub struct Watcher {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     threads: Vec<std::thread::JoinHandle<Vec<(Instant, Instant, bool)>>>,
+    progress: Vec<std::sync::Arc<std::sync::Mutex<Progress>>>,
+}
+
+/// How far one host's sampling thread has got, for tests that must know it has seen something before they stop it.
+#[derive(Debug, Default, Clone, Copy)]
+struct Progress {
+    /// When the latest read began.
+    last_began: Option<Instant>,
+    /// When the first read of the current run of open reads began, and how many reads that run has.
+    open_since: Option<Instant>,
+    open_reads: u32,
 }
 
 impl Watcher {
     pub fn start(hosts: &[PxeHost]) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut threads = Vec::new();
+        let mut progress = Vec::new();
         for h in hosts {
             let path = format!("/run/netns/{}", h.ns.name());
             let stop = stop.clone();
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(Progress::default()));
+            progress.push(seen.clone());
             threads.push(std::thread::spawn(move || {
                 let f = std::fs::File::open(&path).expect("netns");
                 nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
@@ -210,7 +248,17 @@ impl Watcher {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let t0 = Instant::now();
                     match ironguard_dataplane::leader_rules_present() {
-                        Ok(open) => samples.push((t0, Instant::now(), open)),
+                        Ok(open) => {
+                            samples.push((t0, Instant::now(), open));
+                            let mut p = seen.lock().expect("watcher progress");
+                            p.last_began = Some(t0);
+                            if !open {
+                                (p.open_since, p.open_reads) = (None, 0);
+                            } else {
+                                p.open_since.get_or_insert(t0);
+                                p.open_reads += 1;
+                            }
+                        }
                         // The ruleset changed during the read: read again at once (no sample, not "closed").
                         Err(ironguard_dataplane::NftError::Unstable(_)) => continue,
                         // Any other failure is a failure of the watcher: never taken for "closed".
@@ -225,7 +273,26 @@ impl Watcher {
                 samples
             }));
         }
-        Self { stop, threads }
+        Self { stop, threads, progress }
+    }
+
+    fn wait_progress(&self, timeout: Duration, done: impl Fn(&[Progress]) -> bool) -> bool {
+        wait_for(timeout, || {
+            let now: Vec<Progress> = self.progress.iter().map(|p| *p.lock().expect("watcher progress")).collect();
+            done(&now).then_some(())
+        })
+        .is_some()
+    }
+
+    /// Waits (up to `timeout`) until host `i` has been read open by at least two reads in a row, all begun after
+    /// `after`: a run of certain openness that [`certain_runs`] keeps.
+    pub fn wait_open(&self, i: usize, after: Instant, timeout: Duration) -> bool {
+        self.wait_progress(timeout, |p| p[i].open_reads >= 2 && p[i].open_since.is_some_and(|t| t > after))
+    }
+
+    /// Waits (up to `timeout`) until every host has been read by a read that began after `t`.
+    pub fn wait_read_after(&self, t: Instant, timeout: Duration) -> bool {
+        self.wait_progress(timeout, |p| p.iter().all(|h| h.last_began.is_some_and(|b| b > t)))
     }
 
     /// The same as [`Watcher::start`] (for the benchmark, which wants the raw samples).
@@ -287,11 +354,15 @@ pub fn dual_open(runs: &[Vec<(Instant, Instant)>]) -> Vec<(usize, usize, Duratio
     out
 }
 
-/// Kills a host's agent with `sig` and waits for the process to exit.
+/// How long [`signal_agent`] waits for the agent to exit: a deadline for a hung agent, not a figure (the HA
+/// benchmark measures SIGTERM → exit).
+pub const EXIT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Kills a host's agent with `sig` and waits (up to [`EXIT_DEADLINE`]) for the process to exit.
 pub fn signal_agent(h: &mut PxeHost, sig: nix::sys::signal::Signal) -> Option<std::process::ExitStatus> {
     let p = h.agent.as_mut()?;
     p.signal(sig);
-    p.wait_exit(Duration::from_secs(5))
+    p.wait_exit(EXIT_DEADLINE)
 }
 
 /// `ironguardctl agents --json` from the management namespace.

@@ -10,7 +10,10 @@ use ironguard_dataplane::MacAddr;
 use serde_json::Value;
 
 use crate::ironic::{RealIronic, venv_bin};
-use crate::{ControlPlane, Netns, Proc, PxeLan, TempDir, agent_toml, ctl, dhcp, start_agent, verdict, wait_for};
+use crate::{
+    ControlPlane, Netns, Proc, PxeLan, SETUP_DEADLINE, TempDir, agent_toml, ctl, dhcp, dhcp_refused, kernel_decision,
+    start_agent, verdict, wait_for,
+};
 
 /// The agent's admin endpoint inside the PXE host namespace.
 pub const AGENT_ADMIN: &str = "127.0.0.1:9181";
@@ -43,7 +46,7 @@ impl IronicSite {
         std::fs::write(&cfg, config(&ironic.url, page_size, extra)).expect("write controlplane.toml");
         let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap_or_default()]);
         let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-r", &cp.url(), "br0", AGENT_ADMIN, 30), None);
-        let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
+        let leader = wait_for(SETUP_DEADLINE, || (verdict(&lan.pxe) == "LEADER").then_some(()));
         assert!(leader.is_some(), "the agent did not lead:\n{}", agent.log_text());
         Self { agent, cp, ironic, lan, page_size }
     }
@@ -52,7 +55,7 @@ impl IronicSite {
     /// the same data: what an operator does to change an option.
     pub fn reconfigure(&mut self, extra: &str) {
         self.cp.proc.signal(nix::sys::signal::Signal::SIGTERM);
-        assert!(self.cp.proc.wait_exit(Duration::from_secs(10)).is_some(), "the control plane did not stop");
+        assert!(self.cp.proc.wait_exit(SETUP_DEADLINE).is_some(), "the control plane did not stop");
         let cfg = self.lan.dir.join("controlplane.toml");
         std::fs::write(&cfg, config(&self.ironic.url, self.page_size, extra)).expect("write controlplane.toml");
         self.cp.restart(&self.lan.pxe, &self.lan.dir);
@@ -165,9 +168,14 @@ fn base_config(ironic_url: &str, page_size: u32) -> String {
     )
 }
 
-/// A node's DHCP outcome, retried until it is `want` (a lease or none) or `timeout` passes.
-pub fn dhcp_becomes(node: &Netns, m: MacAddr, want: bool, timeout: Duration) -> bool {
-    wait_for(timeout, || (dhcp(node, "eth0", m).is_some() == want).then_some(())).is_some()
+/// A node's DHCP outcome from the PXE host `pxe`, waited for (up to `timeout`) until it is `want`: a lease,
+/// retried; or none, once the kernel of `pxe` refuses `m`, shown by one DISCOVER that gets no offer.
+pub fn dhcp_becomes(pxe: &Netns, node: &Netns, m: MacAddr, want: bool, timeout: Duration) -> bool {
+    if want {
+        return wait_for(timeout, || dhcp(node, "eth0", m)).is_some();
+    }
+    wait_for(timeout, || (!kernel_decision(pxe, m).served).then_some(())).is_some()
+        && dhcp_refused(node, "eth0", m).is_none()
 }
 
 /// ironic-python-agent's own `call_inspector`, run in `node`'s namespace with `addr` on its interface (the address

@@ -310,6 +310,22 @@ impl Drop for Proc {
     }
 }
 
+/// How long the harness waits for a process it started to be ready (listening, leading, exited after SIGKILL): a
+/// deadline for something that is stuck, generous because a busy machine (eight tests beside a CPU hog on two
+/// cores) starts a debug build slowly. Never a measurement.
+pub const SETUP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long a test waits for what the system under test does by itself (a filter change reaching the kernel, a
+/// leader elected, a state reached): a deadline for something stuck, not a measurement (the benchmarks measure).
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The state letter of a process (`/proc/PID/stat`'s third field: `T` once SIGSTOP took effect), None if it is
+/// gone. `kill` returns before the signal takes effect on a process running on another CPU.
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
 /// Polls `f` every 10 ms until it returns `Some`, up to `timeout`.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
@@ -357,7 +373,7 @@ impl Dnsmasq {
     }
 
     fn wait_listening(&mut self, ns: &Netns) {
-        let ok = wait_for(Duration::from_secs(10), || {
+        let ok = wait_for(SETUP_DEADLINE, || {
             let out = ns.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
             (!out.stdout.is_empty()).then_some(())
         });
@@ -387,17 +403,45 @@ fn udhcpc_script() -> &'static Path {
     })
 }
 
-/// How long a client keeps trying before it counts as "no lease": 3 DISCOVERs, 1 s apart.
-pub const DHCP_TRIES: u32 = 3;
+/// What a DHCP client run is meant to show. It sets only how long the client waits; what it got is reported
+/// either way, and the test asserts on that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// A lease: up to [`DHCP_TRIES`] DISCOVERs 1 s apart, ending at the first offer, so the long window costs
+    /// nothing unless the test fails (a busy machine may answer a DISCOVER late).
+    Lease,
+    /// No lease, for a MAC whose refusal has already been read where it is decided (the kernel's rules, see
+    /// [`assert_kernel_refuses`]; or the DHCP server's own configuration): one DISCOVER, and
+    /// [`REFUSED_WAIT_SECS`] for an offer that must not come. The state read first is the proof; the packet shows
+    /// that traffic agrees with it.
+    Nothing,
+}
 
-/// Sets `iface`'s MAC in `node` and starts a busybox udhcpc; collect the result with [`DhcpAttempt::finish`].
-pub fn dhcp_start(node: &Netns, iface: &str, mac: MacAddr) -> DhcpAttempt {
-    node.ip(&["link", "set", iface, "down"]);
+/// DISCOVERs (1 s apart) a client that wants a lease sends before it gives up.
+pub const DHCP_TRIES: u32 = 5;
+/// How long a client that must get nothing ([`Want::Nothing`]) waits for an offer to its single DISCOVER.
+pub const REFUSED_WAIT_SECS: u32 = 1;
+
+/// Gives `iface` in `node` the address `mac` without taking the link down: a link that goes down and up again is
+/// not forwarded by the bridge on the other side until the kernel has processed the carrier change (up to a
+/// second later), and a DISCOVER sent meanwhile is lost. veth devices take a new address while up.
+pub fn set_mac_up(node: &Netns, iface: &str, mac: MacAddr) {
     node.ip(&["link", "set", iface, "address", &mac.to_string()]);
     node.ip(&["link", "set", iface, "up"]);
+}
+
+/// Sets `iface`'s MAC in `node` and starts a busybox udhcpc (it listens before it sends); collect the result with
+/// [`DhcpAttempt::finish`].
+pub fn dhcp_start(node: &Netns, iface: &str, mac: MacAddr, want: Want) -> DhcpAttempt {
+    set_mac_up(node, iface, mac);
+    let (tries, wait) = match want {
+        Want::Lease => (DHCP_TRIES, 1),
+        Want::Nothing => (1, REFUSED_WAIT_SECS),
+    };
     let child = node
         .cmd("busybox")
-        .args(["udhcpc", "-i", iface, "-f", "-q", "-n", "-t", &DHCP_TRIES.to_string(), "-T", "1", "-A", "1", "-s"])
+        .args(["udhcpc", "-i", iface, "-f", "-q", "-n", "-t", &tries.to_string(), "-T", &wait.to_string(), "-A", "1"])
+        .arg("-s")
         .arg(udhcpc_script())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -434,9 +478,45 @@ impl DhcpAttempt {
     }
 }
 
-/// One DHCP exchange with a fixed MAC: `Some(lease)` or `None` after [`DHCP_TRIES`] DISCOVERs.
+/// One DHCP exchange with a fixed MAC that should get a lease: `Some(lease)`, or `None` after [`DHCP_TRIES`]
+/// DISCOVERs.
 pub fn dhcp(node: &Netns, iface: &str, mac: MacAddr) -> Option<Lease> {
-    dhcp_start(node, iface, mac).finish()
+    dhcp_start(node, iface, mac, Want::Lease).finish()
+}
+
+/// One DISCOVER from a MAC that must get nothing ([`Want::Nothing`]): `None` unless an offer came anyway. Read the
+/// state that refuses it first ([`assert_kernel_refuses`]).
+pub fn dhcp_refused(node: &Netns, iface: &str, mac: MacAddr) -> Option<Lease> {
+    dhcp_start(node, iface, mac, Want::Nothing).finish()
+}
+
+/// How the kernel of `pxe` treats DHCP from `mac`: its tables read back and judged by the rule that decides (the
+/// judgement `ironguardctl explain --local` shows). A read that meets a ruleset changing under it is repeated; any
+/// other failed read fails the test.
+pub fn kernel_decision(pxe: &Netns, mac: MacAddr) -> ironguard_dataplane::MacDecision {
+    in_netns(pxe, move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match ironguard_dataplane::observe(true) {
+                Ok(o) => return ironguard_dataplane::decide(o.mac_inputs(mac)),
+                Err(ironguard_dataplane::NftError::Unstable(_)) if Instant::now() < deadline => {}
+                Err(e) => panic!("reading the kernel's tables failed: {e}"),
+            }
+        }
+    })
+}
+
+/// Fails the test unless the kernel of `pxe` refuses DHCP from `mac` now (see [`kernel_decision`]).
+pub fn assert_kernel_refuses(pxe: &Netns, mac: MacAddr) {
+    let d = kernel_decision(pxe, mac);
+    assert!(!d.served, "the kernel of {} lets {mac} through: {} ({})", pxe.name(), d.rule, d.why);
+}
+
+/// The negative proof on the PXE host `pxe`: its kernel refuses `mac` (read first), and one DISCOVER from `node`'s
+/// `iface` gets no offer. `None` unless an offer came anyway.
+pub fn no_dhcp(pxe: &Netns, node: &Netns, iface: &str, mac: MacAddr) -> Option<Lease> {
+    assert_kernel_refuses(pxe, mac);
+    dhcp_refused(node, iface, mac)
 }
 
 /// Parses a MAC literal (tests only).
@@ -475,9 +555,16 @@ impl PxeLan {
         Self { dnsmasq, nodes, pxe, dir }
     }
 
-    /// Runs one DHCP client per (node index, MAC) at the same time; results in the same order.
-    pub fn dhcp_all(&self, clients: &[(usize, MacAddr)]) -> Vec<Option<Lease>> {
-        let attempts: Vec<DhcpAttempt> = clients.iter().map(|(i, m)| dhcp_start(&self.nodes[*i], "eth0", *m)).collect();
+    /// Runs one DHCP client per (node index, MAC, what it should get) at the same time; results in the same order.
+    /// For a client that must get nothing, the PXE host's kernel is read first and must refuse it.
+    pub fn dhcp_all(&self, clients: &[(usize, MacAddr, Want)]) -> Vec<Option<Lease>> {
+        for (_, m, want) in clients {
+            if *want == Want::Nothing {
+                assert_kernel_refuses(&self.pxe, *m);
+            }
+        }
+        let attempts: Vec<DhcpAttempt> =
+            clients.iter().map(|(i, m, want)| dhcp_start(&self.nodes[*i], "eth0", *m, *want)).collect();
         attempts.into_iter().map(DhcpAttempt::finish).collect()
     }
 }
@@ -501,7 +588,7 @@ pub fn start_hold_as(ns: &Netns, dir: &TempDir, args: &[&str], wrapper: Option<&
     cmd.arg("hold").args(args).arg("--ready-file").arg(&ready).env("RUST_LOG", "info");
     let log = dir.join(&unique("agent-log"));
     let mut p = Proc::spawn("ironguard-agent hold", cmd, log);
-    let ok = wait_for(Duration::from_secs(10), || {
+    let ok = wait_for(SETUP_DEADLINE, || {
         if !p.running() {
             return Some(false);
         }
@@ -521,6 +608,17 @@ pub fn chains_json(ns: &Netns) -> serde_json::Value {
 pub fn verdict(ns: &Netns) -> String {
     chains_json(ns)["verdict"].as_str().expect("verdict").to_string()
 }
+
+/// Waits (up to [`DEADLINE`]) until `ns` reads LEADER: the leader's tables with a live kernel lease. A single read
+/// may catch a leader without its lease (FENCED): a lease write that reaches the kernel late is dropped until the
+/// next refresh, and on a busy machine that happens.
+pub fn wait_serving_leader(ns: &Netns) -> bool {
+    wait_for(DEADLINE, || (verdict(ns) == "LEADER").then_some(())).is_some()
+}
+
+/// The verdicts of a host holding the leader's tables: LEADER, or FENCED while its lease is dropped (see
+/// [`wait_serving_leader`]).
+pub const LEADER_TABLES: [&str; 2] = ["LEADER", "FENCED"];
 
 /// Runs `f` on a thread that has entered `ns`, so in-process netlink sockets live in that namespace.
 pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -684,7 +782,7 @@ impl ControlPlane {
         let log = dir.join(&format!("controlplane-{}.log", self.grpc_port));
         self.proc = Proc::spawn("ironguard-controlplane", cmd, log);
         assert!(
-            wait_tcp_listen(ns, self.grpc_port, Duration::from_secs(10)),
+            wait_tcp_listen(ns, self.grpc_port, SETUP_DEADLINE),
             "control plane did not listen:\n{}",
             self.proc.log_text()
         );
@@ -693,7 +791,7 @@ impl ControlPlane {
     /// `kill -9`, then start again on the same data directory and ports.
     pub fn kill9(&mut self) {
         self.proc.signal(nix::sys::signal::Signal::SIGKILL);
-        self.proc.wait_exit(Duration::from_secs(5));
+        self.proc.wait_exit(SETUP_DEADLINE);
     }
 
     pub fn restart(&mut self, ns: &Netns, dir: &TempDir) {
@@ -736,7 +834,7 @@ pub fn start_agent_env(ns: &Netns, dir: &TempDir, toml: &str, wrapper: Option<&[
         cmd.env(k, v);
     }
     let mut p = Proc::spawn("ironguard-agent run", cmd, dir.join(&unique("agent-log")));
-    let ok = wait_for(Duration::from_secs(10), || {
+    let ok = wait_for(SETUP_DEADLINE, || {
         if !p.running() {
             return Some(false);
         }
@@ -767,7 +865,7 @@ impl FakeIronicProc {
         let mut cmd = ns.cmd(bin("fake-ironic"));
         cmd.args(["--listen", &format!("127.0.0.1:{port}")]).env("RUST_LOG", "info");
         let proc = Proc::spawn("fake-ironic", cmd, dir.join(&format!("fake-ironic-{port}.log")));
-        assert!(wait_tcp_listen(ns, port, Duration::from_secs(10)), "fake-ironic did not listen:\n{}", proc.log_text());
+        assert!(wait_tcp_listen(ns, port, SETUP_DEADLINE), "fake-ironic did not listen:\n{}", proc.log_text());
         Self { proc, url: format!("http://127.0.0.1:{port}"), ns: ns.name().to_string() }
     }
 
@@ -905,21 +1003,43 @@ pub struct ServingSample {
     pub serving: bool,
 }
 
-/// Reads [`ironguard_dataplane::leader_rules_present`] in `ns` about every millisecond for `duration`. A read error
+/// Reads [`ironguard_dataplane::leader_rules_present`] in `ns` about every millisecond until stopped. A read error
 /// fails the test (it is never taken for "closed").
-pub fn sample_serving(ns: &Netns, duration: Duration) -> thread::JoinHandle<Vec<ServingSample>> {
-    let path = format!("/run/netns/{}", ns.name());
-    thread::spawn(move || {
-        let f = File::open(&path).expect("open netns");
-        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let start = Instant::now();
-        let mut out = Vec::new();
-        while start.elapsed() < duration {
-            let before = Instant::now();
-            let serving = ironguard_dataplane::leader_rules_present().expect("reading the kernel's state failed");
-            out.push(ServingSample { before, after: Instant::now(), serving });
-            thread::sleep(Duration::from_millis(1));
-        }
-        out
-    })
+#[derive(Debug)]
+pub struct ServingSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    last_began: std::sync::Arc<std::sync::Mutex<Option<Instant>>>,
+    handle: thread::JoinHandle<Vec<ServingSample>>,
+}
+
+impl ServingSampler {
+    pub fn start(ns: &Netns) -> Self {
+        let path = format!("/run/netns/{}", ns.name());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let last_began = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let (flag, seen) = (stop.clone(), last_began.clone());
+        let handle = thread::spawn(move || {
+            let f = File::open(&path).expect("open netns");
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let mut out = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let before = Instant::now();
+                let serving = ironguard_dataplane::leader_rules_present().expect("reading the kernel's state failed");
+                out.push(ServingSample { before, after: Instant::now(), serving });
+                *seen.lock().expect("sampler progress") = Some(before);
+                thread::sleep(Duration::from_millis(1));
+            }
+            out
+        });
+        Self { stop, last_began, handle }
+    }
+
+    /// Stops once a read that began after `t` is done (waiting up to [`DEADLINE`] for it) and returns every read.
+    pub fn finish_after(self, t: Instant) -> Vec<ServingSample> {
+        let _ = wait_for(DEADLINE, || {
+            self.last_began.lock().expect("sampler progress").is_some_and(|b| b > t).then_some(())
+        });
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().expect("serving sampler")
+    }
 }

@@ -18,7 +18,8 @@ use std::time::Duration;
 use ironguard_dataplane::MacAddr;
 
 use crate::{
-    ControlPlane, Dnsmasq, Netns, Proc, TempDir, agent_toml, bin, ctl, run_ok, start_agent, unique, verdict, wait_for,
+    ControlPlane, Dnsmasq, Netns, Proc, SETUP_DEADLINE, TempDir, Want, agent_toml, bin, ctl, run_ok, start_agent,
+    unique, verdict, wait_for,
 };
 
 /// Fails the test unless every `(command, Debian package)` is installed: these shapes need more than
@@ -107,7 +108,7 @@ pub fn dnsmasq(ns: &Netns, dir: &TempDir, tag: &str, args: &[&str], port: u16) -
         .arg(format!("--pid-file={}", dnsmasq_pid_file(dir, tag).display()))
         .args(args);
     let mut proc = Proc::spawn(&format!("dnsmasq {tag}"), cmd, dir.join(&format!("dnsmasq-{tag}.log")));
-    let listening = wait_for(Duration::from_secs(10), || {
+    let listening = wait_for(SETUP_DEADLINE, || {
         let out = ns.cmd("ss").args(["-Hlun", &format!("sport = :{port}")]).output().ok()?;
         (!out.stdout.is_empty()).then_some(())
     });
@@ -142,10 +143,23 @@ impl GuardedHost {
     /// Starts both. `dataplane`: lines appended to the agent's `[dataplane]` section, which already names
     /// `interface`; `dhcp_health`: lines put at the top of its `[dhcp_health]` section. Waits until the agent leads.
     pub fn start(pxe: &Netns, dir: &TempDir, interface: &str, dataplane: &str, dhcp_health: &str) -> Self {
+        Self::start_with(pxe, dir, interface, dataplane, dhcp_health, |toml| toml)
+    }
+
+    /// Like [`GuardedHost::start`], with the agent's whole configuration edited by `edit` last.
+    pub fn start_with(
+        pxe: &Netns,
+        dir: &TempDir,
+        interface: &str,
+        dataplane: &str,
+        dhcp_health: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> Self {
         let cp = ControlPlane::start(pxe, dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
-        let agent = Self::start_agent(pxe, dir, &cp, interface, dataplane, dhcp_health);
+        let toml = edit(Self::agent_config(&cp, interface, dataplane, dhcp_health));
+        let agent = start_agent(pxe, dir, &toml, None);
         let host = Self { agent, cp, ns: pxe.name().to_string() };
-        host.wait_verdict(pxe, "LEADER", Duration::from_secs(10));
+        host.wait_verdict(pxe, "LEADER", Duration::from_secs(30));
         host
     }
 
@@ -161,7 +175,7 @@ impl GuardedHost {
         let cp = ControlPlane::start(pxe, dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
         let agent = Self::start_agent(pxe, dir, &cp, interface, dataplane, dhcp_health);
         let host = Self { agent, cp, ns: pxe.name().to_string() };
-        host.wait_mode(pxe, 3, Duration::from_secs(10));
+        host.wait_mode(pxe, 3, Duration::from_secs(30));
         host
     }
 
@@ -178,7 +192,7 @@ impl GuardedHost {
         let m = mac.to_string();
         let out = ctl(pxe, &["--controlplane", &self.cp.url(), "filters", verb, &m]);
         assert!(out.status.success(), "ironguardctl filters {verb} {m}: {out:?}");
-        let got = wait_for(Duration::from_secs(5), || done().then_some(()));
+        let got = wait_for(Duration::from_secs(30), || done().then_some(()));
         assert!(got.is_some(), "{m} never reached the {verb} set:\n{}", self.agent.log_text());
     }
 
@@ -191,12 +205,15 @@ impl GuardedHost {
         dataplane: &str,
         dhcp_health: &str,
     ) -> Proc {
-        let toml = agent_toml("agent-1", &cp.url(), interface, AGENT_ADMIN, 30).replacen(
+        start_agent(pxe, dir, &Self::agent_config(cp, interface, dataplane, dhcp_health), None)
+    }
+
+    fn agent_config(cp: &ControlPlane, interface: &str, dataplane: &str, dhcp_health: &str) -> String {
+        agent_toml("agent-1", &cp.url(), interface, AGENT_ADMIN, 30).replacen(
             "[dhcp_health]\n",
             &format!("[dhcp_health]\n{dhcp_health}"),
             1,
-        ) + dataplane;
-        start_agent(pxe, dir, &toml, None)
+        ) + dataplane
     }
 
     /// Waits until `ironguardctl chains` says `want` for the PXE host.
@@ -212,7 +229,7 @@ impl GuardedHost {
         let m = mac.to_string();
         let out = ctl(pxe, &["--controlplane", &self.cp.url(), "filters", verb, &m]);
         assert!(out.status.success(), "ironguardctl filters {verb} {m}: {out:?}");
-        let got = wait_for(Duration::from_secs(5), || {
+        let got = wait_for(Duration::from_secs(30), || {
             let j = elements_json(pxe);
             let (table, set) = match (j["egress_owned"].is_null(), verb == "allow") {
                 (true, true) => ("owned", "allow_mac"),
@@ -281,8 +298,12 @@ pub struct Lease6 {
     pub server_duid: String,
 }
 
-/// How long `dhclient -6` solicits before it gives up (it exits about a second later).
-pub const DHCP6_TIMEOUT_SECS: u32 = 3;
+/// How long `dhclient -6` solicits for a lease before it gives up (it exits about a second later); it ends at the
+/// first lease, so the long window costs nothing unless the test fails.
+pub const DHCP6_TIMEOUT_SECS: u32 = 10;
+/// The same for a client that must get nothing ([`Want::Nothing`]): its first SOLICIT leaves up to a second after
+/// it starts (RFC 8415's random delay), and the second one a second later.
+pub const DHCP6_REFUSED_TIMEOUT_SECS: u32 = 2;
 
 /// A `dhclient -6` run in progress.
 #[derive(Debug)]
@@ -294,12 +315,13 @@ pub struct Dhcp6Attempt {
 }
 
 /// Gives `iface` in `node` the address `mac`, waits for its link-local address, and starts ISC `dhclient -6` for
-/// one address (`-1`: try once, give up after [`DHCP6_TIMEOUT_SECS`]) with a fresh lease file, so its DUID (DUID-LLT)
-/// is made from `mac`. `dir` holds its files. Collect the result with [`Dhcp6Attempt::finish`].
-pub fn dhcp6_start(node: &Netns, dir: &TempDir, iface: &str, mac: MacAddr) -> Dhcp6Attempt {
+/// one address (`-1`: try once, give up after [`DHCP6_TIMEOUT_SECS`], or [`DHCP6_REFUSED_TIMEOUT_SECS`] for a client
+/// that must get nothing) with a fresh lease file, so its DUID (DUID-LLT) is made from `mac`. `dir` holds its
+/// files. Collect the result with [`Dhcp6Attempt::finish`].
+pub fn dhcp6_start(node: &Netns, dir: &TempDir, iface: &str, mac: MacAddr, want: Want) -> Dhcp6Attempt {
     require_tools(&[("dhclient", "isc-dhcp-client")]);
     set_mac(node, iface, mac);
-    let ll = wait_for(Duration::from_secs(5), || {
+    let ll = wait_for(SETUP_DEADLINE, || {
         let out = node.ip(&["-6", "-o", "addr", "show", "dev", iface, "scope", "link"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         (text.contains("fe80::") && !text.contains("tentative")).then_some(())
@@ -308,7 +330,11 @@ pub fn dhcp6_start(node: &Netns, dir: &TempDir, iface: &str, mac: MacAddr) -> Dh
     let tag = unique("dhclient6");
     let file = |ext: &str| dir.join(&format!("{tag}.{ext}"));
     let (conf, script, out, lease, pid) = (file("conf"), file("sh"), file("out"), file("leases"), file("pid"));
-    std::fs::write(&conf, format!("timeout {DHCP6_TIMEOUT_SECS};\n")).expect("write dhclient.conf");
+    let timeout = match want {
+        Want::Lease => DHCP6_TIMEOUT_SECS,
+        Want::Nothing => DHCP6_REFUSED_TIMEOUT_SECS,
+    };
+    std::fs::write(&conf, format!("timeout {timeout};\n")).expect("write dhclient.conf");
     std::fs::write(
         &script,
         format!(
@@ -362,9 +388,17 @@ impl Dhcp6Attempt {
     }
 }
 
-/// One DHCPv6 exchange (SOLICIT … REPLY) with `mac`: `Some(lease)`, or `None` after [`DHCP6_TIMEOUT_SECS`].
+/// One DHCPv6 exchange (SOLICIT … REPLY) with `mac`, which should get a lease: `Some(lease)`, or `None` after
+/// [`DHCP6_TIMEOUT_SECS`].
 pub fn dhcp6(node: &Netns, dir: &TempDir, iface: &str, mac: MacAddr) -> Option<Lease6> {
-    dhcp6_start(node, dir, iface, mac).finish()
+    dhcp6_start(node, dir, iface, mac, Want::Lease).finish()
+}
+
+/// The DHCPv6 negative proof on the PXE host `pxe`: its kernel refuses `mac` (read first), and `dhclient -6` from
+/// `node` gets nothing within [`DHCP6_REFUSED_TIMEOUT_SECS`]. `None` unless it got a lease anyway.
+pub fn no_dhcp6(pxe: &Netns, node: &Netns, dir: &TempDir, iface: &str, mac: MacAddr) -> Option<Lease6> {
+    crate::assert_kernel_refuses(pxe, mac);
+    dhcp6_start(node, dir, iface, mac, Want::Nothing).finish()
 }
 
 fn script(name: &str) -> PathBuf {
@@ -385,8 +419,17 @@ pub struct PxeProbe {
     pub ack_file: Option<String>,
 }
 
-/// How long [`pxe_probe`] waits for each answer.
-pub const PXE_PROBE_TIMEOUT_SECS: u32 = 2;
+/// How long [`pxe_probe_start`] waits for an answer it wants ([`Want::Lease`]); the wait ends at the answer.
+pub const PXE_PROBE_TIMEOUT_SECS: u32 = 10;
+/// How long it waits for an answer that must not come ([`Want::Nothing`]).
+pub const PXE_PROBE_REFUSED_SECS: u32 = 1;
+
+fn pxe_wait(want: Want) -> u32 {
+    match want {
+        Want::Lease => PXE_PROBE_TIMEOUT_SECS,
+        Want::Nothing => PXE_PROBE_REFUSED_SECS,
+    }
+}
 
 /// A [`pxe_probe`] in progress.
 #[derive(Debug)]
@@ -397,14 +440,15 @@ pub struct PxeProbeRun {
 
 /// Gives `iface` in `node` the address `mac` and starts the two exchanges of a PXE ROM with the proxyDHCP `server`
 /// (`scripts/pxe_probe.py`): DISCOVER to udp/67 (broadcast), then a boot item REQUEST to `server`:4011 (unicast
-/// from the interface's IPv4 address, which the caller gives it). Collect with [`PxeProbeRun::finish`].
-pub fn pxe_probe_start(node: &Netns, iface: &str, mac: MacAddr, server: &str) -> PxeProbeRun {
+/// from the interface's IPv4 address, which the caller gives it). `offer` and `ack` say whether an answer is wanted
+/// to each, which sets how long the probe waits for it. Collect with [`PxeProbeRun::finish`].
+pub fn pxe_probe_start(node: &Netns, iface: &str, mac: MacAddr, server: &str, offer: Want, ack: Want) -> PxeProbeRun {
     require_scapy();
-    set_mac(node, iface, mac);
+    crate::set_mac_up(node, iface, mac);
     let child = node
         .cmd("/usr/bin/python3")
         .arg(script("pxe_probe.py"))
-        .args([iface, &mac.to_string(), server, &PXE_PROBE_TIMEOUT_SECS.to_string()])
+        .args([iface, &mac.to_string(), server, &pxe_wait(offer).to_string(), &pxe_wait(ack).to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -442,8 +486,8 @@ impl PxeProbeRun {
 }
 
 /// Both exchanges of a PXE ROM with a proxyDHCP server, from `mac` (see [`pxe_probe_start`]).
-pub fn pxe_probe(node: &Netns, iface: &str, mac: MacAddr, server: &str) -> PxeProbe {
-    pxe_probe_start(node, iface, mac, server).finish()
+pub fn pxe_probe(node: &Netns, iface: &str, mac: MacAddr, server: &str, offer: Want, ack: Want) -> PxeProbe {
+    pxe_probe_start(node, iface, mac, server, offer, ack).finish()
 }
 
 /// What [`solicit_with_duid`] saw.
@@ -457,13 +501,14 @@ pub struct Solicit {
 }
 
 /// One SOLICIT from `iface`'s own MAC whose client identifier is a DUID-LL naming `duid_mac`, laid out so that
-/// `duid_mac` sits where a DHCPv4 packet has its chaddr (`scripts/dhcp6_solicit.py`); reports the ADVERTISE.
-pub fn solicit_with_duid(node: &Netns, iface: &str, duid_mac: MacAddr) -> Solicit {
+/// `duid_mac` sits where a DHCPv4 packet has its chaddr (`scripts/dhcp6_solicit.py`); reports the ADVERTISE, waited
+/// for as long as `want` says.
+pub fn solicit_with_duid(node: &Netns, iface: &str, duid_mac: MacAddr, want: Want) -> Solicit {
     require_scapy();
     let out = node
         .cmd("/usr/bin/python3")
         .arg(script("dhcp6_solicit.py"))
-        .args([iface, &duid_mac.to_string(), "2"])
+        .args([iface, &duid_mac.to_string(), &pxe_wait(want).to_string()])
         .output()
         .expect("run scripts/dhcp6_solicit.py (python3-scapy)");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -500,7 +545,7 @@ pub fn dhcpd(ns: &Netns, dir: &TempDir, tag: &str, interfaces: &[&str], subnets:
     let mut cmd = ns.cmd("dhcpd");
     cmd.args(["-4", "-f", "-d", "--no-pid", "-cf"]).arg(file("conf")).arg("-lf").arg(file("leases")).args(interfaces);
     let mut proc = Proc::spawn(&format!("dhcpd {tag}"), cmd, file("log"));
-    let listening = wait_for(Duration::from_secs(10), || {
+    let listening = wait_for(SETUP_DEADLINE, || {
         let out = ns.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
         let text = proc.log_text();
         (!out.stdout.is_empty() && text.contains("Sending on")).then_some(())

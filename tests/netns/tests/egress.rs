@@ -55,16 +55,30 @@ impl RawLan {
         )
     }
 
-    /// One DHCP client per MAC, on nodes 0.., at the same time.
-    fn dhcp_all(&self, macs: &[&str]) -> Vec<Option<Lease>> {
-        let attempts: Vec<DhcpAttempt> =
-            macs.iter().enumerate().map(|(i, m)| dhcp_start(&self.nodes[i], "eth0", mac(m))).collect();
+    /// One DHCP client per (MAC, what it should get), on nodes 0.., at the same time; for a client that must get
+    /// nothing, the PXE host's kernel is read first and must refuse it.
+    fn dhcp_all(&self, clients: &[(&str, Want)]) -> Vec<Option<Lease>> {
+        for (m, want) in clients {
+            if *want == Want::Nothing {
+                assert_kernel_refuses(&self.pxe, mac(m));
+            }
+        }
+        let attempts: Vec<DhcpAttempt> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, (m, want))| dhcp_start(&self.nodes[i], "eth0", mac(m), *want))
+            .collect();
         attempts.into_iter().map(DhcpAttempt::finish).collect()
     }
 
-    /// A DHCP exchange through the relay.
+    /// A DHCP exchange through the relay, for a MAC that should get a lease.
     fn relayed(&self, m: &str) -> Option<Lease> {
         dhcp(&self.far, "eth0", mac(m))
+    }
+
+    /// The negative proof through the relay: the kernel refuses `m` (read first), and one DISCOVER gets no offer.
+    fn relayed_refused(&self, m: &str) -> Option<Lease> {
+        no_dhcp(&self.pxe, &self.far, "eth0", mac(m))
     }
 
     /// The `[dataplane]` lines of an agent on this host: no request-side hook, replies filtered on both interfaces.
@@ -102,7 +116,7 @@ fn an_af_packet_server_ignores_the_input_hook_and_is_stopped_at_egress() {
     assert!(j["guard"].is_null(), "the guard is reinstalled as configured: no input chain left");
     assert_eq!(j["egress_guard"]["chains"][0]["devices"], serde_json::json!(["br0"]));
     assert_eq!(j["verdict"], "CLOSED");
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "the egress guard drops dhcpd's replies");
+    assert_eq!(no_dhcp(pxe, &lan.nodes[0], "eth0", mac(UNKNOWN)), None, "the egress guard drops dhcpd's replies");
     assert!(rule_packets(pxe, "egress_guard", "egress", "ironguard-guard:drop-unmarked") >= 1);
     assert!(lan.dhcpd.proc.log_text().contains("DHCPOFFER"), "dhcpd did answer; the kernel dropped the answer");
 }
@@ -124,7 +138,7 @@ fn dhcpd_on_raw_sockets_is_filtered_at_egress_by_the_agent() {
     host.filter(pxe, "deny", mac(M2));
     assert!(set_has_in(pxe, "egress_owned", "allow_chaddr", mac(M1)), "the reply side's allow set holds M1");
 
-    let r = lan.dhcp_all(&[M1, M2, UNKNOWN]);
+    let r = lan.dhcp_all(&[(M1, Want::Lease), (M2, Want::Nothing), (UNKNOWN, Want::Nothing)]);
     assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "allowed\n{}", lan.dhcpd.proc.log_text());
     assert_eq!(r[1], None, "denied: dhcpd's offer is dropped at egress");
     assert_eq!(r[2], None, "unknown under policy deny: dropped at egress");
@@ -134,22 +148,24 @@ fn dhcpd_on_raw_sockets_is_filtered_at_egress_by_the_agent() {
 
     let far = lan.relayed(M1).expect("allowed behind the relay: served");
     assert!(far.ip.to_string().starts_with("10.92.1."), "{far:?}");
-    assert_eq!(lan.relayed(M2), None, "denied behind the relay");
-    assert_eq!(lan.relayed(UNKNOWN), None, "unknown behind the relay");
+    assert_eq!(lan.relayed_refused(M2), None, "denied behind the relay");
+    assert_eq!(lan.relayed_refused(UNKNOWN), None, "unknown behind the relay");
 
     // Debian's nftables.service restart: the held guard and the agent's tables are left alone.
     run_ok(pxe.cmd("nft").args(["flush", "ruleset"]));
-    host.wait_verdict(pxe, "LEADER", Duration::from_secs(2));
-    let r = lan.dhcp_all(&[M1, UNKNOWN]);
+    let v = verdict(pxe);
+    assert!(LEADER_TABLES.contains(&v.as_str()), "nft flush ruleset left the held guard and the agent's tables: {v}");
+    let r = lan.dhcp_all(&[(M1, Want::Lease), (UNKNOWN, Want::Nothing)]);
     assert!(r[0].is_some() && r[1].is_none(), "after nft flush ruleset: {r:?}");
 
     // SIGKILL: the agent's tables vanish with its socket; the egress guard drops every reply.
     host.agent.signal(Signal::SIGKILL);
-    host.agent.wait_exit(Duration::from_secs(2));
-    host.wait_verdict(pxe, "CLOSED", Duration::from_secs(2));
+    assert!(host.agent.wait_exit(Duration::from_secs(30)).is_some(), "the killed agent is reaped");
+    assert_eq!(verdict(pxe), "CLOSED", "closed by the time the killed agent is reaped");
     let dropped = rule_packets(pxe, "egress_guard", "egress", "ironguard-guard:drop-unmarked");
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "agent killed: no lease, even for the allowed MAC");
-    assert_eq!(lan.relayed(M1), None, "agent killed: nobody behind the relay either");
+    let r = lan.dhcp_all(&[(M1, Want::Nothing)]);
+    assert_eq!(r[0], None, "agent killed: no lease, even for the allowed MAC");
+    assert_eq!(lan.relayed_refused(M1), None, "agent killed: nobody behind the relay either");
     assert!(rule_packets(pxe, "egress_guard", "egress", "ironguard-guard:drop-unmarked") > dropped);
 
     let hold_args = |extra: &[&str]| -> Vec<String> {
@@ -163,13 +179,13 @@ fn dhcpd_on_raw_sockets_is_filtered_at_egress_by_the_agent() {
         let args = hold_args(&["--mode", mode, "--unknown-mac-policy", "allow", "--allow", M1]);
         let hold = start_hold(pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(verdict(pxe), verdict_text);
-        let r = lan.dhcp_all(&[M1, UNKNOWN]);
+        let r = lan.dhcp_all(&[(M1, Want::Nothing), (UNKNOWN, Want::Nothing)]);
         assert_eq!(r, [None, None], "{mode}: nobody is served, allowed or unknown");
         stop(hold);
     }
     let args = hold_args(&["--mode", "leader", "--unknown-mac-policy", "allow", "--deny", M2]);
     let hold = start_hold(pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    let r = lan.dhcp_all(&[UNKNOWN, M2]);
+    let r = lan.dhcp_all(&[(UNKNOWN, Want::Lease), (M2, Want::Nothing)]);
     assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "policy allow: an unknown MAC is served");
     assert_eq!(r[1], None, "policy allow: a denied MAC is not");
     assert!(lan.relayed(UNKNOWN).is_some(), "policy allow, behind the relay");
@@ -187,18 +203,26 @@ fn a_frozen_holder_stops_serving_at_its_kernel_lease_on_egress() {
         &lan.dir,
         &["--hook", "none", "--egress-interface", "br0", "--mode", "leader", "--unknown-mac-policy", "allow"],
     );
-    assert_eq!(verdict(pxe), "LEADER");
-    assert!(chains_json(pxe)["lease_expires_in_ms"].as_u64().is_some(), "a live lease on the reply side");
+    assert!(wait_serving_leader(pxe), "{}", verdict(pxe));
     assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_some());
     agent.signal(Signal::SIGSTOP);
-    let stopped = Instant::now();
-    // The holder refreshes its lease every 250 ms for 2 s: it has ended 2 s after the freeze.
-    let fenced = wait_for(Duration::from_secs(4), || (verdict(pxe).starts_with("FENCED")).then_some(()));
-    assert!(fenced.is_some(), "the frozen holder's lease ended (verdict {})", verdict(pxe));
-    assert!(stopped.elapsed() >= Duration::from_millis(1700), "fenced only once its lease could have ended");
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "a frozen holder serves nobody");
+    // Once it is stopped, nothing moves its lease: read where the kernel will end it (within 2 s: the holder
+    // refreshes its lease every 250 ms for 2 s). None: frozen just after it dropped a lease it wrote late.
+    assert!(wait_for(DEADLINE, || process_state(agent.pid()).filter(|s| *s == 'T')).is_some(), "the holder stopped");
+    let read_from = Instant::now();
+    let left = chains_json(pxe)["lease_expires_in_ms"].as_u64();
+    // It ends by the kernel alone (FENCED), and not before its end (the kernel counts in 4 ms ticks).
+    let fenced = wait_for(DEADLINE, || verdict(pxe).starts_with("FENCED").then(Instant::now));
+    let fenced = fenced.unwrap_or_else(|| panic!("the frozen holder's lease ended (verdict {})", verdict(pxe)));
+    if let Some(left) = left {
+        assert!(left <= 2030, "the lease reaches {left} ms past the freeze");
+        let end_earliest = read_from + Duration::from_millis(left);
+        assert!(fenced + Duration::from_millis(30) >= end_earliest, "fenced only once its lease had ended");
+    }
+    let r = lan.dhcp_all(&[(UNKNOWN, Want::Nothing)]);
+    assert_eq!(r[0], None, "a frozen holder serves nobody");
     agent.signal(Signal::SIGCONT);
-    let back = wait_for(Duration::from_secs(3), || (verdict(pxe) == "LEADER").then_some(()));
+    let back = wait_for(Duration::from_secs(30), || (verdict(pxe) == "LEADER").then_some(()));
     assert!(back.is_some(), "thawed, it serves again");
     assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_some());
 }
@@ -224,8 +248,8 @@ fn the_egress_filter_follows_a_recreated_interface() {
     }
     pxe.ip(&["link", "set", "br0", "up"]);
     lan.dhcpd = RawLan::start_dhcpd(pxe, &lan.dir);
-    host.wait_verdict(pxe, "LEADER", Duration::from_secs(10));
-    let healed = wait_for(Duration::from_secs(10), || {
+    host.wait_verdict(pxe, "LEADER", Duration::from_secs(30));
+    let healed = wait_for(Duration::from_secs(30), || {
         let j = chains_json(pxe);
         let bound = |t: &str| {
             j[t]["chains"].as_array().into_iter().flatten().any(|c| c["devices"] == serde_json::json!(["br0", "s0"]))
@@ -233,19 +257,24 @@ fn the_egress_filter_follows_a_recreated_interface() {
         (bound("egress_guard") && bound("egress_owned")).then_some(())
     });
     assert!(healed.is_some(), "both egress chains are bound to the new br0:\n{}", host.agent.log_text());
-    let r = lan.dhcp_all(&[M1, UNKNOWN]);
+    let r = lan.dhcp_all(&[(M1, Want::Lease), (UNKNOWN, Want::Nothing)]);
     assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "the allowed MAC is served on the new interface");
     assert_eq!(r[1], None, "an unknown MAC is not");
 }
 
 /// Where the guard is a plain table (`[guard] claim = false`, or a kernel without `persist`), another process can
-/// delete it; the agent hears of it from nf_tables' notifications and puts the reply side's guard back at once.
+/// delete it; the agent hears of it from nf_tables' notifications and puts the reply side's guard back at once:
+/// with the periodic read-back an hour away, every repair is the notification's, as the agent's log says.
 #[test]
 fn a_deleted_egress_guard_is_repaired_at_once() {
     let lan = RawLan::new(1);
     let pxe = &lan.pxe;
     let dataplane = format!("{}\n[guard]\nclaim = false\n", RawLan::DATAPLANE);
-    let host = GuardedHost::start(pxe, &lan.dir, "br0", &dataplane, "");
+    let host = GuardedHost::start_with(pxe, &lan.dir, "br0", &dataplane, "", |toml| {
+        let hourly = toml.replacen("[reconcile]\ninterval_secs = 5\n", "[reconcile]\ninterval_secs = 3600\n", 1);
+        assert_ne!(hourly, toml, "the read-back interval is in the agent's configuration");
+        hourly
+    });
     assert_eq!(chains_json(pxe)["egress_guard"]["flags"], 0, "a plain guard");
     for tamper in [
         vec!["delete", "table", "netdev", "ironguard_guard"],
@@ -254,7 +283,7 @@ fn a_deleted_egress_guard_is_repaired_at_once() {
     ] {
         run_ok(pxe.cmd("nft").args(&tamper));
         let t = Instant::now();
-        let repaired = wait_for(Duration::from_secs(2), || {
+        let repaired = wait_for(Duration::from_secs(30), || {
             let j = chains_json(pxe);
             let drops = j["egress_guard"]["chains"]
                 .as_array()
@@ -264,5 +293,12 @@ fn a_deleted_egress_guard_is_repaired_at_once() {
         assert!(repaired.is_some(), "nft {tamper:?}: the egress guard was not repaired:\n{}", host.agent.log_text());
         eprintln!("nft {tamper:?}: repaired in {:?}", t.elapsed());
     }
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "still filtered");
+    let log = host.agent.log_text();
+    let repair_lines: Vec<&str> = log.lines().filter(|l| l.contains("guard repaired")).collect();
+    assert!(
+        repair_lines.len() >= 3 && repair_lines.iter().all(|l| l.contains("change notification")),
+        "every repair was triggered by a change notification, none by the read-back:\n{log}"
+    );
+    let r = lan.dhcp_all(&[(UNKNOWN, Want::Nothing)]);
+    assert_eq!(r[0], None, "still filtered");
 }

@@ -62,13 +62,23 @@ impl Site {
 
     /// With extra agent configuration appended (e.g. `[guard]\nclaim = false\n`).
     fn with_agent_extra(nodes: usize, lost_after_secs: u64, extra: &str) -> Self {
+        Self::with_agent_config(nodes, lost_after_secs, |toml| toml + extra)
+    }
+
+    /// With the agent's configuration (from [`agent_toml`]) edited by `edit`.
+    fn with_agent_config(nodes: usize, lost_after_secs: u64, edit: impl FnOnce(String) -> String) -> Self {
         let lan = PxeLan::new(nodes);
         let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--unknown-mac-policy", "deny"]);
-        let toml = agent_toml("agent-1", &cp.url(), "br0", AGENT_ADMIN, lost_after_secs) + extra;
+        let toml = edit(agent_toml("agent-1", &cp.url(), "br0", AGENT_ADMIN, lost_after_secs));
         let agent = start_agent(&lan.pxe, &lan.dir, &toml, None);
         let s = Self { lan, cp, agent };
-        s.wait_verdict("LEADER", Duration::from_secs(10));
+        s.wait_verdict("LEADER", Duration::from_secs(30));
         s
+    }
+
+    /// The negative proof from node `i`: the kernel refuses `m` (read first) and one DISCOVER gets no offer.
+    fn refused(&self, i: usize, m: &str) -> bool {
+        no_dhcp(&self.lan.pxe, &self.lan.nodes[i], "eth0", mac(m)).is_none()
     }
 
     fn ctl(&self, args: &[&str]) -> Output {
@@ -89,7 +99,7 @@ impl Site {
 
     /// Waits until the kernel's allow_mac set holds `mac` (or not).
     fn wait_allowed(&self, mac: &str, present: bool) {
-        let got = wait_for(Duration::from_secs(5), || {
+        let got = wait_for(Duration::from_secs(30), || {
             let out = ctl(&self.lan.pxe, &["chains", "--json", "--elements", "--netns", self.lan.pxe.name()]);
             let j: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
             let set = j["owned"]["sets"].as_array()?.iter().find(|s| s["name"] == "allow_mac")?.clone();
@@ -103,14 +113,14 @@ impl Site {
 #[test]
 fn update_pxe_filters_allow_gets_a_lease_and_deny_takes_it_away() {
     let site = Site::new(2, 30);
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "policy deny: an unknown MAC gets nothing");
+    assert!(site.refused(0, M1), "policy deny: an unknown MAC gets nothing");
     let out = ok(site.ctl(&["filters", "allow", M1]));
     assert!(out.contains("revision"), "{out}");
     site.wait_allowed(M1, true);
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "allowed through UpdatePxeFilters");
     ok(site.ctl(&["filters", "deny", M1]));
     site.wait_allowed(M1, false);
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "denied through UpdatePxeFilters");
+    assert!(site.refused(0, M1), "denied through UpdatePxeFilters");
     // The state shows why.
     let show = ok(site.ctl(&["filters", "show", "--json"]));
     let j: serde_json::Value = serde_json::from_str(&show).unwrap();
@@ -184,7 +194,7 @@ fn controlplane_kill9_and_restart_keeps_state_and_the_agent_resumes_without_a_fu
 
     site.cp.kill9();
     // Meanwhile (within the bound): the last state holds — M1 served, M2 and unknown MACs not.
-    let r = site.lan.dhcp_all(&[(0, mac(M2)), (1, mac(UNKNOWN))]);
+    let r = site.lan.dhcp_all(&[(0, mac(M2), Want::Nothing), (1, mac(UNKNOWN), Want::Nothing)]);
     assert_eq!(r, vec![None, None], "no lease wrongly granted while the control plane is down");
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some());
 
@@ -194,7 +204,7 @@ fn controlplane_kill9_and_restart_keeps_state_and_the_agent_resumes_without_a_fu
     });
     assert_eq!(before, after, "state and revision survive kill -9");
     // The agent reconnects and resumes from its applied revision: no second snapshot.
-    let resumed = wait_for(Duration::from_secs(10), || {
+    let resumed = wait_for(Duration::from_secs(30), || {
         (metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_resumes").unwrap_or(0.0) >= 1.0).then_some(())
     });
     assert!(resumed.is_some(), "agent did not resume:\n{}", site.agent.log_text());
@@ -213,10 +223,10 @@ fn controlplane_gone_beyond_the_bound_blocks_and_coming_back_restores_the_leader
     site.wait_allowed(M1, true);
     site.cp.kill9();
     let t = Instant::now();
-    site.wait_verdict("BLOCKED", Duration::from_secs(8));
+    site.wait_verdict("BLOCKED", Duration::from_secs(30));
     let blocked_after = t.elapsed();
     assert!(blocked_after >= Duration::from_secs(2), "blocked only after the bound: {blocked_after:?}");
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "Blocked: no lease");
+    assert!(site.refused(0, M1), "Blocked: no lease");
     let fc = metric(
         &site.lan.pxe,
         AGENT_ADMIN,
@@ -224,7 +234,7 @@ fn controlplane_gone_beyond_the_bound_blocks_and_coming_back_restores_the_leader
     );
     assert_eq!(fc, Some(1.0));
     site.cp.restart(&site.lan.pxe, &site.lan.dir);
-    site.wait_verdict("LEADER", Duration::from_secs(10));
+    site.wait_verdict("LEADER", Duration::from_secs(30));
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "leader again: lease");
 }
 
@@ -235,31 +245,29 @@ fn agent_sigterm_sigkill_and_restart() {
     site.wait_allowed(M1, true);
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some());
 
+    // SIGTERM: Blocked first, then exit 0 (how fast: `ironguard-bench ha`, SIGTERM → exit).
     let t = Instant::now();
     site.agent.signal(Signal::SIGTERM);
-    let st = site.agent.wait_exit(Duration::from_secs(1));
-    assert!(
-        st.is_some_and(|s| s.success()),
-        "SIGTERM: exit 0 within 1 s ({:?}):\n{}",
-        t.elapsed(),
-        site.agent.log_text()
-    );
-    assert!(site.agent.log_text().contains("Blocked; exiting"));
+    let st = site.agent.wait_exit(Duration::from_secs(30));
+    assert!(st.is_some_and(|s| s.success()), "SIGTERM: exit 0 ({:?}):\n{}", t.elapsed(), site.agent.log_text());
+    let log = site.agent.log_text();
+    let (stopping, exiting) = (log.find("stopping: switching to Blocked"), log.find("Blocked; exiting"));
+    assert!(stopping.is_some() && stopping < exiting, "Blocked, then exit:\n{log}");
     assert_eq!(verdict(&site.lan.pxe), "CLOSED");
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "after SIGTERM: no lease");
+    assert!(site.refused(0, M1), "after SIGTERM: no lease");
 
     let toml = agent_toml("agent-1", &site.cp.url(), "br0", AGENT_ADMIN, 30);
     site.agent = start_agent(&site.lan.pxe, &site.lan.dir, &toml, None);
-    site.wait_verdict("LEADER", Duration::from_secs(10));
+    site.wait_verdict("LEADER", Duration::from_secs(30));
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "restarted agent serves again");
 
     site.agent.signal(Signal::SIGKILL);
-    site.agent.wait_exit(Duration::from_secs(2));
+    assert!(site.agent.wait_exit(Duration::from_secs(30)).is_some(), "the killed agent is reaped");
     assert_eq!(verdict(&site.lan.pxe), "CLOSED");
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_none(), "after SIGKILL: no lease (guard)");
+    assert!(site.refused(0, M1), "after SIGKILL: no lease (guard)");
 
     site.agent = start_agent(&site.lan.pxe, &site.lan.dir, &toml, None);
-    site.wait_verdict("LEADER", Duration::from_secs(10));
+    site.wait_verdict("LEADER", Duration::from_secs(30));
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "restarted after SIGKILL: serves again");
 }
 
@@ -271,9 +279,9 @@ fn dnsmasq_stopped_the_agent_steps_down_and_says_why() {
     assert!(http_get(&site.lan.pxe, &format!("http://{AGENT_ADMIN}/readyz")).is_some(), "ready while leading");
 
     site.lan.dnsmasq.proc.kill();
-    site.wait_verdict("FOLLOWER", Duration::from_secs(5));
+    site.wait_verdict("FOLLOWER", Duration::from_secs(30));
     assert!(http_get(&site.lan.pxe, &format!("http://{AGENT_ADMIN}/readyz")).is_none(), "/readyz fails");
-    let seen = wait_for(Duration::from_secs(5), || {
+    let seen = wait_for(Duration::from_secs(30), || {
         let out = ok(site.ctl(&["agents"]));
         out.contains("nothing listens on udp/67").then_some(out)
     });
@@ -281,7 +289,7 @@ fn dnsmasq_stopped_the_agent_steps_down_and_says_why() {
     assert!(out.contains("agent-1") && out.to_lowercase().contains("follower"), "{out}");
 
     site.lan.dnsmasq = Dnsmasq::start(&site.lan.pxe, &site.lan.dir, "br0", ("10.77.0.100", "10.77.0.250"), &[]);
-    site.wait_verdict("LEADER", Duration::from_secs(5));
+    site.wait_verdict("LEADER", Duration::from_secs(30));
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some());
 }
 
@@ -298,11 +306,11 @@ fn the_agent_runs_as_a_non_root_user_with_only_cap_net_admin() {
     assert_eq!(uid.split_whitespace().nth(1), Some("65534"), "{uid}");
     assert_eq!(cap.split_whitespace().nth(1), Some("0000000000001000"), "{cap}");
     ok(ctl(&lan.pxe, &["--controlplane", &cp.url(), "filters", "allow", M1]));
-    let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
+    let leader = wait_for(Duration::from_secs(30), || (verdict(&lan.pxe) == "LEADER").then_some(()));
     assert!(leader.is_some(), "{}", agent.log_text());
-    let got = wait_for(Duration::from_secs(10), || dhcp(&lan.nodes[0], "eth0", mac(M1)));
+    let got = wait_for(Duration::from_secs(30), || dhcp(&lan.nodes[0], "eth0", mac(M1)));
     assert!(got.is_some(), "the unprivileged agent serves the allowed MAC:\n{}", agent.log_text());
-    assert!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)).is_none());
+    assert!(no_dhcp(&lan.pxe, &lan.nodes[0], "eth0", mac(UNKNOWN)).is_none());
 }
 
 /// The running agent holds the guard (`owner, persist` on this kernel): nobody else can delete or flush it, and
@@ -325,19 +333,25 @@ fn the_held_guard_refuses_tampering_and_survives_flush_ruleset() {
     }
     let out = site.lan.pxe.nft(&["flush", "ruleset"]);
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(verdict(&site.lan.pxe), "LEADER", "both tables survived nft flush ruleset");
-    assert!(wait_for(Duration::from_secs(5), || dhcp(&site.lan.nodes[0], "eth0", mac(M1))).is_some());
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(UNKNOWN)).is_none());
+    let v = verdict(&site.lan.pxe);
+    assert!(LEADER_TABLES.contains(&v.as_str()), "both tables survived nft flush ruleset: {v}");
+    assert!(wait_for(Duration::from_secs(30), || dhcp(&site.lan.nodes[0], "eth0", mac(M1))).is_some());
+    assert!(site.refused(0, UNKNOWN));
 }
 
 /// A plain guard (`[guard] claim = false`, what kernels without `persist` get) is repaired the moment a change
-/// notification shows it deleted, flushed or altered: long before the periodic read-back (~5 s here).
+/// notification shows it deleted, flushed or altered: with the periodic read-back an hour away, every repair is the
+/// notification's, as the agent's log says. (How fast: `ironguard-bench ha`, guard tampering.)
 #[test]
 fn a_plain_guard_is_repaired_the_moment_it_is_touched() {
-    let site = Site::with_agent_extra(1, 30, "\n[guard]\nclaim = false\n");
+    let site = Site::with_agent_config(1, 30, |toml| {
+        let hourly = toml.replacen("[reconcile]\ninterval_secs = 5\n", "[reconcile]\ninterval_secs = 3600\n", 1);
+        assert_ne!(hourly, toml, "the read-back interval is in the agent's configuration");
+        hourly + "\n[guard]\nclaim = false\n"
+    });
     let repaired = |what: &str| {
         let t = std::time::Instant::now();
-        let ok = wait_for(Duration::from_secs(3), || {
+        let ok = wait_for(Duration::from_secs(30), || {
             let j = chains_json(&site.lan.pxe);
             let rules = &j["guard"]["chains"][0]["rules"];
             let only_drop = rules.as_array().is_some_and(|r| r.len() == 1)
@@ -358,11 +372,15 @@ fn a_plain_guard_is_repaired_the_moment_it_is_touched() {
         assert!(out.status.success(), "nft {args:?}: {out:?}");
         took.push((args.join(" "), repaired(&args.join(" "))));
     }
-    for (what, t) in &took {
-        assert!(*t < Duration::from_secs(2), "{what}: repaired only after {t:?}");
-    }
+    eprintln!("repaired after {took:?}");
     let repairs = metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_guard_repairs").unwrap_or(0.0);
     assert!(repairs >= 4.0, "every tampering was repaired by the agent ({repairs})\n{took:?}");
+    let log = site.agent.log_text();
+    let repair_lines: Vec<&str> = log.lines().filter(|l| l.contains("guard repaired")).collect();
+    assert!(
+        repair_lines.len() >= 4 && repair_lines.iter().all(|l| l.contains("change notification")),
+        "every repair was triggered by a change notification, none by the read-back:\n{log}"
+    );
 }
 
 #[test]
@@ -373,7 +391,7 @@ fn the_agent_notifies_systemd_ready_and_pings_the_watchdog() {
     // The notify socket lives in the filesystem, so it works across network namespaces.
     let path = lan.dir.join("notify.sock");
     let sock = UnixDatagram::bind(&path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
     let toml = agent_toml("agent-sd", &cp.url(), "br0", AGENT_ADMIN, 30);
     let _agent = start_agent_env(
         &lan.pxe,
@@ -385,7 +403,7 @@ fn the_agent_notifies_systemd_ready_and_pings_the_watchdog() {
     let mut got = Vec::new();
     let mut buf = [0u8; 512];
     let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(5)
+    while t.elapsed() < Duration::from_secs(30)
         && !(got.iter().any(|m: &String| m.contains("READY=1"))
             && got.iter().filter(|m| m.contains("WATCHDOG=1")).count() >= 2)
     {

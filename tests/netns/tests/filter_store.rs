@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ironguard_controlplane::filter::{ReasonChange, Side, api_changes};
 use ironguard_controlplane::store::FilterStore;
-use ironguard_netns_tests::etcd::EtcdProcess;
 use ironguard_dataplane::MacAddr;
+use ironguard_netns_tests::etcd::EtcdProcess;
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -68,7 +68,7 @@ async fn wait_entry(
     mac: MacAddr,
     ready: impl Fn(&ironguard_controlplane::filter::Entry) -> bool,
 ) -> ironguard_controlplane::filter::Entry {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let (_, entries) = s.entries(&[mac]);
         if let Some((_, e)) = entries.into_iter().next() {

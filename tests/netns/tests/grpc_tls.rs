@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::time::Duration;
 
 use ironguard_netns_tests::pki::{self, OPERATOR, SERVER_NAME, make_ca, make_leaf};
 use ironguard_netns_tests::*;
@@ -78,7 +77,7 @@ fn certificates_rotate_on_sighup_while_streams_stay_open() {
     let url = cp.url();
     assert!(url.starts_with("https://"), "{url}");
     let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-1", &url, "br0", AGENT_ADMIN, 30), None);
-    assert!(wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(())).is_some());
+    assert!(wait_for(DEADLINE, || (verdict(&lan.pxe) == "LEADER").then_some(())).is_some());
     let ca1 = p.ca.clone();
     let op1 = [
         ("--ca-file", ca1.as_path()),
@@ -88,7 +87,7 @@ fn certificates_rotate_on_sighup_while_streams_stay_open() {
     let out = ctl_with(&lan.pxe, &url, &op1, &["filters", "allow", "52:54:00:77:00:01"]);
     assert!(out.status.success(), "{}", text(&out));
     let r1 = revision(&out);
-    assert!(wait_for(Duration::from_secs(10), || (applied(&lan, &url, &op1) >= r1).then_some(())).is_some());
+    assert!(wait_for(DEADLINE, || (applied(&lan, &url, &op1) >= r1).then_some(())).is_some());
     let resumes = metric(&lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_resumes").unwrap_or(0.0);
 
     // Refusals, with what to do next: no credentials, a wrong token, an agent's certificate.
@@ -120,7 +119,7 @@ fn certificates_rotate_on_sighup_while_streams_stay_open() {
     write(&op2_cert, &op2_pem);
     write(&op2_keyf, &op2_key);
     cp.proc.signal(nix::sys::signal::Signal::SIGHUP);
-    let reloaded = wait_for(Duration::from_secs(5), || cp.proc.log_text().contains("reloaded").then_some(()));
+    let reloaded = wait_for(DEADLINE, || cp.proc.log_text().contains("reloaded").then_some(()));
     assert!(reloaded.is_some(), "{}", cp.proc.log_text());
 
     // A new connection trusting only the old CA is refused, and ironguardctl says why.
@@ -135,11 +134,7 @@ fn certificates_rotate_on_sighup_while_streams_stay_open() {
     let r2 = revision(&out);
     // The agent's stream, opened before the rotation, is still the one delivering: it applies the new revision
     // without reconnecting.
-    assert!(
-        wait_for(Duration::from_secs(10), || (applied(&lan, &url, &op2) >= r2).then_some(())).is_some(),
-        "{}",
-        agent.log_text()
-    );
+    assert!(wait_for(DEADLINE, || (applied(&lan, &url, &op2) >= r2).then_some(())).is_some(), "{}", agent.log_text());
     assert_eq!(metric(&lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_resumes").unwrap_or(0.0), resumes, "no reconnect");
     assert_eq!(metric(&lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_connected"), Some(1.0));
 

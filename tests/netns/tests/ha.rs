@@ -1,5 +1,6 @@
 //! High availability on a real etcd: three PXE hosts (real dnsmasq each, distinct server identifiers), two
 //! control-plane replicas, real DHCP clients — and the invariant: at most one host serves DHCP at any instant.
+//! These tests assert order and invariants; how fast each handover is, `ironguard-bench ha` measures.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -22,13 +23,15 @@ fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
     let site = HaSite::new(3, 1);
     let (leader, took) = site.wait_leader(None, Duration::from_secs(15)).expect("a leader is elected");
     eprintln!("leader pxe-{leader} after {took:?}; verdicts {:?}", site.verdicts());
+    // One leader's tables (its lease may be dropped for a moment on a busy machine: FENCED), two followers.
     let v = site.verdicts();
-    assert_eq!(v.iter().filter(|v| *v == "LEADER").count(), 1, "{v:?}");
+    assert_eq!(v.iter().filter(|v| LEADER_TABLES.contains(&v.as_str())).count(), 1, "{v:?}");
+    assert!(LEADER_TABLES.contains(&v[leader].as_str()), "{v:?}");
     assert_eq!(v.iter().filter(|v| *v == "FOLLOWER").count(), 2, "{v:?}");
     // Several DISCOVERs, each answered by the leader's server only.
-    let probe = site.spawn_probe(0, mac(NODE_MAC), 2.0, 0.2);
+    let probe = site.spawn_probe(0, mac(NODE_MAC), 2.0, 0.2, 5);
     let results = probe_results(probe);
-    assert!(results.len() >= 5);
+    assert!(results.len() >= 5, "the probe sent its DISCOVERs: {results:?}");
     let leader_ip = site.hosts[leader].ip.to_string();
     for (xid, servers) in &results {
         assert!(servers.len() <= 1, "DISCOVER {xid:x} answered by {servers:?}");
@@ -38,7 +41,7 @@ fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
     assert!(answered.iter().all(|(_, s)| s[0] == leader_ip), "{results:?}");
     lease_from(&site, leader);
     // ironguardctl agents shows every member, the leader and their state.
-    let j = wait_for(Duration::from_secs(5), || {
+    let j = wait_for(Duration::from_secs(20), || {
         let j = agents_json(&site);
         (j["agents"].as_array()?.len() == 3).then_some(j)
     })
@@ -50,73 +53,103 @@ fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
     assert_eq!(j["coordination"], "etcd");
 }
 
+/// SIGTERM: the leader is closed by the time it exits (exit 0), and the successor opens only after it closed, with
+/// no instant of both open. (How soon — the leader resigns and revokes its lease so that the successor need not
+/// wait for it to run out — is `ironguard-bench ha`'s `sigterm` row.)
 #[test]
 fn leader_sigterm_hands_over_at_once() {
     let mut site = HaSite::new(3, 1);
     let (old, _) = site.wait_leader(None, Duration::from_secs(15)).expect("leader");
     lease_from(&site, old);
+    let watched = Instant::now();
+    let watcher = Watcher::start(&site.hosts);
+    assert!(watcher.wait_open(old, watched, DEADLINE), "the watcher saw the old leader open");
     let t = Instant::now();
     let st = signal_agent(&mut site.hosts[old], Signal::SIGTERM);
     assert!(st.is_some_and(|s| s.success()), "SIGTERM: exit 0");
-    let (new, gap) = site.wait_leader(Some(old), Duration::from_secs(5)).expect("another host leads");
+    assert_eq!(verdict(&site.hosts[old].ns), "CLOSED", "closed by the time it exited");
+    let (new, gap) = site.wait_leader(Some(old), Duration::from_secs(15)).expect("another host leads");
     eprintln!("SIGTERM handover: pxe-{old} -> pxe-{new} in {:?} (exit after {:?})", gap, t.elapsed());
-    assert!(gap < Duration::from_secs(1), "graceful handover took {gap:?}");
-    assert_eq!(verdict(&site.hosts[old].ns), "CLOSED");
+    assert!(watcher.wait_open(new, t, Duration::from_secs(30)), "the watcher saw the successor open");
+    let (runs, _) = watcher.finish();
+    let overlaps = dual_open(&runs);
+    assert!(overlaps.is_empty(), "the successor opened while the old leader was still open: {overlaps:?}");
+    let old_last_open = runs[old].iter().map(|r| r.1).max().expect("the watcher saw the old leader open");
+    let new_first_open = runs[new].iter().map(|r| r.0).min().expect("the watcher saw the successor open");
+    assert!(old_last_open < new_first_open, "the old leader closed before the successor opened");
     lease_from(&site, new);
 }
 
+/// SIGKILL: the killed host is closed by the time it is reaped (its table went with its socket), and a successor
+/// opens only once the dead leader's lease could have expired. (The gap is `ironguard-bench ha`'s `sigkill` row.)
 #[test]
 fn leader_sigkill_closes_at_once_and_a_successor_opens_after_the_lease() {
     let mut site = HaSite::new(3, 1);
     let (old, _) = site.wait_leader(None, Duration::from_secs(15)).expect("leader");
     let t = Instant::now();
-    signal_agent(&mut site.hosts[old], Signal::SIGKILL);
+    assert!(signal_agent(&mut site.hosts[old], Signal::SIGKILL).is_some(), "the killed agent is reaped");
     assert_eq!(verdict(&site.hosts[old].ns), "CLOSED", "the killed host is closed at once (guard)");
-    let (new, _) = site.wait_leader(Some(old), Duration::from_secs(10)).expect("another host leads");
+    let (new, _) = site.wait_leader(Some(old), Duration::from_secs(30)).expect("another host leads");
     let gap = t.elapsed();
     eprintln!("SIGKILL handover: pxe-{old} -> pxe-{new} after {gap:?}");
     // The lease ends TTL after its last keep-alive, which went out up to one keep-alive period (TTL/3) before the
     // kill: the successor may open from 2/3 TTL on (less a little for etcd's expiry check), never at once.
     let earliest = Duration::from_secs(TTL_SECS) * 2 / 3 - Duration::from_millis(300);
     assert!(gap >= earliest, "not before the lease expired: {gap:?} < {earliest:?}");
-    assert!(gap <= Duration::from_secs(TTL_SECS + 2), "{gap:?}");
     lease_from(&site, new);
 }
 
+/// A leader cut from the management network (etcd and the control planes) closes before a successor opens, and
+/// rejoins as a follower once healed; two rounds, so that a healed host is partitioned again. (The repetition is
+/// `ironguard-bench ha --rounds 20`'s `management link down` row.)
 #[test]
-fn partitioned_leaders_close_before_successors_open_20_rounds() {
+fn partitioned_leaders_close_before_successors_open() {
     let site = HaSite::new(3, 1);
     site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    let watched = Instant::now();
     let watcher = Watcher::start(&site.hosts);
-    let rounds = 20;
-    let probe = site.spawn_probe(0, mac(NODE_MAC), 9.0 * rounds as f64, 0.25);
+    let rounds = 2;
+    let probe = site.spawn_probe(0, mac(NODE_MAC), 3600.0, 0.25, 0);
     let mut gaps = Vec::new();
+    let mut handovers = Vec::new();
     for round in 0..rounds {
         let (old, _) = site
             .wait_leader(None, Duration::from_secs(15))
             .unwrap_or_else(|| panic!("round {round}: no leader: {:?}", site.verdicts()));
+        assert!(watcher.wait_open(old, watched, DEADLINE), "round {round}: the watcher saw pxe-{old} open");
         let t = Instant::now();
         site.partition(old, true);
         let closed =
-            wait_for(Duration::from_secs(5), || (verdict(&site.hosts[old].ns) != "LEADER").then(|| t.elapsed()));
+            wait_for(Duration::from_secs(30), || (verdict(&site.hosts[old].ns) != "LEADER").then(|| t.elapsed()));
         let closed = closed.unwrap_or_else(|| panic!("round {round}: the partitioned leader never closed"));
         let (new, _) = site
-            .wait_leader(Some(old), Duration::from_secs(10))
+            .wait_leader(Some(old), Duration::from_secs(30))
             .unwrap_or_else(|| panic!("round {round}: no successor"));
         let opened = t.elapsed();
-        assert!(closed < opened, "round {round}: closed after {closed:?}, successor open after {opened:?}");
+        assert!(watcher.wait_open(new, t, Duration::from_secs(30)), "round {round}: the watcher saw pxe-{new} open");
         gaps.push(opened - closed);
+        handovers.push((old, t, new));
         eprintln!("round {round}: pxe-{old} closed after {closed:?}, pxe-{new} open after {opened:?}");
         site.partition(old, false);
         // The healed host rejoins as a follower.
-        let rejoined = wait_for(Duration::from_secs(10), || (verdict(&site.hosts[old].ns) == "FOLLOWER").then_some(()));
+        let rejoined = wait_for(Duration::from_secs(30), || (verdict(&site.hosts[old].ns) == "FOLLOWER").then_some(()));
         assert!(rejoined.is_some(), "round {round}: pxe-{old} did not rejoin: {:?}", site.verdicts());
     }
     let (runs, samples) = watcher.finish();
     let overlaps = dual_open(&runs);
     eprintln!("watcher: {samples} kernel samples; dual-open instants: {overlaps:?}");
-    assert!(samples > 1000, "the watcher sampled: {samples}");
     assert!(overlaps.is_empty(), "two hosts had the pass rule at the same instant: {overlaps:?}");
+    // The watcher saw every handover (so "never both open" was judged on samples that cover it): the old leader
+    // open before its cut and the successor open after it, the old one's last open instant before the new one's
+    // first.
+    for (round, &(old, cut, new)) in handovers.iter().enumerate() {
+        let old_last = runs[old].iter().filter(|r| r.0 < cut).map(|r| r.1).max();
+        let new_first = runs[new].iter().filter(|r| r.1 > cut).map(|r| r.0).min();
+        let (Some(old_last), Some(new_first)) = (old_last, new_first) else {
+            panic!("round {round}: the watcher did not see pxe-{old} open before the cut and pxe-{new} after it");
+        };
+        assert!(old_last < new_first, "round {round}: pxe-{old} closed before pxe-{new} opened");
+    }
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(probe.id() as i32), Signal::SIGTERM);
     let results = probe_results(probe);
     let doubles: Vec<_> = results.iter().filter(|(_, s)| s.len() > 1).collect();
@@ -129,19 +162,30 @@ fn partitioned_leaders_close_before_successors_open_20_rounds() {
     assert!(doubles.is_empty(), "offers from two servers to one DISCOVER: {doubles:?}");
 }
 
+/// etcd down: no keep-alive can succeed, so the kernel stops serving by the fence deadline of the last one, which
+/// went out before etcd was gone: no read of any host's kernel that began a TTL after that saw it serving. Every
+/// agent then says Blocked, and a leader comes back by itself with etcd. (How long until all read BLOCKED:
+/// `ironguard-bench ha`'s `etcd stopped` row, kernel stop − lease end.)
 #[test]
 fn etcd_down_blocks_everyone_within_the_ttl_and_recovers_by_itself() {
     let mut site = HaSite::new(3, 1);
     site.wait_leader(None, Duration::from_secs(15)).expect("leader");
-    let t = Instant::now();
+    let watcher = Watcher::start(&site.hosts);
     site.etcd.stop();
-    let blocked = wait_for(Duration::from_secs(TTL_SECS + 2), || {
-        site.verdicts().iter().all(|v| v == "BLOCKED").then(|| t.elapsed())
-    });
+    // Every keep-alive that could still succeed was sent before etcd was gone, so before now.
+    let gone = Instant::now();
+    let blocked =
+        wait_for(Duration::from_secs(30), || site.verdicts().iter().all(|v| v == "BLOCKED").then(|| gone.elapsed()));
     let blocked = blocked.unwrap_or_else(|| panic!("not all blocked: {:?}", site.verdicts()));
     eprintln!("etcd down: all hosts BLOCKED after {blocked:?}");
-    assert!(blocked <= Duration::from_secs(TTL_SECS), "{blocked:?}");
-    assert!(site.dhcp(0, mac(NODE_MAC)).is_none(), "no lease without etcd");
+    let fence = gone + Duration::from_secs(TTL_SECS);
+    assert!(watcher.wait_read_after(fence, Duration::from_secs(30)), "every host was read after the fence deadline");
+    let samples = watcher.finish_raw();
+    for (i, host) in samples.iter().enumerate() {
+        let late = host.iter().filter(|(began, _, open)| *open && *began > fence).count();
+        assert_eq!(late, 0, "pxe-{i} was read serving {TTL_SECS} s and more after etcd was gone");
+    }
+    assert!(site.dhcp_refused(0, mac(NODE_MAC)).is_none(), "no lease without etcd");
     let t = Instant::now();
     site.etcd.restart();
     let (l, _) = site.wait_leader(None, Duration::from_secs(20)).expect("a leader again once etcd is back");
@@ -171,16 +215,17 @@ fn one_control_plane_replica_dies_and_agents_continue_from_the_other() {
         ctl(&site.mgmt, &a)
     };
     assert!(ctl_on("https://10.90.0.1:9100", &["filters", "deny", NODE_MAC]).status.success());
-    assert!(wait_for(Duration::from_secs(5), || site.dhcp(0, mac(NODE_MAC)).is_none().then_some(())).is_some());
+    assert!(wait_for(Duration::from_secs(20), || site.all_refuse(mac(NODE_MAC)).then_some(())).is_some());
+    assert!(site.dhcp_refused(0, mac(NODE_MAC)).is_none(), "denied on every host");
     let snapshots =
         |i: usize| metric(&site.hosts[i].ns, "127.0.0.1:9181", "ironguard_agent_snapshots_applied").unwrap_or(-1.0);
     let before: Vec<f64> = (0..3).map(snapshots).collect();
     site.cps[0].kill9();
     // A change through the surviving replica reaches the agents, which moved to it without a full reload.
     assert!(ctl_on("https://10.90.0.1:9110", &["filters", "allow", NODE_MAC]).status.success());
-    let got = wait_for(Duration::from_secs(15), || site.dhcp(0, mac(NODE_MAC)));
+    let got = wait_for(Duration::from_secs(30), || site.dhcp(0, mac(NODE_MAC)));
     assert_eq!(got.expect("allowed via the other replica").server_id, site.hosts[leader].ip);
-    let resumed = wait_for(Duration::from_secs(10), || {
+    let resumed = wait_for(Duration::from_secs(30), || {
         (0..3)
             .all(|i| {
                 metric(&site.hosts[i].ns, "127.0.0.1:9181", "ironguard_agent_stream_resumes").unwrap_or(0.0) >= 1.0
@@ -192,15 +237,15 @@ fn one_control_plane_replica_dies_and_agents_continue_from_the_other() {
     assert_eq!(before, after, "no full reload");
 }
 
-/// The main loop answers SIGTERM at once whatever the coordination state: here with etcd down and every
-/// session expired (the state in which it used to wait for coordination news for seconds).
+/// The main loop answers SIGTERM whatever the coordination state: here with etcd down and every session expired
+/// (the state in which it used to wait for coordination news for seconds): each agent stops, closed, with exit 0,
+/// while etcd stays down. (SIGTERM → exit in this state: `ironguard-bench ha`, "SIGTERM → exit, etcd down".)
 #[test]
 fn sigterm_is_served_at_once_while_etcd_is_down() {
     let mut site = HaSite::new(3, 1);
     site.wait_leader(None, Duration::from_secs(15)).expect("leader");
     site.etcd.stop();
-    let blocked =
-        wait_for(Duration::from_secs(TTL_SECS + 3), || site.verdicts().iter().all(|v| v == "BLOCKED").then_some(()));
+    let blocked = wait_for(Duration::from_secs(30), || site.verdicts().iter().all(|v| v == "BLOCKED").then_some(()));
     assert!(blocked.is_some(), "not all blocked: {:?}", site.verdicts());
     // Well into the expired state: sessions are gone and reconnection attempts are under way.
     std::thread::sleep(Duration::from_secs(2));
@@ -210,7 +255,9 @@ fn sigterm_is_served_at_once_while_etcd_is_down() {
         let st = signal_agent(&mut site.hosts[i], Signal::SIGTERM);
         took.push(t.elapsed());
         assert!(st.is_some_and(|s| s.success()), "pxe-{i} exits 0 on SIGTERM");
+        assert_eq!(verdict(&site.hosts[i].ns), "CLOSED", "pxe-{i} is closed once it exited");
+        let log = site.hosts[i].agent.as_ref().expect("the agent's process").log_text();
+        assert!(log.contains("Blocked; exiting"), "pxe-{i} stopped through Blocked:\n{log}");
     }
     eprintln!("SIGTERM to exit with etcd down: {took:?}");
-    assert!(took.iter().all(|t| *t < Duration::from_secs(2)), "within systemd's TimeoutStopSec: {took:?}");
 }

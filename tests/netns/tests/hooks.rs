@@ -20,15 +20,16 @@ const M1: &str = "52:54:00:13:00:01";
 const M2: &str = "52:54:00:13:00:02";
 const UNKNOWN: &str = "52:54:00:13:00:99";
 
+/// SIGKILL: the agent's table goes with its socket, so the host reads CLOSED once the process is reaped.
 fn sigkill(host: &mut GuardedHost, pxe: &Netns) {
     host.agent.signal(Signal::SIGKILL);
-    host.agent.wait_exit(Duration::from_secs(2));
-    host.wait_verdict(pxe, "CLOSED", Duration::from_secs(2));
+    assert!(host.agent.wait_exit(Duration::from_secs(30)).is_some(), "the killed agent is reaped");
+    assert_eq!(verdict(pxe), "CLOSED", "closed by the time the killed agent is reaped");
 }
 
 fn stop(mut p: Proc) {
     p.signal(Signal::SIGTERM);
-    assert!(p.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()), "{}", p.log_text());
+    assert!(p.wait_exit(Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", p.log_text());
 }
 
 /// The PXE host `pxe` bridges its provisioning ports: `br0` (10.79.0.254/24; the host itself serves nothing) with port
@@ -85,9 +86,19 @@ impl BridgedContainer {
         format!("udp_port = 0\npid_file = \"{}\"\n", dnsmasq_pid_file(&self.dir, Self::DNSMASQ).display())
     }
 
-    fn dhcp_all(&self, macs: &[&str]) -> Vec<Option<Lease>> {
-        let attempts: Vec<DhcpAttempt> =
-            macs.iter().enumerate().map(|(i, m)| dhcp_start(&self.nodes[i], "eth0", mac(m))).collect();
+    /// One client per (MAC, what it should get), on nodes 0.., at the same time; for a client that must get
+    /// nothing, the PXE host's kernel is read first and must refuse it.
+    fn dhcp_all(&self, clients: &[(&str, Want)]) -> Vec<Option<Lease>> {
+        for (m, want) in clients {
+            if *want == Want::Nothing {
+                assert_kernel_refuses(&self.pxe, mac(m));
+            }
+        }
+        let attempts: Vec<DhcpAttempt> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, (m, want))| dhcp_start(&self.nodes[i], "eth0", mac(m), *want))
+            .collect();
         attempts.into_iter().map(DhcpAttempt::finish).collect()
     }
 }
@@ -114,7 +125,7 @@ fn a_containerized_dnsmasq_on_a_bridge_is_filtered_on_the_forward_hook() {
     host.filter(pxe, "allow", mac(M1));
     host.filter(pxe, "deny", mac(M2));
 
-    let r = site.dhcp_all(&[M1, M2, UNKNOWN]);
+    let r = site.dhcp_all(&[(M1, Want::Lease), (M2, Want::Nothing), (UNKNOWN, Want::Nothing)]);
     assert_eq!(r[0].as_ref().map(|l| l.server_id.to_string()).as_deref(), Some(BridgedContainer::SERVER), "allowed");
     assert_eq!(r[1], None, "denied MAC: no lease from the container");
     assert_eq!(r[2], None, "unknown MAC under policy deny: no lease");
@@ -128,29 +139,29 @@ fn a_containerized_dnsmasq_on_a_bridge_is_filtered_on_the_forward_hook() {
 
     // The container's dnsmasq dies: the agent (pid file) steps down; it leads again when dnsmasq is back.
     site.dnsmasq.proc.kill();
-    host.wait_verdict(pxe, "FOLLOWER", Duration::from_secs(5));
+    host.wait_verdict(pxe, "FOLLOWER", Duration::from_secs(30));
     site.dnsmasq = BridgedContainer::start_dnsmasq(&site.container, &site.dir);
-    host.wait_verdict(pxe, "LEADER", Duration::from_secs(5));
+    host.wait_verdict(pxe, "LEADER", Duration::from_secs(30));
     assert!(dhcp(&site.nodes[0], "eth0", mac(M1)).is_some(), "leader again: the allowed MAC is served");
 
     // SIGKILL: the agent's table is gone, the guard (forward) drops every DISCOVER.
     sigkill(&mut host, pxe);
     let dropped = rule_packets(pxe, "guard", "forward", "ironguard-guard:drop-unmarked");
-    assert_eq!(dhcp(&site.nodes[0], "eth0", mac(M1)), None, "agent killed: no lease, even for the allowed MAC");
+    assert_eq!(no_dhcp(pxe, &site.nodes[0], "eth0", mac(M1)), None, "agent killed: no lease, even for the allowed MAC");
     assert!(rule_packets(pxe, "guard", "forward", "ironguard-guard:drop-unmarked") > dropped, "the guard dropped them");
 
     // A follower with M1 allowed serves nobody; a leader with policy allow serves unknown MACs but not denied ones.
     let hold =
         start_hold(pxe, &site.dir, &["--interface", "br0", "--hook", "forward", "--mode", "follower", "--allow", M1]);
     assert_eq!(verdict(pxe), "FOLLOWER");
-    assert_eq!(dhcp(&site.nodes[0], "eth0", mac(M1)), None, "follower: no lease");
+    assert_eq!(no_dhcp(pxe, &site.nodes[0], "eth0", mac(M1)), None, "follower: no lease");
     stop(hold);
     let hold = start_hold(
         pxe,
         &site.dir,
         &["--interface", "br0", "--hook", "forward", "--mode", "leader", "--unknown-mac-policy", "allow", "--deny", M2],
     );
-    let r = site.dhcp_all(&[UNKNOWN, M2]);
+    let r = site.dhcp_all(&[(UNKNOWN, Want::Lease), (M2, Want::Nothing)]);
     assert!(r[0].is_some(), "policy allow: an unknown MAC is served through the forward hook");
     assert_eq!(r[1], None, "policy allow: a denied MAC is not");
     stop(hold);
@@ -166,7 +177,7 @@ fn without_bridge_nf_call_iptables_bridged_dhcp_bypasses_the_forward_hook() {
     let site = BridgedContainer::new(1, true);
     let pxe = &site.pxe;
     run_ok(pxe.cmd(bin("ironguard-agent")).args(["guard", "install", "--interface", "br0", "--hook", "forward"]));
-    assert_eq!(dhcp(&site.nodes[0], "eth0", mac(UNKNOWN)), None, "bridge-nf-call-iptables=1: the guard drops");
+    assert_eq!(no_dhcp(pxe, &site.nodes[0], "eth0", mac(UNKNOWN)), None, "bridge-nf-call-iptables=1: the guard drops");
     let dropped = rule_packets(pxe, "guard", "forward", "ironguard-guard:drop-unmarked");
     assert!(dropped >= 1, "the guard on forward saw the bridged DISCOVERs");
 
@@ -229,8 +240,8 @@ fn a_routed_container_behind_a_relay_is_filtered_on_the_forward_hook() {
         "allowed chaddr behind the relay: a lease from the routed container\n{}",
         server.proc.log_text()
     );
-    assert_eq!(dhcp(&node, "eth0", mac(M2)), None, "denied chaddr behind the relay: no lease");
-    assert_eq!(dhcp(&node, "eth0", mac(UNKNOWN)), None, "unknown chaddr under policy deny: no lease");
+    assert_eq!(no_dhcp(&pxe, &node, "eth0", mac(M2)), None, "denied chaddr behind the relay: no lease");
+    assert_eq!(no_dhcp(&pxe, &node, "eth0", mac(UNKNOWN)), None, "unknown chaddr under policy deny: no lease");
     assert!(
         rule_packets(&pxe, "owned", "forward", "ironguard:dhcp") >= 3,
         "relayed DISCOVERs crossed the forward hook"
@@ -277,11 +288,18 @@ impl ProxyLan {
         Self { _dnsmasq, nodes, pxe, dir }
     }
 
-    fn probe_all(&self, macs: &[&str]) -> Vec<PxeProbe> {
-        let runs: Vec<PxeProbeRun> = macs
+    /// One probe per (MAC, what it should get on both ports), on nodes 0.., at the same time; for a probe that must
+    /// get nothing, the PXE host's kernel is read first and must refuse it.
+    fn probe_all(&self, probes: &[(&str, Want)]) -> Vec<PxeProbe> {
+        for (m, want) in probes {
+            if *want == Want::Nothing {
+                assert_kernel_refuses(&self.pxe, mac(m));
+            }
+        }
+        let runs: Vec<PxeProbeRun> = probes
             .iter()
             .enumerate()
-            .map(|(i, m)| pxe_probe_start(&self.nodes[i], "eth0", mac(m), Self::SERVER))
+            .map(|(i, (m, want))| pxe_probe_start(&self.nodes[i], "eth0", mac(m), Self::SERVER, *want, *want))
             .collect();
         runs.into_iter().map(PxeProbeRun::finish).collect()
     }
@@ -299,7 +317,7 @@ fn answered_nothing(p: &PxeProbe) -> bool {
 fn proxy_dhcp_on_4011_answers_only_allowed_macs() {
     let lan = ProxyLan::new(3);
     let pxe = &lan.pxe;
-    let control = pxe_probe(&lan.nodes[0], "eth0", mac(UNKNOWN), ProxyLan::SERVER);
+    let control = pxe_probe(&lan.nodes[0], "eth0", mac(UNKNOWN), ProxyLan::SERVER, Want::Lease, Want::Lease);
     assert!(control.offer && control.ack, "with no firewall the proxy answers on 67 and 4011: {control:?}");
     assert_eq!(control.offer_server.as_deref(), Some(ProxyLan::SERVER));
     assert_eq!(control.boot_types, [0x8000], "dnsmasq's first --pxe-service");
@@ -308,13 +326,14 @@ fn proxy_dhcp_on_4011_answers_only_allowed_macs() {
     let mut host = GuardedHost::start(pxe, &lan.dir, "br0", "ports = [67, 4011]\n", "");
     host.filter(pxe, "allow", mac(M1));
     host.filter(pxe, "deny", mac(M2));
-    let r = lan.probe_all(&[M1, M2, UNKNOWN]);
+    let r = lan.probe_all(&[(M1, Want::Lease), (M2, Want::Nothing), (UNKNOWN, Want::Nothing)]);
     assert!(r[0].offer && r[0].ack && r[0].ack_file.as_deref() == Some("pxelinux.0"), "allowed: {:?}", r[0]);
     assert!(answered_nothing(&r[1]), "denied: no answer on 67 nor on 4011: {:?}", r[1]);
     assert!(answered_nothing(&r[2]), "unknown under policy deny: no answer on 67 nor on 4011: {:?}", r[2]);
 
     sigkill(&mut host, pxe);
-    let r = pxe_probe(&lan.nodes[0], "eth0", mac(M1), ProxyLan::SERVER);
+    assert_kernel_refuses(pxe, mac(M1));
+    let r = pxe_probe(&lan.nodes[0], "eth0", mac(M1), ProxyLan::SERVER, Want::Nothing, Want::Nothing);
     assert!(answered_nothing(&r), "agent killed: the guard drops 67 and 4011: {r:?}");
 
     // The same leader without 4011 in its ports: the boot item REQUEST of a denied MAC is answered.
@@ -323,7 +342,8 @@ fn proxy_dhcp_on_4011_answers_only_allowed_macs() {
         &lan.dir,
         &["--interface", "br0", "--port", "67", "--mode", "leader", "--unknown-mac-policy", "deny", "--deny", M2],
     );
-    let r = pxe_probe(&lan.nodes[1], "eth0", mac(M2), ProxyLan::SERVER);
+    assert_kernel_refuses(pxe, mac(M2));
+    let r = pxe_probe(&lan.nodes[1], "eth0", mac(M2), ProxyLan::SERVER, Want::Nothing, Want::Lease);
     assert!(!r.offer && r.ack, "ports = [67]: udp/67 filtered, udp/4011 open to a denied MAC: {r:?}");
     stop(hold);
 }
@@ -361,9 +381,19 @@ impl V6Lan {
         Self { dnsmasq, nodes, pxe, dir }
     }
 
-    fn dhcp6_all(&self, macs: &[&str]) -> Vec<Option<Lease6>> {
-        let attempts: Vec<Dhcp6Attempt> =
-            macs.iter().enumerate().map(|(i, m)| dhcp6_start(&self.nodes[i], &self.dir, "eth0", mac(m))).collect();
+    /// One `dhclient -6` per (MAC, what it should get), on nodes 0.., at the same time; for a client that must get
+    /// nothing, the PXE host's kernel is read first and must refuse it.
+    fn dhcp6_all(&self, clients: &[(&str, Want)]) -> Vec<Option<Lease6>> {
+        for (m, want) in clients {
+            if *want == Want::Nothing {
+                assert_kernel_refuses(&self.pxe, mac(m));
+            }
+        }
+        let attempts: Vec<Dhcp6Attempt> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, (m, want))| dhcp6_start(&self.nodes[i], &self.dir, "eth0", mac(m), *want))
+            .collect();
         attempts.into_iter().map(Dhcp6Attempt::finish).collect()
     }
 }
@@ -389,23 +419,25 @@ fn dhcpv6_on_547_is_filtered_by_the_ethernet_source() {
     host.filter(pxe, "allow", mac(M1));
     host.filter(pxe, "deny", mac(M2));
     let t = Instant::now();
-    let r = lan.dhcp6_all(&[M1, M2, UNKNOWN]);
+    let r = lan.dhcp6_all(&[(M1, Want::Lease), (M2, Want::Nothing), (UNKNOWN, Want::Nothing)]);
     assert!(r[0].is_some(), "allowed MAC: a DHCPv6 address ({:?})\n{}", t.elapsed(), lan.dnsmasq.proc.log_text());
     assert_eq!(r[1], None, "denied MAC: no DHCPv6 address");
     assert_eq!(r[2], None, "unknown MAC under policy deny: no DHCPv6 address");
 
-    set_mac(&lan.nodes[0], "eth0", mac(UNKNOWN));
-    let s = solicit_with_duid(&lan.nodes[0], "eth0", mac(M1));
+    // A single SOLICIT each: the MAC changes with the link up, so that the bridge forwards it at once.
+    set_mac_up(&lan.nodes[0], "eth0", mac(UNKNOWN));
+    assert_kernel_refuses(pxe, mac(UNKNOWN));
+    let s = solicit_with_duid(&lan.nodes[0], "eth0", mac(M1), Want::Nothing);
     assert_eq!(s.at_chaddr_offset, hex(M1), "the DUID's MAC sits where a DHCPv4 chaddr would");
     assert!(!s.advertise, "an unknown Ethernet source is not served, whatever its DUID names: {s:?}");
-    set_mac(&lan.nodes[0], "eth0", mac(M1));
-    let s = solicit_with_duid(&lan.nodes[0], "eth0", mac(UNKNOWN));
+    set_mac_up(&lan.nodes[0], "eth0", mac(M1));
+    let s = solicit_with_duid(&lan.nodes[0], "eth0", mac(UNKNOWN), Want::Lease);
     assert!(s.advertise, "the allowed Ethernet source is served, whatever its DUID names: {s:?}");
     assert_eq!(rule_packets(pxe, "owned", "whitelist", "ironguard:allow-chaddr"), 0, "chaddr rules never match DHCPv6");
     assert!(rule_packets(pxe, "owned", "whitelist", "ironguard:allow-mac") >= 2);
 
     sigkill(&mut host, pxe);
-    assert_eq!(dhcp6(&lan.nodes[0], &lan.dir, "eth0", mac(M1)), None, "agent killed: the guard drops udp/547");
+    assert_eq!(no_dhcp6(pxe, &lan.nodes[0], &lan.dir, "eth0", mac(M1)), None, "agent killed: the guard drops udp/547");
     assert!(rule_packets(pxe, "guard", "input", "ironguard-guard:drop-unmarked") >= 1);
 }
 
@@ -448,7 +480,12 @@ fn relayed_dhcpv6_is_decided_per_relay_not_per_client() {
 
     let host = GuardedHost::start(&pxe, &dir, "s0", "ports = [547]\n", "udp_port = 547\n");
     host.filter(&pxe, "allow", mac(M1));
-    assert_eq!(dhcp6(&node, &dir, "eth0", mac(M1)), None, "an allowed node behind an unknown relay: nothing");
+    assert_kernel_refuses(&pxe, mac(RELAY_MAC));
+    assert_eq!(
+        dhcp6_start(&node, &dir, "eth0", mac(M1), Want::Nothing).finish(),
+        None,
+        "an allowed node behind an unknown relay: nothing"
+    );
     host.filter(&pxe, "allow", mac(RELAY_MAC));
     host.filter(&pxe, "deny", mac(M2));
     assert!(

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use ironguard_netns_tests::shapes::*;
 use ironguard_netns_tests::*;
@@ -62,9 +61,14 @@ impl HostsLan {
         Self { dnsmasq, _relay_dnsmasq: relay_dnsmasq, nodes, far, _relay: relay, pxe, hosts, dir }
     }
 
-    fn dhcp_all(&self, macs: &[&str]) -> Vec<Option<Lease>> {
-        let attempts: Vec<DhcpAttempt> =
-            macs.iter().enumerate().map(|(i, m)| dhcp_start(&self.nodes[i], "eth0", mac(m))).collect();
+    /// One client per (MAC, what it should get), on nodes 0.., at the same time. Here dnsmasq decides, not the
+    /// kernel: read its files before a client that must get nothing.
+    fn dhcp_all(&self, clients: &[(&str, Want)]) -> Vec<Option<Lease>> {
+        let attempts: Vec<DhcpAttempt> = clients
+            .iter()
+            .enumerate()
+            .map(|(i, (m, want))| dhcp_start(&self.nodes[i], "eth0", mac(m), *want))
+            .collect();
         attempts.into_iter().map(DhcpAttempt::finish).collect()
     }
 
@@ -91,7 +95,7 @@ fn dnsmasq_serves_what_the_hostsdir_backend_writes() {
     let lan = HostsLan::new(3);
     let pxe = &lan.pxe;
     assert_eq!(file(&lan.hosts, "unknown_hosts_filter"), "*:*:*:*:*:*,ignore\n", "closed before dnsmasq started");
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "closed: nobody is served");
+    assert_eq!(dhcp_refused(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "closed: nobody is served");
 
     let mut host =
         GuardedHost::start_without_nftables(pxe, &lan.dir, "br0", &lan.dataplane("[\"dnsmasq-hostsdir\"]"), "");
@@ -100,30 +104,29 @@ fn dnsmasq_serves_what_the_hostsdir_backend_writes() {
     host.filter_until(pxe, "deny", mac(M2), || file(&hosts, M2) == format!("{M2},ignore\n"));
     assert_eq!(file(&lan.hosts, "unknown_hosts_filter"), "*:*:*:*:*:*,ignore\n", "policy deny");
 
-    let r = lan.dhcp_all(&[M1, M2, UNKNOWN]);
+    let r = lan.dhcp_all(&[(M1, Want::Lease), (M2, Want::Nothing), (UNKNOWN, Want::Nothing)]);
     assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "allowed\n{}", lan.dnsmasq.proc.log_text());
     assert_eq!(r[1], None, "denied: ignored by dnsmasq");
     assert_eq!(r[2], None, "unknown under policy deny: ignored");
     assert!(dhcp(&lan.far, "eth0", mac(M1)).is_some(), "allowed behind the relay (dnsmasq matches the chaddr)");
-    assert_eq!(dhcp(&lan.far, "eth0", mac(M2)), None, "denied behind the relay");
+    assert_eq!(dhcp_refused(&lan.far, "eth0", mac(M2)), None, "denied behind the relay");
 
     // A MAC that leaves the allow set keeps its file, rewritten to ignore (dnsmasq never forgets a record).
     host.filter_until(pxe, "remove", mac(M1), || file(&hosts, M1) == format!("{M1},ignore\n"));
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "no longer allowed: ignored");
+    assert_eq!(dhcp_refused(&lan.nodes[0], "eth0", mac(M1)), None, "no longer allowed: ignored");
     host.filter_until(pxe, "allow", mac(M1), || file(&hosts, M1) == format!("{M1}\n"));
 
     // Tampering: the wildcard opened by hand. The read-back (every 5 s here) closes it again.
     std::fs::write(lan.hosts.join("unknown_hosts_filter"), "*:*:*:*:*:*\n").unwrap();
-    let repaired = wait_for(Duration::from_secs(12), || {
-        (file(&hosts, "unknown_hosts_filter") == "*:*:*:*:*:*,ignore\n").then_some(())
-    });
+    let repaired =
+        wait_for(DEADLINE, || (file(&hosts, "unknown_hosts_filter") == "*:*:*:*:*:*,ignore\n").then_some(()));
     assert!(repaired.is_some(), "the agent's read-back repairs the wildcard:\n{}", host.agent.log_text());
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "unknown ignored again");
+    assert_eq!(dhcp_refused(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "unknown ignored again");
 
     // SIGKILL: nothing in the kernel goes with the agent. The files still serve M1 — this is the gap the
     // documentation names — until `guard install` (ExecStopPost in the unit's drop-in) closes them.
     host.agent.signal(Signal::SIGKILL);
-    host.agent.wait_exit(Duration::from_secs(2));
+    assert!(host.agent.wait_exit(SETUP_DEADLINE).is_some(), "the killed agent is reaped");
     assert_eq!(
         served_by(&dhcp(&lan.nodes[0], "eth0", mac(M1))).as_deref(),
         Some(SERVER),
@@ -139,7 +142,7 @@ fn dnsmasq_serves_what_the_hostsdir_backend_writes() {
     ]));
     assert!(String::from_utf8_lossy(&out.stdout).contains("hostsdir closed"), "{out:?}");
     assert_eq!(file(&lan.hosts, M1), format!("{M1},ignore\n"));
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "closed by guard install");
+    assert_eq!(dhcp_refused(&lan.nodes[0], "eth0", mac(M1)), None, "closed by guard install");
 }
 
 /// Follower and Blocked in dnsmasq's terms: with M1 allowed and unknown MACs allowed, both write every file and the
@@ -157,22 +160,23 @@ fn a_follower_serves_nobody_and_a_leader_opens_the_wildcard() {
         let mut h = hold(&["--mode", mode, "--unknown-mac-policy", "allow", "--allow", M1]);
         assert_eq!(file(&lan.hosts, M1), format!("{M1},ignore\n"), "{mode}");
         assert_eq!(file(&lan.hosts, "unknown_hosts_filter"), "*:*:*:*:*:*,ignore\n", "{mode}");
-        let r = lan.dhcp_all(&[M1, UNKNOWN]);
+        let r = lan.dhcp_all(&[(M1, Want::Nothing), (UNKNOWN, Want::Nothing)]);
         assert_eq!(r, [None, None], "{mode}: dnsmasq serves nobody");
         h.signal(Signal::SIGTERM);
-        assert!(h.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()));
+        assert!(h.wait_exit(SETUP_DEADLINE).is_some_and(|s| s.success()));
     }
 
     let mut h = hold(&["--mode", "leader", "--unknown-mac-policy", "allow", "--deny", M2]);
     assert_eq!(file(&lan.hosts, "unknown_hosts_filter"), "*:*:*:*:*:*\n");
-    let r = lan.dhcp_all(&[UNKNOWN, M2]);
+    assert_eq!(file(&lan.hosts, M2), format!("{M2},ignore\n"));
+    let r = lan.dhcp_all(&[(UNKNOWN, Want::Lease), (M2, Want::Nothing)]);
     assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER), "policy allow: an unknown MAC is served");
     assert_eq!(r[1], None, "a denied MAC is not");
     // SIGTERM: the holder drops to Blocked, which closes every file.
     h.signal(Signal::SIGTERM);
-    assert!(h.wait_exit(Duration::from_secs(5)).is_some_and(|s| s.success()));
+    assert!(h.wait_exit(SETUP_DEADLINE).is_some_and(|s| s.success()));
     assert_eq!(file(&lan.hosts, "unknown_hosts_filter"), "*:*:*:*:*:*,ignore\n");
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "stopped: closed");
+    assert_eq!(dhcp_refused(&lan.nodes[0], "eth0", mac(UNKNOWN)), None, "stopped: closed");
 }
 
 /// The recommended pairing: `backends = ["nftables", "dnsmasq-hostsdir"]`. Both are written; dnsmasq serves the
@@ -188,12 +192,13 @@ fn with_nftables_alongside_a_killed_agent_closes_at_once() {
     host.filter_until(pxe, "allow", mac(M1), || {
         file(&hosts, M1) == format!("{M1}\n") && set_has(pxe, "allow_mac", mac(M1))
     });
-    let r = lan.dhcp_all(&[M1, UNKNOWN]);
+    assert_kernel_refuses(pxe, mac(UNKNOWN));
+    let r = lan.dhcp_all(&[(M1, Want::Lease), (UNKNOWN, Want::Nothing)]);
     assert_eq!(served_by(&r[0]).as_deref(), Some(SERVER));
     assert_eq!(r[1], None);
     host.agent.signal(Signal::SIGKILL);
-    host.agent.wait_exit(Duration::from_secs(2));
-    host.wait_verdict(pxe, "CLOSED", Duration::from_secs(2));
+    assert!(host.agent.wait_exit(SETUP_DEADLINE).is_some(), "the killed agent is reaped");
+    assert_eq!(verdict(pxe), "CLOSED", "closed by the time the killed agent is reaped");
     assert_eq!(file(&lan.hosts, M1), format!("{M1}\n"), "the files still say serve");
-    assert_eq!(dhcp(&lan.nodes[0], "eth0", mac(M1)), None, "the kernel guard closed DHCP at once");
+    assert_eq!(no_dhcp(pxe, &lan.nodes[0], "eth0", mac(M1)), None, "the kernel guard closed DHCP at once");
 }

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime};
 
+use ironguard_netns_tests::ironic_site::dhcp_becomes;
 use ironguard_netns_tests::*;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::{ContinueRequest, NodeRequest, StartRequest};
@@ -73,7 +74,7 @@ impl Site {
         let cfg = cp_config_with(&lan.dir, etcd.as_ref().map(|e| e.url.as_str()), inspection_extra);
         let cp = ControlPlane::start_env(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap()], env);
         let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-i", &cp.url(), "br0", AGENT_ADMIN, 30), None);
-        let leader = wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(()));
+        let leader = wait_for(DEADLINE, || (verdict(&lan.pxe) == "LEADER").then_some(()));
         assert!(leader.is_some(), "{}", agent.log_text());
         Self { lan, ironic, cp, _agent: agent, etcd }
     }
@@ -124,6 +125,26 @@ impl Site {
         })
     }
 
+    /// The node's DHCP: closed (the kernel refuses its MAC, then one DISCOVER gets nothing), waited for.
+    fn dhcp_closed(&self) -> bool {
+        dhcp_becomes(&self.lan.pxe, &self.lan.nodes[0], mac(NODE_MAC), false, DEADLINE)
+    }
+
+    /// Every key etcd holds (the test's etcd, from the PXE host's namespace).
+    fn etcd_keys(&self) -> Vec<String> {
+        let e = self.etcd.as_ref().expect("a site with etcd");
+        let out =
+            run_ok(self.lan.pxe.cmd("etcdctl").args(["--endpoints", &e.url, "get", "", "--prefix", "--keys-only"]));
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(String::from).collect()
+    }
+
+    /// The ids (hex) of the leases etcd holds.
+    fn etcd_leases(&self) -> Vec<String> {
+        let e = self.etcd.as_ref().expect("a site with etcd");
+        let out = run_ok(self.lan.pxe.cmd("etcdctl").args(["--endpoints", &e.url, "lease", "list"]));
+        String::from_utf8_lossy(&out.stdout).lines().skip(1).map(|l| l.trim().to_string()).collect()
+    }
+
     fn power_calls(&self, target: &str) -> Vec<SystemTime> {
         // The fake records bodies nowhere; the power state after each call tells on/off apart, so count the calls and
         // read the final state where it matters.
@@ -157,7 +178,10 @@ fn watch_allow(ns: &Netns, mac: ironguard_dataplane::MacAddr) -> std::thread::Jo
 #[test]
 fn full_flow_allow_before_power_on_then_denied_at_once() {
     let site = Site::new(false, &[]);
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "not allowed before the inspection");
+    assert!(
+        no_dhcp(&site.lan.pxe, &site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(),
+        "not allowed before the inspection"
+    );
     let watcher = watch_allow(&site.lan.pxe, mac(NODE_MAC));
     site.start();
     site.wait_state("waiting", Duration::from_secs(20));
@@ -174,13 +198,16 @@ fn full_flow_allow_before_power_on_then_denied_at_once() {
     assert_eq!(site.continue_().unwrap(), NODE);
     let (_, err) = site.wait_state("finished", Duration::from_secs(20));
     assert_eq!(err, "");
-    let gone = wait_for(Duration::from_secs(3), || {
+    // Removed by the inspection's end, not by any timeout (none would fire within the deadline). How fast a
+    // filter change reaches the kernel: `ironguard-bench filters`.
+    let gone = wait_for(DEADLINE, || {
         in_netns(&site.lan.pxe, || ironguard_dataplane::set_members("allow_mac").map(|m| m.is_empty()).unwrap_or(false))
             .then_some(())
     });
-    assert!(gone.is_some(), "the allow is removed at once");
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "denied again once finished");
-    assert_eq!(site.ironic.power_state(NODE).as_deref(), Some("power off"));
+    assert!(gone.is_some(), "the allow is removed");
+    assert!(site.dhcp_closed(), "denied again once finished");
+    let off = wait_for(DEADLINE, || (site.ironic.power_state(NODE).as_deref() == Some("power off")).then_some(()));
+    assert!(off.is_some(), "powered off after processing");
 }
 
 #[test]
@@ -192,7 +219,7 @@ fn abort_closes_dhcp_for_the_node() {
     grpc(&site.lan.pxe, |mut c| Box::pin(async move { c.abort(NodeRequest { node: NODE.into() }).await.unwrap() }));
     let (_, err) = site.wait_state("error", Duration::from_secs(20));
     assert_eq!(err, "inspection aborted");
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "no lease after abort");
+    assert!(site.dhcp_closed(), "no lease after abort");
 }
 
 #[test]
@@ -203,8 +230,9 @@ fn timeout_closes_dhcp_for_the_node() {
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_some());
     let (_, err) = site.wait_state("error", Duration::from_secs(20));
     assert!(err.contains("timed out"), "{err}");
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "no lease after the timeout");
-    assert_eq!(site.ironic.power_state(NODE).as_deref(), Some("power off"));
+    assert!(site.dhcp_closed(), "no lease after the timeout");
+    let off = wait_for(DEADLINE, || (site.ironic.power_state(NODE).as_deref() == Some("power off")).then_some(()));
+    assert!(off.is_some(), "powered off after the timeout");
 }
 
 #[test]
@@ -220,7 +248,7 @@ fn worker_killed_after_the_task_before_consuming_goes_to_error_not_twice() {
     // Redelivered after its lease (2 s): déjà vu of a strict transition → error, task not repeated.
     let (_, err) = site.wait_state("error", Duration::from_secs(20));
     assert!(err.contains("not repeated"), "{err}");
-    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_none(), "no allow left behind");
+    assert!(site.dhcp_closed(), "no allow left behind");
 }
 
 #[test]
@@ -240,11 +268,10 @@ fn worker_killed_before_the_transition_runs_the_task_once() {
 
 /// Waits until the control plane's worker reports it stopped at the crash point, then SIGKILLs the process.
 fn kill_at_crash_point(cp: &mut ControlPlane) {
-    let reached =
-        wait_for(Duration::from_secs(15), || cp.proc.log_text().contains("IRONGUARD_TEST_CRASH").then_some(()));
+    let reached = wait_for(DEADLINE, || cp.proc.log_text().contains("IRONGUARD_TEST_CRASH").then_some(()));
     assert!(reached.is_some(), "the crash point was not reached:\n{}", cp.proc.log_text());
     cp.proc.signal(Signal::SIGKILL);
-    assert!(cp.proc.wait_exit(Duration::from_secs(5)).is_some());
+    assert!(cp.proc.wait_exit(SETUP_DEADLINE).is_some());
 }
 
 fn restart_mid_inspection(with_etcd: bool) {
@@ -252,13 +279,13 @@ fn restart_mid_inspection(with_etcd: bool) {
     site.start();
     site.wait_state("waiting", Duration::from_secs(20));
     site.cp.proc.signal(Signal::SIGKILL);
-    site.cp.proc.wait_exit(Duration::from_secs(5));
+    assert!(site.cp.proc.wait_exit(SETUP_DEADLINE).is_some(), "the killed control plane is reaped");
     site.cp.restart(&site.lan.pxe, &site.lan.dir);
     assert_eq!(site.state().0, "waiting", "the inspection survives the restart");
     assert_eq!(site.continue_().unwrap(), NODE);
     site.wait_state("finished", Duration::from_secs(20));
     // The agent reconnects with back-off, possibly after the inspection already finished: wait for it.
-    let resumed = wait_for(Duration::from_secs(15), || {
+    let resumed = wait_for(DEADLINE, || {
         (metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_stream_resumes").unwrap_or(0.0) >= 1.0).then_some(())
     });
     assert!(resumed.is_some(), "the agent resumed its stream from the restarted control plane");
@@ -274,13 +301,26 @@ fn workers_renew_their_sessions_after_an_etcd_outage_longer_than_their_ttl() {
     site.wait_state("waiting", Duration::from_secs(20));
     assert_eq!(site.continue_().unwrap(), NODE);
     site.wait_state("finished", Duration::from_secs(20));
+    // The worker saves "finished", then consumes the request and releases the node's lock: etcd goes down only
+    // after that, so that no request is left behind holding a lock of the old session.
+    let idle = wait_for(DEADLINE, || {
+        let keys = site.etcd_keys();
+        (!keys.iter().any(|k| k.contains("/queue/") || k.contains("/lock/"))).then_some(())
+    });
+    assert!(idle.is_some(), "the request was consumed and the lock released: {:?}", site.etcd_keys());
+    let old_leases = site.etcd_leases();
     let etcd = site.etcd.as_mut().unwrap();
     etcd.stop();
+    // Longer than a worker session's TTL (10 s): the workers' sessions expire on their own clocks.
     std::thread::sleep(Duration::from_secs(13));
     etcd.restart();
     // etcd restores its leases with a fresh TTL when it comes back; the workers' leases, no longer kept alive,
     // expire one TTL later. Only then does a lock with an old session fail ("requested lease not found").
-    std::thread::sleep(Duration::from_secs(12));
+    let expired = wait_for(DEADLINE, || {
+        let now = site.etcd_leases();
+        old_leases.iter().all(|l| !now.contains(l)).then_some(())
+    });
+    assert!(expired.is_some(), "the leases from before the outage expired: {old_leases:?} {:?}", site.etcd_leases());
     site.start();
     site.wait_state("waiting", Duration::from_secs(30));
     assert_eq!(site.continue_().unwrap(), NODE);
@@ -316,15 +356,14 @@ fn ironics_own_inspection_opens_dhcp_for_its_node() {
     .unwrap();
     let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap()]);
     let _agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-o", &cp.url(), "br0", AGENT_ADMIN, 30), None);
-    assert!(wait_for(Duration::from_secs(10), || (verdict(&lan.pxe) == "LEADER").then_some(())).is_some());
-    assert!(dhcp(&lan.nodes[0], "eth0", mac(NODE_MAC)).is_none());
+    assert!(wait_for(DEADLINE, || (verdict(&lan.pxe) == "LEADER").then_some(())).is_some());
+    assert!(no_dhcp(&lan.pxe, &lan.nodes[0], "eth0", mac(NODE_MAC)).is_none());
     ironic.set_provision_state(NODE, "inspect wait");
     let t = Instant::now();
-    let lease = wait_for(Duration::from_secs(10), || dhcp(&lan.nodes[0], "eth0", mac(NODE_MAC)));
+    let lease = wait_for(DEADLINE, || dhcp(&lan.nodes[0], "eth0", mac(NODE_MAC)));
     assert!(lease.is_some(), "Ironic's inspection opened DHCP for its node");
     eprintln!("lease {:?} after the node entered inspect wait", t.elapsed());
     ironic.set_provision_state(NODE, "manageable");
-    let closed =
-        wait_for(Duration::from_secs(10), || dhcp(&lan.nodes[0], "eth0", mac(NODE_MAC)).is_none().then_some(()));
-    assert!(closed.is_some(), "denied again once Ironic is done");
+    let closed = dhcp_becomes(&lan.pxe, &lan.nodes[0], mac(NODE_MAC), false, DEADLINE);
+    assert!(closed, "denied again once Ironic is done");
 }

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use ironguard_netns_tests::shapes::require_tools;
 use ironguard_netns_tests::*;
@@ -32,7 +31,7 @@ fn the_ipset_backend_needs_hash_mac_and_says_so() {
         .spawn()
         .expect("spawn ironguard-agent hold");
     if hash_mac_supported(&ns) {
-        let ready = wait_for(Duration::from_secs(10), || dir.join("ready").exists().then_some(()));
+        let ready = wait_for(DEADLINE, || dir.join("ready").exists().then_some(()));
         assert!(ready.is_some(), "hold --backend ipset did not start on a kernel with hash:mac");
         let sets = run_ok(ns.cmd("ipset").args(["list", "-n"]));
         assert!(String::from_utf8_lossy(&sets.stdout).contains("ironguard-allow"));

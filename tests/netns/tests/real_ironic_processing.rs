@@ -8,9 +8,9 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use ironguard_dataplane::MacAddr;
 use ironguard_netns_tests::ironic_site::{IronicSite as Site, dhcp_becomes, ipa_callback};
 use ironguard_netns_tests::*;
-use ironguard_dataplane::MacAddr;
 use serde_json::{Value, json};
 
 const GIB: u64 = 1 << 30;
@@ -92,7 +92,7 @@ fn default_hooks_fill_the_node_as_ironic_inspector_does() {
     let uuid = site.ironic.enroll("node-p", &[stale, pxe], "10.1.40.10", "agent");
     site.ironic.drive_to(&uuid, "manageable");
     site.start_inspection("node-p", &uuid);
-    assert!(dhcp_becomes(&site.lan.nodes[0], pxe, true, Duration::from_secs(10)), "the node boots");
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], pxe, true, DEADLINE), "the node boots");
 
     let data = two_nics_two_disks(pxe, second, "10.1.40.10");
     let t = Instant::now();
@@ -154,7 +154,7 @@ fn default_hooks_fill_the_node_as_ironic_inspector_does() {
     let msg = st["error"].as_str().unwrap();
     assert!(msg.contains("Ramdisk reported error: ") && msg.contains("The disk controller reported a failure"), "{st}");
     assert_eq!(props(&site, &uuid)["local_gb"], "99", "nothing written");
-    assert!(dhcp_becomes(&site.lan.nodes[0], pxe, false, Duration::from_secs(10)), "DHCP closed after the error");
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], pxe, false, DEADLINE), "DHCP closed after the error");
 }
 
 /// Each option where it changes the result: add_ports = all, keep_ports = present, overwrite_existing = false,
@@ -238,7 +238,7 @@ fn lookup_by_bmc_ties_and_discovery() {
     site.ctl_ok(&["inspect", "abort", &node_a]);
 
     // Discovery: a machine Ironic does not know gets DHCP, sends its data, and is enrolled.
-    assert!(dhcp_becomes(&site.lan.nodes[2], c, true, Duration::from_secs(10)), "unknown MACs boot for discovery");
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[2], c, true, DEADLINE), "unknown MACs boot for discovery");
     let unknown = ipa_inventory(&[c], "10.1.42.99");
     let (ok, reply, err) = ipa_callback(&site.lan.nodes[2], "10.77.0.32", &site.lan.dir, &unknown);
     assert!(ok, "{err}\n{}", site.cp.proc.log_text());
