@@ -17,7 +17,7 @@ script=$(realpath tests/netns/scripts/bench_guest.sh)
 console=$(mktemp)
 timeout 3600 qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 4096 -smp 2 -nographic -no-reboot \
   -kernel "$kernel" -initrd "$cache/initrd.gz" \
-  -append "console=ttyS0 quiet panic=-1 ig.script=$script ig.args=$bin_dir,$sizes,$backend_sizes" \
+  -append "console=ttyS0 quiet panic=-1 ig.script=$script ig.args=$bin_dir,$sizes,$backend_sizes ig.keep=$(dirname "$script"),$bin_dir" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap </dev/null >"$console"
 tr -d '\r' <"$console" | sed -n '/^| /p;/^Where/p;/^Other/p;/^ironguard dataplane/p;/^$/p' | cat -s
 mkdir -p "$(dirname "$json")"
