@@ -84,6 +84,8 @@ pub struct Candidacy {
     pub host: String,
     pub network: String,
     pub ttl: Duration,
+    /// The lease fence's margin: the kernel lease ends this long before the session's expiry estimate.
+    pub margin: Duration,
     /// Where the state survives restarts (`None`: it does not).
     pub state_file: Option<PathBuf>,
 }
@@ -97,6 +99,7 @@ pub async fn run(
     coord: Arc<dyn Coordinator>,
     who: Candidacy,
     mut want_lead: watch::Receiver<bool>,
+    mut open: watch::Receiver<bool>,
     state: watch::Sender<CoordState>,
     shutdown: CancellationToken,
 ) {
@@ -105,9 +108,10 @@ pub async fn run(
     let mut persisted = who.state_file.as_deref().and_then(PersistedState::load).unwrap_or_default();
     coord.restore_store_memory(persisted.store.clone());
     if persisted.lease != 0 {
-        // The previous run of this agent died with a live lease (a crash, SIGKILL, OOM): end it now so that the
-        // next leader need not wait out its TTL. Its keys vanish with it.
-        match coord.revoke_lease(persisted.lease).await {
+        // The previous run of this agent died with a live lease (a crash, SIGKILL, OOM), and its table with it:
+        // record its hand-over closed and end the lease now, so that the next leader need not wait out its fence
+        // or its TTL. Its keys vanish with it.
+        match coord.close_previous(&election(&who.network), persisted.lease).await {
             Ok(()) => info!(lease = format!("{:x}", persisted.lease), "revoked the lease of this agent's previous run"),
             Err(e) => {
                 warn!(lease = format!("{:x}", persisted.lease), error = %e, "could not revoke the previous run's lease; it expires within its TTL")
@@ -157,7 +161,8 @@ pub async fn run(
             s.elected = false;
             s.error = None;
         });
-        let ended = serve_session(&*coord, &who, &session, generation, &mut want_lead, &state, &shutdown).await;
+        let ended =
+            serve_session(&*coord, &who, &session, generation, &mut want_lead, &mut open, &state, &shutdown).await;
         state.send_modify(|s| {
             s.elected = false;
             s.expiry = Expiry::Expired;
@@ -172,6 +177,11 @@ pub async fn run(
                 Err(e) => warn!(error = %e, "could not revoke the lease; it expires within its TTL"),
             }
             break;
+        }
+        // An abandoned session's keys would stay first in the election queue for as long as etcd keeps its lease
+        // (it extends every lease when a new etcd leader takes over): end it before opening the next one.
+        if let Err(e) = coord.revoke(&session).await {
+            debug!(error = %e, "could not revoke the ended session's lease; it expires within its TTL");
         }
         warn!(reason = %ended, "session ended; opening a new one");
         tokio::select! { _ = tokio::time::sleep(Duration::from_millis(200)) => {}, _ = shutdown.cancelled() => break }
@@ -232,19 +242,29 @@ async fn look_at_store(coord: &dyn Coordinator, state: &watch::Sender<CoordState
 }
 
 /// Campaigns and resigns as `want_lead` says, while the session lives. Returns why it ended.
+///
+/// Leading follows the hand-over protocol (docs/architecture.md, "Never two servers"): the election is won only
+/// when the predecessor is certainly closed ([`Coordinator::campaign`]); before the main loop may open, and after
+/// every keep-alive before the main loop may move its kernel lease, the leadership is confirmed against the store
+/// (the key's create revision is the fencing token); the key is watched, so a revoked lease or a deleted key
+/// closes the leader at once; and once the main loop has closed, the hand-over record says so.
+#[allow(clippy::too_many_arguments)]
 async fn serve_session(
     coord: &dyn Coordinator,
     who: &Candidacy,
     session: &Session,
     generation: u64,
     want_lead: &mut watch::Receiver<bool>,
+    open: &mut watch::Receiver<bool>,
     state: &watch::Sender<CoordState>,
     shutdown: &CancellationToken,
 ) -> String {
     let mut expiry = session.watch();
     let election = election(&who.network);
+    // How long after a confirmation the kernel lease can still run: up to TTL − margin after the keep-alive that
+    // preceded it.
+    let fence = session.ttl.saturating_sub(who.margin);
     loop {
-        // Forward expiry changes; stop when the session is gone.
         if *expiry.borrow() == Expiry::Expired {
             return "lease expired".into();
         }
@@ -288,37 +308,85 @@ async fn serve_session(
                 }
             }
         };
-        info!(election, "elected");
+        // The first confirmation: the store must say this candidacy leads, and the hand-over record must say
+        // that this holder may be open, before the main loop opens.
+        let sent_for = *expiry.borrow();
+        match coord.confirm(&leadership, fence).await {
+            Ok(true) => {}
+            Ok(false) => {
+                warn!(election, "won the election, but the candidacy is gone from the store; not leading");
+                let _ = coord.resign(&leadership).await;
+                continue;
+            }
+            Err(e) => {
+                warn!(election, error = %e, "cannot confirm the leadership; resigning");
+                let _ = coord.resign(&leadership).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    _ = shutdown.cancelled() => return "shutdown".into(),
+                }
+            }
+        }
+        info!(election, revision = leadership.revision, "elected");
         state.send_modify(|s| {
             if s.session == generation {
                 s.elected = true;
                 s.error = None;
+                s.expiry = sent_for;
             }
         });
-        // Lead until the main loop says stop (it has closed first) or the session ends. After each keep-alive the
-        // leader also checks that the store still knows it (an amnesic store forgot its candidacy).
+        // Lead until the main loop says stop (it has closed first), the session ends or the key goes. After each
+        // keep-alive the leadership is confirmed before the main loop hears of the new expiry (and moves its kernel
+        // lease), and the store is checked for amnesia.
+        let lost = coord.lost(&leadership);
+        tokio::pin!(lost);
         let why = loop {
             tokio::select! {
                 _ = want_lead.changed() => if !*want_lead.borrow() { break "stepping down"; },
                 r = expiry.changed() => {
                     let e = if r.is_err() { Expiry::Expired } else { *expiry.borrow() };
-                    state.send_modify(|s| if s.session == generation { s.expiry = e });
-                    if e == Expiry::Expired { break "lease expired"; }
+                    if e == Expiry::Expired {
+                        state.send_modify(|s| if s.session == generation { s.expiry = e });
+                        break "lease expired";
+                    }
                     if look_at_store(coord, state).await {
                         break "store amnesia";
                     }
-                    if let Ok(false) = coord.still_leading(&leadership).await {
-                        report_amnesia(state, "store amnesia: this leader's candidacy key is gone from the store");
-                        break "store amnesia";
+                    match coord.confirm(&leadership, fence).await {
+                        Ok(true) => state.send_modify(|s| if s.session == generation { s.expiry = e }),
+                        Ok(false) => break "candidacy gone",
+                        // The expiry estimate stays where it was: the fence trips if this lasts.
+                        Err(err) => debug!(error = %err, "cannot confirm the leadership after a keep-alive"),
                     }
+                }
+                r = &mut lost => {
+                    if r.is_ok() { break "candidacy gone"; }
                 }
                 _ = shutdown.cancelled() => break "shutdown",
             }
         };
         state.send_modify(|s| s.elected = false);
-        match coord.resign(&leadership).await {
-            Ok(()) => info!(why, "resigned"),
-            Err(e) => warn!(why, error = %e, "could not resign; the candidacy ends with the lease"),
+        if why == "candidacy gone" {
+            error!(
+                election,
+                "this agent's candidacy is gone from the store (its lease was revoked or its key deleted): closing at once"
+            );
+        }
+        // The hand-over record may say closed only once the main loop has closed.
+        let closed =
+            matches!(tokio::time::timeout(Duration::from_secs(5), open.wait_for(|o| !*o)).await, Ok(Ok(_)));
+        if !closed {
+            warn!(why, "the main loop did not report closed; the successor waits out this agent's fence");
+            return why.into();
+        }
+        let done = if why == "stepping down" || why == "shutdown" {
+            coord.resign(&leadership).await
+        } else {
+            coord.closed(&leadership).await
+        };
+        match done {
+            Ok(()) => info!(why, "closed; hand-over recorded"),
+            Err(e) => warn!(why, error = %e, "could not record the hand-over; the successor waits out this agent's fence"),
         }
         if why != "stepping down" {
             return why.into();

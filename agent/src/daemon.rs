@@ -69,6 +69,8 @@ struct Shell {
     applied: Arc<AtomicU64>,
     resync: watch::Sender<u64>,
     want_lead: watch::Sender<bool>,
+    /// Whether the table is open (Leader): the coordination task records a hand-over only once it is not.
+    open: watch::Sender<bool>,
     status: watch::Sender<AgentStatus>,
     /// The end of the kernel lease as last written (Unix milliseconds; 0: none), for status reports.
     lease_wall: Arc<AtomicU64>,
@@ -95,6 +97,8 @@ impl Shell {
         // Only after the table is closed may the candidacy be withdrawn; only when leading is possible campaign.
         let may = core.may_lead(Instant::now());
         self.want_lead.send_if_modified(|w| std::mem::replace(w, may) != may);
+        let leading = core.mode() == Mode::Leader;
+        self.open.send_if_modified(|o| std::mem::replace(o, leading) != leading);
         let mut exit = None;
         for e in effects {
             match e {
@@ -218,6 +222,7 @@ async fn start(cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, tokio:
     tokio::spawn(watch);
     // High availability: a session and a candidacy in the network's election (etcd), or the local backend.
     let (want_lead, want_lead_rx) = watch::channel(false);
+    let (open, open_rx) = watch::channel(false);
     let (coord_tx, coord) = watch::channel(CoordState::default());
     let coord_stop = CancellationToken::new();
     let candidacy = Candidacy {
@@ -225,9 +230,11 @@ async fn start(cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, tokio:
         host: who.host.clone(),
         network: cfg.agent.network.clone(),
         ttl: cfg.election.ttl(),
+        margin: cfg.election.margin(),
         state_file: cfg.agent.state_file(),
     };
-    let coord_task = tokio::spawn(coordinate(cfg.etcd.clone(), candidacy, want_lead_rx, coord_tx, coord_stop.clone()));
+    let inputs = (want_lead_rx, open_rx);
+    let coord_task = tokio::spawn(coordinate(cfg.etcd.clone(), candidacy, inputs, coord_tx, coord_stop.clone()));
     let (status, status_rx) = watch::channel(AgentStatus::default());
     let lease_wall = Arc::new(AtomicU64::new(0));
     let report =
@@ -237,7 +244,8 @@ async fn start(cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, tokio:
 
     let core =
         Core::new(CoreConfig::new(&cfg, who), metrics, Instant::now(), Box::new(|| rand::rng().random_range(0.8..1.2)));
-    let shell = Shell { dp, applied, resync, want_lead, status, lease_wall, ready, why, stop: stop_tx, coord_stop };
+    let stop = stop_tx;
+    let shell = Shell { dp, applied, resync, want_lead, open, status, lease_wall, ready, why, stop, coord_stop };
     Ok((core, shell, Sources { stream, coord, health, guard, relink }, coord_task))
 }
 
@@ -313,7 +321,7 @@ fn spawn_health(cfg: &AgentConfig, mut stop: watch::Receiver<bool>) -> (watch::R
 async fn coordinate(
     etcd: ironguard_coord::EtcdConfig,
     who: Candidacy,
-    want_lead: watch::Receiver<bool>,
+    (want_lead, open): (watch::Receiver<bool>, watch::Receiver<bool>),
     state: watch::Sender<CoordState>,
     stop: CancellationToken,
 ) {
@@ -337,7 +345,7 @@ async fn coordinate(
     } else {
         Arc::new(ironguard_coord::local::LocalCoordinator::new())
     };
-    coordination::run(coord, who, want_lead, state, stop).await;
+    coordination::run(coord, who, want_lead, open, state, stop).await;
 }
 
 /// Watches nf_tables change notifications on a thread of its own and reports changes of the guard made by any

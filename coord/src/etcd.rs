@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use crate::amnesia::{Amnesia, StoreLook, StoreMemory, judge};
 use crate::session::{Expiry, Session};
-use crate::{CoordError, Coordinator, EtcdConfig, KeyValue, KvEvent, Leadership, LockGuard};
+use crate::{CoordError, Coordinator, EtcdConfig, HANDOVER_SLACK, HandOver, KeyValue, KvEvent, Leadership, LockGuard};
 
 /// A connected etcd backend.
 #[derive(Clone)]
@@ -62,7 +62,53 @@ fn kv(k: &etcd_client::KeyValue, prefix_len: usize) -> KeyValue {
     }
 }
 
+/// The fence a successor waits out for a hand-over record it cannot read: longer than any configured fence.
+const UNKNOWN_FENCE_MS: u64 = 30_000;
+
+/// Takes a write of the hand-over record seen at `at` (the first instant this process knew of it), if it is newer
+/// than the one known.
+fn learn(record: &mut Option<(i64, HandOver, Instant)>, mod_rev: i64, value: &[u8], at: Instant) {
+    if record.as_ref().is_some_and(|(m, _, _)| *m >= mod_rev) {
+        return;
+    }
+    // An unreadable record is taken as an open one of unknown length: wait the longest there is.
+    let h = serde_json::from_slice::<HandOver>(value).unwrap_or(HandOver {
+        rev: 0,
+        lease: 0,
+        holder: String::new(),
+        open: true,
+        fence_ms: UNKNOWN_FENCE_MS,
+    });
+    *record = Some((mod_rev, h, at));
+}
+
+/// The hand-over record of a holder, as written (a fixed field order: a transaction compares it byte for byte).
+fn handover_bytes(l: &Leadership, open: bool, fence_ms: u64) -> Vec<u8> {
+    let h = HandOver { rev: l.revision, lease: l.lease, holder: l.holder.clone(), open, fence_ms };
+    serde_json::to_vec(&h).unwrap_or_default()
+}
+
 impl EtcdCoordinator {
+    /// The key of an election's hand-over record (beside the candidates' directory, not in it).
+    fn fence_key(&self, election: &str) -> String {
+        self.full(&format!("election/{election}.fence"))
+    }
+
+    /// The revision of the last write of `l`'s election's hand-over record, if that record is `l`'s and open.
+    async fn own_open_record(&self, l: &Leadership) -> Result<Option<i64>, CoordError> {
+        let f = self.fence_key(&l.election);
+        let r = self
+            .retry("read the hand-over record", |mut c| {
+                let f = f.clone();
+                async move { c.get(f, None).await }
+            })
+            .await?;
+        Ok(r.kvs().first().and_then(|kv| {
+            let h = serde_json::from_slice::<HandOver>(kv.value()).ok()?;
+            (h.rev == l.revision && h.open).then_some(kv.mod_revision())
+        }))
+    }
+
     /// Connects to etcd with the configured TLS, credentials and timeouts.
     pub async fn connect(cfg: &EtcdConfig) -> Result<Self, CoordError> {
         cfg.validate()?;
@@ -224,6 +270,7 @@ impl Coordinator for EtcdCoordinator {
         cancel: CancellationToken,
     ) -> Result<Leadership, CoordError> {
         let dir = self.full(&format!("election/{election}/"));
+        let fence = self.fence_key(election);
         let key = format!("{dir}{:016x}", session.lease);
         let lease = session.lease;
         let (k, v) = (key.clone(), value.to_string());
@@ -241,6 +288,13 @@ impl Coordinator for EtcdCoordinator {
             Some(etcd_client::TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()).unwrap_or(0),
             _ => r.header().map(|h| h.revision()).unwrap_or(0),
         };
+        let me = Leadership {
+            election: election.to_string(),
+            key: key.clone(),
+            revision: my_rev,
+            lease,
+            holder: value.to_string(),
+        };
         let withdraw = |this: &Self, key: String| {
             let this = this.clone();
             async move {
@@ -252,10 +306,13 @@ impl Coordinator for EtcdCoordinator {
                     .await;
             }
         };
+        // The hand-over record as last learned: its write's revision and the first instant this candidate knew of
+        // that write (the holder's fence ends at most `fence_ms` after it).
+        let mut record: Option<(i64, HandOver, Instant)> = None;
         loop {
-            // Wait for the newest candidate older than us to go away; our own key must still be there (a store
-            // replaced or restored since the campaign began has forgotten it: that is no victory).
-            let (d, k) = (dir.clone(), key.clone());
+            // The newest candidate older than us, our own key (a store replaced or restored since the campaign
+            // began has forgotten it: that is no victory) and the hand-over record, in one linearizable read.
+            let (d, k, f) = (dir.clone(), key.clone(), fence.clone());
             let looked = self
                 .retry("campaign wait", |mut c| {
                     let older = GetOptions::new()
@@ -263,7 +320,11 @@ impl Coordinator for EtcdCoordinator {
                         .with_max_create_revision(my_rev - 1)
                         .with_sort(SortTarget::Create, SortOrder::Descend)
                         .with_limit(1);
-                    let txn = Txn::new().and_then([TxnOp::get(d.clone(), Some(older)), TxnOp::get(k.clone(), None)]);
+                    let txn = Txn::new().and_then([
+                        TxnOp::get(d.clone(), Some(older)),
+                        TxnOp::get(k.clone(), None),
+                        TxnOp::get(f.clone(), None),
+                    ]);
                     async move { c.txn(txn).await }
                 })
                 .await;
@@ -274,12 +335,13 @@ impl Coordinator for EtcdCoordinator {
                     return Err(err);
                 }
             };
+            let read_at = Instant::now();
             let revision = looked.header().map(|h| h.revision()).unwrap_or(0);
             let mut gets = looked.op_responses().into_iter().filter_map(|r| match r {
                 etcd_client::TxnOpResponse::Get(g) => Some(g),
                 _ => None,
             });
-            let (older, mine) = (gets.next(), gets.next());
+            let (older, mine, handover) = (gets.next(), gets.next(), gets.next());
             let still_mine =
                 mine.as_ref().and_then(|g| g.kvs().first()).is_some_and(|kv| kv.create_revision() == my_rev);
             if !still_mine {
@@ -288,28 +350,76 @@ impl Coordinator for EtcdCoordinator {
                     detail: "this candidacy's key vanished from the store (replaced or restored?)".into(),
                 });
             }
-            let Some(prev) = older.as_ref().and_then(|g| g.kvs().first()) else {
-                return Ok(Leadership { election: election.to_string(), key, revision: my_rev });
+            if let Some(kv) = handover.as_ref().and_then(|g| g.kvs().first()) {
+                learn(&mut record, kv.mod_revision(), kv.value(), read_at);
+            }
+            let prev_key = older.as_ref().and_then(|g| g.kvs().first()).map(|kv| kv.key().to_vec());
+            // First in line: open at once after a hand-over the predecessor confirmed closed (or its own record),
+            // otherwise only once the predecessor's fence has certainly ended.
+            let wait_until = match (&prev_key, &record) {
+                (Some(_), _) => None,
+                (None, Some((_, h, at))) if h.open && h.rev != my_rev => {
+                    Some(*at + Duration::from_millis(h.fence_ms) + HANDOVER_SLACK)
+                }
+                (None, _) => return Ok(me),
             };
-            let prev_key = prev.key().to_vec();
-            let from = revision + 1;
+            if let Some(until) = wait_until {
+                if until <= Instant::now() {
+                    return Ok(me);
+                }
+                if let Some((_, h, _)) = &record {
+                    debug!(
+                        election,
+                        predecessor = %h.holder,
+                        wait_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64,
+                        "first in line, but the predecessor never confirmed it closed: waiting out its fence"
+                    );
+                }
+            }
+            // Watch the election (the older candidate's key and the hand-over record, in revision order, so no
+            // write of the record can reach us after the deletion it precedes).
+            let watch_from = revision + 1;
             let mut client = self.client.clone();
-            let mut w = match client.watch(prev_key, Some(WatchOptions::new().with_start_revision(from))).await {
+            let all = self.full(&format!("election/{election}"));
+            let mut w = match client
+                .watch(all, Some(WatchOptions::new().with_prefix().with_start_revision(watch_from)))
+                .await
+            {
                 Ok(w) => w,
                 Err(err) => {
                     withdraw(self, key.clone()).await;
                     return Err(CoordError::Etcd { op: "campaign watch", source: err });
                 }
             };
+            let deadline = async {
+                match wait_until {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(deadline);
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => {
                         withdraw(self, key.clone()).await;
                         return Err(CoordError::Cancelled);
                     }
+                    () = &mut deadline => return Ok(me),
                     m = w.message() => match m {
                         Ok(Some(resp)) => {
-                            if resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
+                            let at = Instant::now();
+                            let mut recheck = false;
+                            for ev in resp.events() {
+                                let Some(kv) = ev.kv() else { continue };
+                                if kv.key() == fence.as_bytes() && ev.event_type() == EventType::Put {
+                                    learn(&mut record, kv.mod_revision(), kv.value(), at);
+                                    let closed = record.as_ref().is_some_and(|(_, h, _)| !h.open);
+                                    recheck |= wait_until.is_some() && closed;
+                                } else if prev_key.as_deref() == Some(kv.key()) && ev.event_type() == EventType::Delete {
+                                    recheck = true;
+                                }
+                            }
+                            if recheck {
                                 break;
                             }
                         }
@@ -321,7 +431,26 @@ impl Coordinator for EtcdCoordinator {
     }
 
     async fn resign(&self, l: &Leadership) -> Result<(), CoordError> {
-        let (k, rev) = (l.key.clone(), l.revision);
+        let (k, rev, fence) = (l.key.clone(), l.revision, self.fence_key(&l.election));
+        // The holder closed before resigning: the key goes and the record says so, in one transaction.
+        if let Some(mod_rev) = self.own_open_record(l).await? {
+            let closed = handover_bytes(l, false, 0);
+            let r = self
+                .retry("resign", |mut c| {
+                    let txn = Txn::new()
+                        .when([
+                            Compare::create_revision(k.clone(), CompareOp::Equal, rev),
+                            Compare::mod_revision(fence.clone(), CompareOp::Equal, mod_rev),
+                        ])
+                        .and_then([TxnOp::delete(k.clone(), None), TxnOp::put(fence.clone(), closed.clone(), None)]);
+                    async move { c.txn(txn).await }
+                })
+                .await?;
+            if r.succeeded() {
+                return Ok(());
+            }
+        }
+        // Never confirmed (or the record is another's by now): just the key.
         self.retry("resign", |mut c| {
             let txn = Txn::new()
                 .when([Compare::create_revision(k.clone(), CompareOp::Equal, rev)])
@@ -330,6 +459,97 @@ impl Coordinator for EtcdCoordinator {
         })
         .await?;
         Ok(())
+    }
+
+    async fn confirm(&self, l: &Leadership, fence: Duration) -> Result<bool, CoordError> {
+        let (k, rev, f) = (l.key.clone(), l.revision, self.fence_key(&l.election));
+        let open = handover_bytes(l, true, fence.as_millis() as u64);
+        let r = self
+            .retry("confirm the leadership", |mut c| {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(k.clone(), CompareOp::Equal, rev)])
+                    .and_then([TxnOp::put(f.clone(), open.clone(), None)]);
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        Ok(r.succeeded())
+    }
+
+    async fn lost(&self, l: &Leadership) -> Result<(), CoordError> {
+        let mut attempt = 0;
+        loop {
+            let k = l.key.clone();
+            let r = self
+                .retry("watch the candidacy", |mut c| {
+                    let k = k.clone();
+                    async move { c.get(k, None).await }
+                })
+                .await;
+            match r {
+                Ok(r) => {
+                    if r.kvs().first().is_none_or(|kv| kv.create_revision() != l.revision) {
+                        return Ok(());
+                    }
+                    let from = r.header().map(|h| h.revision()).unwrap_or(0) + 1;
+                    let mut client = self.client.clone();
+                    if let Ok(mut w) =
+                        client.watch(l.key.clone(), Some(WatchOptions::new().with_start_revision(from))).await
+                    {
+                        attempt = 0;
+                        // Until the stream ends or fails: then look again.
+                        while let Ok(Some(resp)) = w.message().await {
+                            if resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                Err(err) => debug!(error = %err, "cannot watch this candidacy yet"),
+            }
+            attempt += 1;
+            tokio::time::sleep(crate::backoff(attempt, Duration::from_secs(1))).await;
+        }
+    }
+
+    async fn closed(&self, l: &Leadership) -> Result<(), CoordError> {
+        let Some(mod_rev) = self.own_open_record(l).await? else { return Ok(()) };
+        let (f, closed) = (self.fence_key(&l.election), handover_bytes(l, false, 0));
+        self.retry("record the hand-over", |mut c| {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(f.clone(), CompareOp::Equal, mod_rev)])
+                .and_then([TxnOp::put(f.clone(), closed.clone(), None)]);
+            async move { c.txn(txn).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn close_previous(&self, election: &str, lease: i64) -> Result<(), CoordError> {
+        let f = self.fence_key(election);
+        let r = self
+            .retry("record the hand-over", |mut c| {
+                let f = f.clone();
+                async move { c.get(f, None).await }
+            })
+            .await?;
+        if let Some(kv) = r.kvs().first() {
+            if let Ok(h) = serde_json::from_slice::<HandOver>(kv.value()) {
+                if h.open && h.lease == lease {
+                    // The previous run held the election and died with its table: record it closed before the
+                    // revoke makes a successor first in line.
+                    let closed = serde_json::to_vec(&HandOver { open: false, fence_ms: 0, ..h }).unwrap_or_default();
+                    let mod_rev = kv.mod_revision();
+                    self.retry("record the hand-over", |mut c| {
+                        let txn = Txn::new()
+                            .when([Compare::mod_revision(f.clone(), CompareOp::Equal, mod_rev)])
+                            .and_then([TxnOp::put(f.clone(), closed.clone(), None)]);
+                        async move { c.txn(txn).await }
+                    })
+                    .await?;
+                }
+            }
+        }
+        self.revoke_lease(lease).await
     }
 
     async fn leader(&self, election: &str) -> Result<Option<String>, CoordError> {

@@ -56,14 +56,39 @@ pub enum CoordError {
     Cancelled,
 }
 
-/// Proof of having won an election, needed to resign.
+/// Proof of having won an election, needed to confirm it and to resign.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leadership {
     pub election: String,
     /// The backend's key for this candidacy.
     pub key: String,
+    /// The key's create revision: the fencing token.
     pub revision: i64,
+    /// The lease the key is attached to (0 on the local backend).
+    pub lease: i64,
+    /// Who holds it (the campaign's value).
+    pub holder: String,
 }
+
+/// An election's hand-over record (etcd: the key `election/<name>.fence`): written by the holder when it confirms
+/// its leadership and when it has closed. A successor reads it before it may open: a closed record of its
+/// predecessor lets it open at once; an open one makes it wait until `fence_ms` after it first learned of the
+/// record's last write, the latest instant the predecessor's fence can still be open.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HandOver {
+    /// The holder's create revision (its fencing token) and lease.
+    pub rev: i64,
+    pub lease: i64,
+    pub holder: String,
+    /// Whether the holder may still be open.
+    pub open: bool,
+    /// How long after this record's write the holder's fence can stay open, in milliseconds.
+    pub fence_ms: u64,
+}
+
+/// Added to a predecessor's fence before a successor opens: a late kernel write (at most
+/// `ironguard_dataplane::LEASE_APPLY_SLACK`) and the difference in rate between two hosts' monotonic clocks.
+pub const HANDOVER_SLACK: Duration = Duration::from_millis(100);
 
 /// A key-value pair with the revision at which it was created and last modified.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,8 +138,37 @@ pub trait Coordinator: Send + Sync + 'static {
         cancel: CancellationToken,
     ) -> Result<Leadership, CoordError>;
 
-    /// Gives up leadership (deletes the candidacy). Idempotent.
+    /// Gives up leadership (deletes the candidacy) after the holder has closed: its hand-over record says so in
+    /// the same transaction, so the successor need not wait out the holder's fence. Idempotent.
     async fn resign(&self, leadership: &Leadership) -> Result<(), CoordError>;
+
+    /// The fencing token check: proves that this candidacy still holds the election (its key is there with the
+    /// create revision it won with) and publishes, in the election's hand-over record, that the holder may keep
+    /// its fence open up to `fence` after this write. `Ok(false)`: the key is gone (revoked, expired, deleted):
+    /// the holder must close at once and must not move its fence. A holder moves its kernel lease forward only
+    /// after this returned `Ok(true)`, and never further than `fence` after it sent the request.
+    async fn confirm(&self, _leadership: &Leadership, _fence: Duration) -> Result<bool, CoordError> {
+        Ok(true)
+    }
+
+    /// Resolves when this candidacy's key is gone (deleted by hand, its lease revoked or expired), so the holder
+    /// closes at once instead of at its next keep-alive. Never resolves for a candidacy still in the store.
+    async fn lost(&self, _leadership: &Leadership) -> Result<(), CoordError> {
+        std::future::pending().await
+    }
+
+    /// Records in the hand-over record that this holder has closed (after it has), if the record is still its
+    /// own: a successor then opens at once instead of waiting out this holder's fence.
+    async fn closed(&self, _leadership: &Leadership) -> Result<(), CoordError> {
+        Ok(())
+    }
+
+    /// At start, for the lease a previous run of this process left behind (it died with it, so its fence is
+    /// closed): records the hand-over of `election` as closed if that lease held it, then revokes the lease.
+    async fn close_previous(&self, election: &str, lease: i64) -> Result<(), CoordError> {
+        let _ = election;
+        self.revoke_lease(lease).await
+    }
 
     /// The value of the current leader of `election`, if any.
     async fn leader(&self, election: &str) -> Result<Option<String>, CoordError>;

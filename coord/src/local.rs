@@ -93,7 +93,13 @@ impl Coordinator for LocalCoordinator {
             let notified = self.changed.notified();
             let first = self.lock_state().elections.get(election).and_then(|c| c.first().map(|(k, _)| k.clone()));
             if first.as_deref() == Some(key.as_str()) {
-                return Ok(Leadership { election: election.to_string(), key, revision: rev });
+                return Ok(Leadership {
+                    election: election.to_string(),
+                    key,
+                    revision: rev,
+                    lease: 0,
+                    holder: value.to_string(),
+                });
             }
             tokio::select! {
                 _ = notified => {}

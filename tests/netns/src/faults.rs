@@ -47,10 +47,21 @@ pub enum Fault {
     DeleteGuardThenKill,
     /// `nft flush chain inet ironguard_guard input` while the agent runs, then SIGKILL.
     FlushGuardChainThenKill,
+    /// An operator's `etcdctl lease revoke` of the leader's lease: its election key goes at once, long before the
+    /// leader's fence deadline.
+    LeaseRevoke,
+    /// The leader's election key deleted by hand (`etcdctl del`); its lease lives on.
+    KeyDelete,
+    /// Everything the leader sends on its management link (its keep-alives, its confirmations) delayed by 0–3 s
+    /// (`tc netem`) for 2 × TTL.
+    DelayedKeepalives,
+    /// The leader frozen (SIGSTOP), then its lease revoked: it cannot close by itself, and its successor must wait
+    /// out its kernel lease; thawed once a successor serves.
+    FrozenThenRevoke,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 19] = [
         Fault::Sigterm,
         Fault::Sigkill,
         Fault::SigkillRestart,
@@ -66,6 +77,10 @@ impl Fault {
         Fault::FlushRulesetThenKill,
         Fault::DeleteGuardThenKill,
         Fault::FlushGuardChainThenKill,
+        Fault::LeaseRevoke,
+        Fault::KeyDelete,
+        Fault::DelayedKeepalives,
+        Fault::FrozenThenRevoke,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,6 +100,10 @@ impl Fault {
             Fault::FlushRulesetThenKill => "nft flush ruleset + kill",
             Fault::DeleteGuardThenKill => "nft delete guard + kill",
             Fault::FlushGuardChainThenKill => "nft flush guard chain + kill",
+            Fault::LeaseRevoke => "etcdctl lease revoke",
+            Fault::KeyDelete => "etcdctl del election key",
+            Fault::DelayedKeepalives => "keep-alives delayed 0-3 s",
+            Fault::FrozenThenRevoke => "sigstop + lease revoke",
         }
     }
 }
@@ -227,6 +246,54 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             }
             restart_after_successor = true;
         }
+        Fault::LeaseRevoke => {
+            let (_, lease) = leader_key(site)?;
+            etcdctl(site, &["lease", "revoke", &lease])?;
+        }
+        Fault::KeyDelete => {
+            let (key, _) = leader_key(site)?;
+            etcdctl(site, &["del", &key])?;
+        }
+        Fault::DelayedKeepalives => {
+            // This kernel has no netem: the leader's packets to etcd go through an NFQUEUE whose reader releases
+            // them 0–3 s late, in order (tests/netns/scripts/nfqueue_delay.py).
+            let ns = &site.hosts[leader].ns;
+            let rule = ["OUTPUT", "-p", "tcp", "-d", "10.90.0.1", "--dport", "2379", "-j", "NFQUEUE", "--queue-num", "7", "--queue-bypass"];
+            let mut delayer = ns
+                .cmd("python3")
+                .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/nfqueue_delay.py"))
+                .args(["7", "3000"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("nfqueue_delay.py: {e}"))?;
+            let mut ready = String::new();
+            let stdout = delayer.stdout.take().ok_or("no stdout")?;
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut ready).map_err(|e| e.to_string())?;
+            if ready.trim() != "ready" {
+                let _ = delayer.kill();
+                return Err("nfqueue_delay.py did not bind its queue".into());
+            }
+            let add = ns.cmd("iptables").arg("-A").args(rule).output().map_err(|e| format!("iptables: {e}"))?;
+            if !add.status.success() {
+                let _ = delayer.kill();
+                return Err(format!("iptables: {}", String::from_utf8_lossy(&add.stderr)));
+            }
+            std::thread::sleep(2 * ttl);
+            let _ = ns.cmd("iptables").arg("-D").args(rule).output();
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(delayer.id() as i32), Signal::SIGTERM);
+            let _ = delayer.wait();
+        }
+        Fault::FrozenThenRevoke => {
+            let agent = site.hosts[leader].agent.as_ref().ok_or("no agent")?;
+            agent.signal(Signal::SIGSTOP);
+            let pid = agent.pid();
+            let (_, lease) = leader_key(site)?;
+            etcdctl(site, &["lease", "revoke", &lease])?;
+            cleanup = Some(Box::new(move |_site: &mut HaSite| {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGCONT);
+            }));
+            lease_deadline = watch_lease_end(&site.hosts[leader].ns, ttl);
+        }
     }
     // The site serves again: some host leads (for most faults, another one).
     let (serving, _) = site
@@ -271,6 +338,36 @@ fn watch_lease_end(ns: &Netns, window: Duration) -> Option<Instant> {
     }
     std::thread::sleep(window.saturating_sub(start.elapsed()));
     end
+}
+
+/// The election key of the current leader (the oldest candidate of the site's network) and its lease, in hex.
+fn leader_key(site: &HaSite) -> Result<(String, String), String> {
+    let out = etcdctl(
+        site,
+        &["get", "--prefix", "/ironguard/election/agents/prov/", "--keys-only", "--sort-by=CREATE", "--order=ASCEND", "--limit=1"],
+    )?;
+    let key = out.lines().find(|l| !l.trim().is_empty()).ok_or("no candidate in etcd")?.trim().to_string();
+    let lease = key.rsplit('/').next().unwrap_or_default().trim_start_matches('0').to_string();
+    if lease.is_empty() {
+        return Err(format!("no lease in the candidate key {key:?}"));
+    }
+    Ok((key, lease))
+}
+
+/// Runs etcdctl against the site's etcd (from the management namespace); its output, or what went wrong.
+pub fn etcdctl(site: &HaSite, args: &[&str]) -> Result<String, String> {
+    let out = site
+        .mgmt
+        .cmd("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", "http://10.90.0.1:2379"])
+        .args(args)
+        .output()
+        .map_err(|e| format!("etcdctl: {e} (the README's test command installs etcd-client)"))?;
+    if !out.status.success() {
+        return Err(format!("etcdctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Drops the host's outgoing TCP to these ports (a table of the test's own in the host's namespace).

@@ -113,6 +113,11 @@ fn network_and_store_faults_cut_etcd_cut_control_plane_etcd_stopped_replaced_lin
 }
 
 #[test]
+fn early_lease_ends_revoke_key_deletion_delayed_keepalives_frozen_and_revoked() {
+    matrix(&[Fault::LeaseRevoke, Fault::KeyDelete, Fault::DelayedKeepalives, Fault::FrozenThenRevoke]);
+}
+
+#[test]
 fn guard_tampering_then_kill() {
     matrix(&[Fault::FlushRulesetThenKill, Fault::DeleteGuardThenKill, Fault::FlushGuardChainThenKill]);
 }
