@@ -243,6 +243,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "nft_add_p50_ms": ms(nadd.median()), "nft_delete_p50_ms": ms(ndel.median())}),
     );
 
+    // Lease refreshes at n: the leader's keep-alive moves the kernel lease (flush the lease set and add its element
+    // with the new timeout, one batch); nft -f does the same in one transaction.
+    let mut lease = vec![];
+    for _ in 0..args.reps {
+        let t = Instant::now();
+        dp.refresh_lease(Some(Instant::now() + Duration::from_secs(3)))?;
+        lease.push(t.elapsed());
+    }
+    let ports: Vec<String> = s.config.ports.iter().map(|p| format!("{p} timeout 3000ms")).collect();
+    let lease_path = dir.join("lease.nft");
+    std::fs::write(
+        &lease_path,
+        format!(
+            "flush set inet {NFT_TABLE} {set}\nadd element inet {NFT_TABLE} {set} {{ {} }}\n",
+            ports.join(", "),
+            set = ironguard_dataplane::LEASE_SET
+        ),
+    )?;
+    let nlease = Samples::new(
+        (0..args.reps.min(50)).map(|_| timed_nft(&["-f", &lease_path.to_string_lossy()])).collect::<Result<_, _>>()?,
+    );
+    let lease = Samples::new(lease);
+    rows.push(Row {
+        name: format!("lease refresh at {n}"),
+        ironguard: lease.median(),
+        nft: Some(nlease.median()),
+        note: format!("p99 {}; flush + add of the lease element, one batch", human(lease.percentile(99.0))),
+    });
+    results.insert(
+        "lease_refresh".into(),
+        json!({"at": n, "reps": lease.len(), "p50_ms": ms(lease.median()), "p99_ms": ms(lease.percentile(99.0)),
+            "nft_f_p50_ms": ms(nlease.median())}),
+    );
+
     // Mode switch Follower -> Leader at n, and at 1k to show it does not depend on set size.
     drop(dp);
     let mut switches = vec![];

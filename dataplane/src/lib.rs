@@ -15,7 +15,8 @@
 //! - [`observe`]: read-back of both tables, the verdict line and drift detection.
 //! - `fake`: [`FakeDataplane`], the in-memory implementation for unit tests elsewhere.
 //! - [`script`]: the same ruleset as `nft -f` text (for benchmarks and for people).
-//! - `ruleset` builds netlink messages with rustables; `netlink` sends them and parses replies and dumps.
+//! - `ruleset` builds netlink messages with rustables; `netlink` sends them through a netlink-sys socket and parses
+//!   replies and dumps with netlink-packet-core.
 //!
 //! The invariant these serve: a host whose agent is stopped, crashed or failing serves DHCP to nobody. The guard
 //! drops DHCP/PXE traffic without the ironguard mark; only the agent's table sets the mark, and the kernel deletes

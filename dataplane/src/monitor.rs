@@ -3,24 +3,23 @@
 //! The agent uses it to repair the guard the moment another process deletes, flushes or alters it (measured on
 //! this kernel: the notification arrives well under a millisecond after the change), instead of at its next
 //! periodic read-back.
-#![allow(unsafe_code)] // setsockopt(NETLINK_ADD_MEMBERSHIP), which nix does not wrap for netlink
 
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
+use netlink_sys::Socket;
 use nix::errno::Errno;
-use nix::sys::socket::{self, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, sockopt};
-use nix::sys::time::TimeVal;
 
 use crate::NftError;
-use crate::netlink::{Messages, NFNL_SUBSYS_NFTABLES, string};
+use crate::netlink::{self, Messages, NFNL_SUBSYS_NFTABLES, string};
 use crate::ruleset::GUARD_TABLE;
 
-const SOL_NETLINK: libc::c_int = 270;
-const NETLINK_ADD_MEMBERSHIP: libc::c_int = 1;
 /// `NFNLGRP_NFTABLES` in `linux/netfilter/nfnetlink.h`.
-const NFNLGRP_NFTABLES: libc::c_int = 7;
+const NFNLGRP_NFTABLES: u32 = 7;
 const NFT_MSG_NEWGEN: u16 = 16;
+/// A burst of notifications (a whole ruleset loaded by `nft -f`) must not overflow the socket before it is read.
+const RCVBUF_BYTES: usize = 4 << 20;
+/// The largest datagram read at once.
+const DATAGRAM_BYTES: usize = 256 * 1024;
 
 /// What a notification (or a lost batch of them) says about the guard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,55 +60,32 @@ fn operation(op: u16) -> Option<&'static str> {
 /// A socket receiving every nf_tables change notification of this network namespace.
 #[derive(Debug)]
 pub struct Monitor {
-    fd: OwnedFd,
+    sock: Socket,
 }
 
 impl Monitor {
     /// Subscribes to `NFNLGRP_NFTABLES` (needs CAP_NET_ADMIN, like every nf_tables socket here).
     pub fn open() -> Result<Self, NftError> {
-        let fd = socket::socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(NftError::Open)?;
-        socket::bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(NftError::Open)?;
-        let group = NFNLGRP_NFTABLES;
-        // SAFETY: `fd` is an open netlink socket; the option value is a c_int passed with its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                SOL_NETLINK,
-                NETLINK_ADD_MEMBERSHIP,
-                (&group as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(NftError::Open(Errno::last()));
-        }
-        if socket::setsockopt(&fd, sockopt::RcvBufForce, &(4usize << 20)).is_err() {
-            let _ = socket::setsockopt(&fd, sockopt::RcvBuf, &(4usize << 20));
-        }
-        Ok(Self { fd })
+        let (sock, _) = netlink::open_nftables()?;
+        sock.add_membership(NFNLGRP_NFTABLES).map_err(|e| NftError::Open(netlink::errno(&e)))?;
+        netlink::size_rcvbuf(&sock, RCVBUF_BYTES);
+        Ok(Self { sock })
     }
 
     /// Waits up to `timeout` for changes of the guard made by any socket other than `own_portid` (the agent's
     /// own repairs). Returns the first such change of the datagrams read, or `None` on timeout.
     pub fn next_guard_event(&self, own_portid: u32, timeout: Duration) -> Result<Option<GuardEvent>, NftError> {
-        let tv = TimeVal::new(timeout.as_secs() as i64, timeout.subsec_micros() as i64);
-        socket::setsockopt(&self.fd, sockopt::ReceiveTimeout, &tv).map_err(NftError::Open)?;
-        let mut buf = vec![0u8; 256 * 1024];
+        netlink::set_recv_timeout(&self.sock, timeout)?;
+        let mut buf = Vec::with_capacity(DATAGRAM_BYTES);
         loop {
-            let n = match socket::recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()) {
-                Ok(n) => n,
+            match netlink::recv_datagram(&self.sock, &mut buf, 0) {
+                Ok(()) => {}
                 Err(Errno::EAGAIN) => return Ok(None),
                 Err(Errno::EINTR) => continue,
                 Err(Errno::ENOBUFS) => return Ok(Some(GuardEvent::Overflow)),
                 Err(e) => return Err(NftError::Recv(e)),
-            };
-            if let Some(ev) = guard_event(&buf[..n], own_portid)? {
+            }
+            if let Some(ev) = guard_event(&buf, own_portid)? {
                 return Ok(Some(ev));
             }
         }

@@ -271,6 +271,48 @@ fn agent_sigterm_sigkill_and_restart() {
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "restarted after SIGKILL: serves again");
 }
 
+/// The agent's link watch (rtnetlink notifications, read on the tokio runtime) wakes its health check on each
+/// change of a link or an address by itself, so a downed provisioning link makes a leader step down at once rather
+/// than at the next health period.
+#[test]
+fn each_link_and_address_change_wakes_the_link_watch() {
+    let ns = Netns::new("linkwatch");
+    let name = ns.name().to_string();
+    let steps: Vec<Vec<&'static str>> = vec![
+        vec!["link", "add", "lw0", "type", "bridge"],
+        vec!["addr", "add", "10.93.0.1/24", "dev", "lw0"],
+        vec!["link", "set", "lw0", "up"],
+        vec!["link", "set", "lw0", "down"],
+        vec!["addr", "del", "10.93.0.1/24", "dev", "lw0"],
+        vec!["link", "del", "lw0"],
+    ];
+    let woken = in_netns(&ns, move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+            ironguard_agent::link::watch(tx);
+            let mut woken = vec![];
+            for step in steps {
+                // Let the notifications of the previous step arrive, and forget them.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                while rx.try_recv().is_ok() {}
+                let ip = tokio::process::Command::new("ip")
+                    .args(["netns", "exec", &name, "ip"])
+                    .args(&step)
+                    .status()
+                    .await
+                    .expect("run ip");
+                assert!(ip.success(), "ip {step:?} failed");
+                let woke = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+                woken.push((step.join(" "), matches!(woke, Ok(Some(())))));
+            }
+            woken
+        })
+    });
+    let missed: Vec<&String> = woken.iter().filter(|(_, w)| !w).map(|(s, _)| s).collect();
+    assert!(missed.is_empty(), "these changes did not wake the link watch: {missed:?}");
+}
+
 #[test]
 fn dnsmasq_stopped_the_agent_steps_down_and_says_why() {
     let mut site = Site::new(1, 30);
