@@ -21,6 +21,8 @@ pub struct AgentConfig {
     pub controlplane: ControlPlaneSection,
     /// How the agent decides that its local DHCP service is healthy.
     pub dhcp_health: DhcpHealthSection,
+    /// Leadership confirmed by answers: the agent's own DISCOVERs to its local DHCP server.
+    pub dhcp_probe: DhcpProbeSection,
     /// Periodic read-back and repair.
     pub reconcile: ReconcileSection,
     /// `/metrics`, `/healthz`, `/readyz`.
@@ -203,6 +205,41 @@ impl Default for ControlPlaneSection {
     }
 }
 
+/// Whether the agent probes its local DHCP server (docs/operations.md, "Leadership confirmed by answers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeMode {
+    /// Probe wherever this host can (the nftables backend and an interface to send on); otherwise say at start
+    /// why not and lead on the other checks alone.
+    #[default]
+    Auto,
+    /// Probe, and refuse to start where this host cannot.
+    On,
+    /// Never probe (leadership then rests on the socket, unit and pid checks of `[dhcp_health]`).
+    Off,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DhcpProbeSection {
+    pub mode: ProbeMode,
+    /// The interface the probe is sent on; default: the first of `[dataplane] interfaces`, else of
+    /// `egress_interfaces`.
+    pub interface: String,
+    /// The probe's chaddr; default `02:49:47:` and three bytes of a hash of the agent's id.
+    pub mac: String,
+    /// How often a probe is sent, in milliseconds.
+    pub interval_ms: u64,
+    /// A server that sent no DHCPOFFER for this long, while at least two probes asked, is not answering.
+    pub silence_ms: u64,
+}
+
+impl Default for DhcpProbeSection {
+    fn default() -> Self {
+        Self { mode: ProbeMode::Auto, interface: String::new(), mac: String::new(), interval_ms: 500, silence_ms: 1500 }
+    }
+}
+
 impl Default for DhcpHealthSection {
     fn default() -> Self {
         Self { udp_port: 67, systemd_unit: String::new(), pid_file: String::new(), interval_ms: 1000 }
@@ -289,6 +326,14 @@ impl AgentConfig {
         if self.dhcp_health.interval_ms == 0 || self.controlplane.report_interval_ms == 0 {
             anyhow::bail!("intervals must be positive");
         }
+        let probe = &self.dhcp_probe;
+        if probe.interval_ms == 0 || probe.silence_ms < 2 * probe.interval_ms {
+            anyhow::bail!(
+                "[dhcp_probe] interval_ms must be positive and silence_ms at least twice it (two probes must go \
+                 unanswered before the server counts as silent)"
+            );
+        }
+        crate::dhcp_probe::plan(&self).map_err(|e| anyhow::anyhow!(e))?;
         if self.reconcile.interval_secs == 0 {
             anyhow::bail!("[reconcile] interval_secs must be at least 1");
         }

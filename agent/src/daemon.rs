@@ -29,6 +29,7 @@ use crate::config::AgentConfig;
 use crate::coordination::{self, Candidacy, CoordState};
 use crate::core::{Core, CoreConfig, Effect, Event};
 use crate::dhcp_health::{self, Health};
+use crate::dhcp_probe;
 use crate::link;
 use crate::metrics::{AdminState, Metrics};
 use crate::stream::{self, Identity, StreamMsg};
@@ -189,7 +190,24 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Everything before the main loop: the admin endpoint, the guard and the Blocked table, the input tasks.
-async fn start(cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, tokio::task::JoinHandle<()>)> {
+async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, tokio::task::JoinHandle<()>)> {
+    let probe = dhcp_probe::plan(&cfg).map_err(|e| anyhow::anyhow!(e))?;
+    match &probe {
+        Some(p) => info!(interface = %p.interface, mac = %p.mac, "probing the local DHCP server: leading needs its answers"),
+        None => {
+            let why = {
+                let mut on = cfg.clone();
+                on.dhcp_probe.mode = crate::config::ProbeMode::On;
+                dhcp_probe::plan(&on).err().unwrap_or_else(|| "[dhcp_probe] mode = \"off\"".into())
+            };
+            warn!(
+                why,
+                "the local DHCP server is not probed: this host may lead while its server answers nobody (a frozen or \
+                 misconfigured server); docs/operations.md, \"Leadership confirmed by answers\""
+            );
+        }
+    }
+    cfg.dataplane.probe = probe.as_ref().map(|p| p.mac);
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
     let why = Arc::new(Mutex::new("starting".to_string()));
@@ -240,7 +258,7 @@ async fn start(cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, tokio:
     let report =
         stream::report_loop(cfg.controlplane.clone(), status_rx, lease_wall.clone(), metrics.clone(), stop_rx.clone());
     tokio::spawn(report);
-    let (health, relink) = spawn_health(&cfg, stop_rx);
+    let (health, relink) = spawn_health(&cfg, probe.map(|p| (p, dp.clone())), stop_rx);
 
     let core =
         Core::new(CoreConfig::new(&cfg, who), metrics, Instant::now(), Box::new(|| rand::rng().random_range(0.8..1.2)));
@@ -286,7 +304,11 @@ fn open_dataplane(cfg: &AgentConfig) -> anyhow::Result<(SharedDataplane, mpsc::R
 /// The DHCP health check, woken at once by link and address changes (a downed provisioning link makes the
 /// leader resign). After a link change the main loop also reads the reply side back: before Linux 6.16 the
 /// kernel unbinds a netdev chain from a device that goes away and never binds it again.
-fn spawn_health(cfg: &AgentConfig, mut stop: watch::Receiver<bool>) -> (watch::Receiver<Health>, mpsc::Receiver<()>) {
+fn spawn_health(
+    cfg: &AgentConfig,
+    probe: Option<(dhcp_probe::Plan, SharedDataplane)>,
+    mut stop: watch::Receiver<bool>,
+) -> (watch::Receiver<Health>, mpsc::Receiver<()>) {
     let (health_tx, health_rx) = watch::channel(Health { healthy: false, detail: "not checked yet".into() });
     let hcfg = cfg.dhcp_health.clone();
     // The provisioning links: the filtered interfaces and those whose DHCP replies are filtered at egress.
@@ -298,22 +320,93 @@ fn spawn_health(cfg: &AgentConfig, mut stop: watch::Receiver<bool>) -> (watch::R
     let egress = !cfg.dataplane.egress_interfaces.is_empty();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(hcfg.interval_ms));
+        let mut probe_tick =
+            tokio::time::interval(probe.as_ref().map_or(Duration::from_secs(3600), |(p, _)| p.interval));
+        let mut prober = probe.map(|(plan, dp)| ProbeTask::new(plan, dp));
+        let mut checks: Option<Health> = None;
         loop {
-            let linked = tokio::select! {
-                _ = tick.tick() => false,
-                Some(()) = link_rx.recv() => true,
+            tokio::select! {
+                _ = tick.tick() => checks = Some(static_checks(&hcfg, &links).await),
+                Some(()) = link_rx.recv() => {
+                    if egress {
+                        let _ = relink_tx.try_send(());
+                    }
+                    checks = Some(static_checks(&hcfg, &links).await);
+                }
+                _ = probe_tick.tick(), if prober.is_some() => {
+                    if let Some(p) = prober.as_mut() {
+                        p.round().await;
+                    }
+                }
                 _ = stop.changed() => return,
             };
-            if linked && egress {
-                let _ = relink_tx.try_send(());
-            }
-            let (c, l) = (hcfg.clone(), links.clone());
-            if let Ok(h) = tokio::task::spawn_blocking(move || health_with_links(&c, &l)).await {
-                health_tx.send_if_modified(|old| std::mem::replace(old, h.clone()) != h);
-            }
+            let Some(c) = &checks else { continue };
+            let h = match &prober {
+                None => c.clone(),
+                Some(p) => {
+                    let v = p.tracker.verdict(Instant::now());
+                    let answering = v == dhcp_probe::Verdict::Answering;
+                    Health { healthy: c.healthy && answering, detail: format!("{}; {}", c.detail, p.plan.describe(&v)) }
+                }
+            };
+            health_tx.send_if_modified(|old| std::mem::replace(old, h.clone()) != h);
         }
     });
     (health_rx, relink_rx)
+}
+
+async fn static_checks(cfg: &crate::config::DhcpHealthSection, links: &[String]) -> Health {
+    let (c, l) = (cfg.clone(), links.to_vec());
+    tokio::task::spawn_blocking(move || health_with_links(&c, &l))
+        .await
+        .unwrap_or_else(|e| Health { healthy: false, detail: format!("the health check failed: {e}") })
+}
+
+/// The probe of the local DHCP server: each round reads the table's counters, then sends one DISCOVER.
+struct ProbeTask {
+    plan: dhcp_probe::Plan,
+    dp: SharedDataplane,
+    tracker: dhcp_probe::Tracker,
+    prober: Option<dhcp_probe::Prober>,
+}
+
+impl ProbeTask {
+    fn new(plan: dhcp_probe::Plan, dp: SharedDataplane) -> Self {
+        let tracker = dhcp_probe::Tracker::new(plan.silence);
+        Self { plan, dp, tracker, prober: None }
+    }
+
+    async fn round(&mut self) {
+        let dp = self.dp.clone();
+        let counts = tokio::task::spawn_blocking(move || {
+            let dp = dp.lock().unwrap_or_else(|e| e.into_inner());
+            match dp.probe_counts() {
+                Ok(Some(c)) => Ok(c),
+                Ok(None) => Err("the table has no probe rules yet".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        self.tracker.observe(Instant::now(), counts);
+        if self.prober.is_none() {
+            match dhcp_probe::Prober::open(&self.plan) {
+                Ok(p) => self.prober = Some(p),
+                Err(e) => {
+                    self.tracker.sent(Err(format!("cannot open the probe socket on {}: {e}", self.plan.interface)));
+                    return;
+                }
+            }
+        }
+        if let Some(p) = &self.prober {
+            let sent = p.send().map_err(|e| e.to_string());
+            if sent.is_err() {
+                // a socket bound to a link that went away: open it again next round
+                self.prober = None;
+            }
+            self.tracker.sent(sent);
+        }
+    }
 }
 
 /// Connects to etcd (retrying with back-off while it is unreachable) or uses the local backend, then runs the

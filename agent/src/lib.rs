@@ -10,6 +10,7 @@
 //! - [`stream`]: the WatchFilters stream (reconnect, resume) and status reports.
 //! - [`coordination`]: the session in etcd (or the local backend), party membership and the election.
 //! - [`dhcp_health`]: is the local DHCP service healthy?
+//! - [`dhcp_probe`]: does the local DHCP server answer? (the agent's own DISCOVERs through the real filter path)
 //! - [`metrics`]: Prometheus metrics and the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
 //! - [`hold`]: `ironguard-agent hold`, which keeps a static filter state (for tests, demos and emergencies).
 //! - [`logging`]: `tracing` set-up shared by the subcommands.
@@ -23,6 +24,7 @@ pub mod coordination;
 pub mod core;
 pub mod daemon;
 pub mod dhcp_health;
+pub mod dhcp_probe;
 pub mod hold;
 pub mod link;
 pub mod logging;

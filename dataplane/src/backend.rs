@@ -102,6 +102,15 @@ impl Dataplane for Combined {
         self.parts.iter().map(|p| p.guard_description(hold)).collect::<Vec<_>>().join(" + ")
     }
 
+    fn probe_counts(&self) -> Result<Option<crate::ProbeCounts>, NftError> {
+        for p in &self.parts {
+            if let Some(c) = p.probe_counts()? {
+                return Ok(Some(c));
+            }
+        }
+        Ok(None)
+    }
+
     fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
         let mut out = vec![];
         for p in &self.parts {

@@ -11,6 +11,16 @@ use serde::Serialize;
 use crate::NftError;
 use crate::model::{Delta, DesiredState, Mode, RulesetConfig, UnknownMacPolicy};
 
+/// The counters of the probe rules (cumulative packets since the table was created).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct ProbeCounts {
+    /// The agent's own DISCOVERs that reached the local server (request side).
+    pub discovers: u64,
+    /// DHCPOFFERs the local server sent: to anyone on the output hook, to the probe on the reply side. Both
+    /// restart from 0 when the table is built again.
+    pub offers: u64,
+}
+
 /// What one successful apply did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct ApplyReport {
@@ -87,6 +97,11 @@ pub trait Dataplane: Send {
     /// through nf_tables change notifications (changes made by this port are the agent's own).
     fn nftables_port(&self) -> Option<u32> {
         None
+    }
+
+    /// What the probe rules counted (None: this backend has no probe rules, or no probe identity is configured).
+    fn probe_counts(&self) -> Result<Option<ProbeCounts>, NftError> {
+        Ok(None)
     }
 
     /// Whether the fence is enforced without this process ([`Dataplane::refresh_lease`] sets a deadline the kernel

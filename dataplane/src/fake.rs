@@ -27,6 +27,8 @@ pub struct FakeState {
     pub fail_next: VecDeque<Errno>,
     /// Read-backs ([`Dataplane::drift`]) to fail from now on, one per call.
     pub fail_reads: u32,
+    /// What [`Dataplane::probe_counts`] reports while the committed state has a probe identity.
+    pub probe_counts: crate::ProbeCounts,
 }
 
 /// An in-memory dataplane.
@@ -67,6 +69,11 @@ impl FakeDataplane {
 }
 
 impl Dataplane for FakeDataplane {
+    fn probe_counts(&self) -> Result<Option<crate::ProbeCounts>, NftError> {
+        let st = self.lock();
+        Ok(st.committed.as_ref().and_then(|c| c.config.probe).map(|_| st.probe_counts))
+    }
+
     fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError> {
         desired.config.validate()?;
         let n = desired.allow.len() + desired.deny.len();

@@ -176,6 +176,13 @@ impl KernelDataplane {
 }
 
 impl Dataplane for KernelDataplane {
+    fn probe_counts(&self) -> Result<Option<crate::ProbeCounts>, NftError> {
+        match self.committed.as_ref().and_then(|c| c.config.probe) {
+            Some(probe) => crate::observe::probe_counts(probe).map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError> {
         let at = Instant::now();
         let tx = ruleset::full_owned(desired, remaining_ms(self.lease_until, at))?;

@@ -194,6 +194,12 @@ pub struct RulesetConfig {
     pub backends: Vec<Backend>,
     pub hostsdir: HostsdirConfig,
     pub ipset: IpsetConfig,
+    /// The agent's probe identity (a BOOTP chaddr), set by the agent from `[dhcp_health]`, never read from
+    /// `[dataplane]`: with it, the agent's table lets the agent's own probe DISCOVERs reach the local DHCP server
+    /// in every mode but Blocked, and counts the OFFERs that server sends (docs/architecture.md, "Leadership
+    /// confirmed by answers").
+    #[serde(skip)]
+    pub probe: Option<MacAddr>,
 }
 
 impl Default for RulesetConfig {
@@ -209,6 +215,7 @@ impl Default for RulesetConfig {
             backends: default_backends(),
             hostsdir: HostsdirConfig::default(),
             ipset: IpsetConfig::default(),
+            probe: None,
         }
     }
 }

@@ -11,11 +11,12 @@ use crate::netlink::{
     self, Attrs, DumpSocket, Dumped, Message, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
     NFT_MSG_GETTABLE, be_u32, be_u64,
 };
-use crate::rule::{self, Stmt};
+use crate::rule::{self, DhcpMessage, Stmt};
 use crate::ruleset::{
     BuiltChain, EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, Side, comments, guard_rules, owned_rules,
     parse_comment,
 };
+use crate::dataplane::ProbeCounts;
 use crate::{MacAddr, NftError};
 
 const NFPROTO_INET: u8 = 1;
@@ -485,6 +486,36 @@ pub fn leader_rules_present() -> Result<bool, NftError> {
     Ok(false)
 }
 
+/// What the probe rules of the agent's tables counted (both families; a family without the table counts 0):
+/// DISCOVERs from `probe` that were let through, and DHCPOFFERs sent. Rules are recognised by what they do.
+pub fn probe_counts(probe: MacAddr) -> Result<ProbeCounts, NftError> {
+    let sock = DumpSocket::open()?;
+    let (mut discovers, mut offers) = (0u64, 0u64);
+    for side in Side::ALL {
+        let d = sock.dump(NFT_MSG_GETRULE, side.nfproto(), &[(1, OWNED_TABLE)], &mut |m| {
+            let (table, _, r) = decode_rule(m)?;
+            if table != OWNED_TABLE {
+                return Ok(());
+            }
+            let has = |s: &Stmt| r.statements.contains(s);
+            let n = r.packets.unwrap_or(0);
+            if has(&Stmt::Chaddr(probe)) && has(&Stmt::DhcpType(DhcpMessage::Discover)) {
+                discovers += n;
+            } else if has(&Stmt::DhcpType(DhcpMessage::Offer)) {
+                offers += n;
+            }
+            Ok(())
+        });
+        match d {
+            Ok(Dumped::Complete) => {}
+            Ok(Dumped::Interrupted) => return Err(NftError::Unstable(1)),
+            Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ProbeCounts { discovers, offers })
+}
+
 /// [`leader_rules_present`] for the agent's table of one family.
 fn side_open(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
     let mut open = false;
@@ -604,6 +635,7 @@ pub(crate) fn decode_chain(m: &Message<'_>) -> Result<(String, ObservedChain), N
                             hook = be_u32(hv).map(|n| match (netdev, n) {
                                 (false, 1) => "input".to_string(),
                                 (false, 2) => "forward".to_string(),
+                                (false, 3) => "output".to_string(),
                                 (true, 0) => "ingress".to_string(),
                                 (true, 1) => EGRESS_CHAIN.to_string(),
                                 (_, n) => format!("hook {n}"),

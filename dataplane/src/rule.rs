@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::NftError;
+use crate::{MacAddr, NftError};
 use crate::netlink::{self, Attrs, be_u32};
 
 /// The UDP port field that identifies DHCP traffic: the destination of a request, the source of a reply.
@@ -68,6 +68,14 @@ pub enum Stmt {
     ChaddrIn { set: String },
     /// `meta mark & MASK != MARK` [meta mark; bitwise; cmp neq].
     MarkNot { mask: u32, mark: u32 },
+    /// `meta mark & MASK == MARK` [meta mark; bitwise; cmp eq]: a packet the agent's own probe socket sent
+    /// (`SO_MARK`, which nothing on the wire can set).
+    MarkIs { mask: u32, mark: u32 },
+    /// `@th,288,48 MAC`: the BOOTP chaddr is one address [payload transport 36..42; cmp eq].
+    Chaddr(MacAddr),
+    /// `@th,1984,24 0x3501TT`: the DHCP message type, as the first option right after the magic cookie (where every
+    /// client and server ironguard meets puts it) [payload transport 248..251; cmp eq].
+    DhcpType(DhcpMessage),
     /// `meta mark set meta mark & KEEP ^ XOR` [meta mark; bitwise; meta set mark]: sets the bits of ironguard's
     /// mark (`KEEP` = !mask, `XOR` = mark) or clears them (`XOR` = 0).
     SetMark { keep: u32, xor: u32 },
@@ -81,6 +89,51 @@ pub enum Stmt {
     Jump(String),
     /// Expressions that are none of the above, as the kernel holds them.
     Unknown(String),
+}
+
+/// The DHCP message types the probe rules match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DhcpMessage {
+    Discover,
+    Offer,
+}
+
+impl DhcpMessage {
+    /// Option 53's value.
+    pub fn code(self) -> u8 {
+        match self {
+            DhcpMessage::Discover => 1,
+            DhcpMessage::Offer => 2,
+        }
+    }
+
+    fn of_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(DhcpMessage::Discover),
+            2 => Some(DhcpMessage::Offer),
+            _ => None,
+        }
+    }
+
+    /// The three bytes the rule compares: option 53, length 1, the type.
+    pub fn option_bytes(self) -> [u8; 3] {
+        [53, 1, self.code()]
+    }
+
+    fn option_bytes_u32(self) -> u32 {
+        let [a, b, c] = self.option_bytes();
+        u32::from_be_bytes([0, a, b, c])
+    }
+}
+
+impl fmt::Display for DhcpMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DhcpMessage::Discover => "DISCOVER",
+            DhcpMessage::Offer => "OFFER",
+        })
+    }
 }
 
 impl Stmt {
@@ -108,6 +161,9 @@ impl fmt::Display for Stmt {
             Stmt::EtherSaddrIn { set } => write!(f, "ether saddr @{set}"),
             Stmt::ChaddrIn { set } => write!(f, "@th,288,48 @{set}"),
             Stmt::MarkNot { mask, mark } => write!(f, "meta mark & {mask:#010x} != {mark:#010x}"),
+            Stmt::MarkIs { mask, mark } => write!(f, "meta mark & {mask:#010x} == {mark:#010x}"),
+            Stmt::Chaddr(mac) => write!(f, "@th,288,48 {mac}"),
+            Stmt::DhcpType(t) => write!(f, "@th,1984,24 {:#08x} (DHCP {t})", t.option_bytes_u32()),
             Stmt::SetMark { keep, xor } => write!(f, "meta mark set meta mark & {keep:#010x} ^ {xor:#010x}"),
             Stmt::Counter => f.write_str("counter"),
             Stmt::Accept => f.write_str("accept"),
@@ -166,6 +222,8 @@ pub(crate) const ETH_P_IP: u16 = 0x0800;
 pub(crate) const ARPHRD_ETHER: u16 = 1;
 /// BOOTP `chaddr` is 28 bytes into the BOOTP header, after the 8-byte UDP header: `@th,288,48`.
 pub const CHADDR_OFFSET_BYTES: u32 = 36;
+/// The first DHCP option: after the 8-byte UDP header, the 236-byte BOOTP header and the 4-byte magic cookie.
+pub const FIRST_OPTION_OFFSET_BYTES: u32 = 248;
 const ETHER_SADDR_OFFSET: u32 = 6;
 const IFNAMSIZ: usize = 16;
 const NF_DROP: i32 = 0;
@@ -404,6 +462,14 @@ fn statement(exprs: &[Expr]) -> Option<(Stmt, usize)> {
         [
             Meta { key: NFT_META_MARK, dreg: Some(r), sreg: None },
             Bitwise { sreg, dreg, len: 4, mask, xor, op: 0 },
+            Cmp { sreg: c, op: 0, data },
+            ..,
+        ] if sreg == r && dreg == c && xor.iter().all(|b| *b == 0) => {
+            Some((Stmt::MarkIs { mask: ne_u32(mask)?, mark: ne_u32(data)? }, 3))
+        }
+        [
+            Meta { key: NFT_META_MARK, dreg: Some(r), sreg: None },
+            Bitwise { sreg, dreg, len: 4, mask, xor, op: 0 },
             Meta { key: NFT_META_MARK, dreg: None, sreg: Some(s) },
             ..,
         ] if sreg == r && dreg == s => Some((Stmt::SetMark { keep: ne_u32(mask)?, xor: ne_u32(xor)? }, 3)),
@@ -429,6 +495,24 @@ fn statement(exprs: &[Expr]) -> Option<(Stmt, usize)> {
         ] if sreg == r && data.len() == 2 => {
             let field = PortField::of_offset(*offset)?;
             Some((Stmt::Port { field, port: u16::from_be_bytes([data[0], data[1]]) }, 2))
+        }
+        [
+            Payload { dreg: Some(r), base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: CHADDR_OFFSET_BYTES, len: 6, other: false },
+            Cmp { sreg, op: 0, data },
+            ..,
+        ] if sreg == r => Some((Stmt::Chaddr(MacAddr::from_octets(data[..].try_into().ok()?).ok()?), 2)),
+        [
+            Payload {
+                dreg: Some(r),
+                base: NFT_PAYLOAD_TRANSPORT_HEADER,
+                offset: FIRST_OPTION_OFFSET_BYTES,
+                len: 3,
+                other: false,
+            },
+            Cmp { sreg, op: 0, data },
+            ..,
+        ] if sreg == r && data.len() == 3 && data[..2] == [53, 1] => {
+            Some((Stmt::DhcpType(DhcpMessage::of_code(data[2])?), 2))
         }
         [
             Payload { dreg: Some(r), base, offset, len, other: false },

@@ -17,6 +17,12 @@
 //! }
 //! ```
 //!
+//! With a probe identity (`RulesetConfig::probe`, the agent's own chaddr), `pxe` starts (in Follower and Leader)
+//! with `meta mark & MASK == MARK @th,288,48 PROBE @th,1984,24 DISCOVER counter accept` — only the agent's own
+//! probe socket can send a packet that carries the mark — and a base chain `offers` on the output hook counts
+//! every DHCPOFFER the local server sends (`udp sport 67 @th,1984,24 OFFER counter`). On the reply side, `pxe`
+//! starts with `@th,288,48 PROBE @th,1984,24 OFFER counter mark accept` (an offer to the probe, never an ack).
+//!
 //! With `egress_interfaces` configured, the same two tables also exist in the `netdev` family for the server's
 //! replies ([`Side::Replies`]): a base chain `egress` bound to those devices matching `udp sport PORT` (clearing
 //! ironguard's mark bits first), chaddr sets only, `udp sport @lease`. Every transaction below covers every side.
@@ -38,8 +44,8 @@ use rustables::expr::{
 use rustables::{Batch, Chain, ChainPolicy, ChainType, Hook, HookClass, MsgType, ProtocolFamily, Rule, Set, Table};
 
 use crate::model::{Delta, DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
-pub use crate::rule::CHADDR_OFFSET_BYTES;
-use crate::rule::{ARPHRD_ETHER, ETH_P_IP, IPPROTO_UDP, NFPROTO_IPV4, NFT_PAYLOAD_TRANSPORT_HEADER, PortField, Stmt};
+pub use crate::rule::{CHADDR_OFFSET_BYTES, FIRST_OPTION_OFFSET_BYTES};
+use crate::rule::{ARPHRD_ETHER, DhcpMessage, ETH_P_IP, IPPROTO_UDP, NFPROTO_IPV4, NFT_PAYLOAD_TRANSPORT_HEADER, PortField, Stmt};
 use crate::{MacAddr, NftError};
 
 /// The table owned by the running agent.
@@ -79,6 +85,8 @@ pub mod comments {
     pub const DENY_MAC: &str = "ironguard:deny-mac";
     pub const DENY_CHADDR: &str = "ironguard:deny-chaddr";
     pub const PASS: &str = "ironguard:pass";
+    pub const PROBE: &str = "ironguard:probe";
+    pub const PROBE_OFFERS: &str = "ironguard:offers";
     pub const GUARD_DROP: &str = "ironguard-guard:drop-unmarked";
 }
 
@@ -581,6 +589,9 @@ pub fn owned_rules(side: Side, config: &RulesetConfig, mode: Mode, policy: Unkno
     }
     then.push(Stmt::Jump("pxe".into()));
     chains.extend(dhcp_chains(side, config, OWNED_PRIORITY, comments::DHCP_JUMP, &then));
+    if side == Side::Requests && config.probe.is_some() {
+        chains.push(offers_chain());
+    }
     chains
 }
 
@@ -612,12 +623,61 @@ fn mode_chains(side: Side, config: &RulesetConfig, mode: Mode, policy: UnknownMa
     let mut pxe = Vec::new();
     if mode == Mode::Blocked {
         pxe.push(rule(comments::BLOCKED, vec![Stmt::Counter, Stmt::Drop]));
+    } else if let Some(probe) = config.probe {
+        pxe.push(rule(comments::PROBE, probe_rule(side, config, probe)));
     }
     pxe.push(rule(comments::TO_WHITELIST, vec![Stmt::Jump("whitelist".into())]));
     pxe.push(rule(comments::TO_BLACKLIST, vec![Stmt::Jump("blacklist".into())]));
     pxe.push(rule(comments::NOT_MARKED, vec![Stmt::Counter, Stmt::Drop]));
     let chain = |name, rules| BuiltChain { name, hook: None, rules };
     vec![chain("whitelist", white), chain("blacklist", black), chain("pxe", pxe)]
+}
+
+/// The probe's rule at the head of `pxe`. Requests: the agent's own DISCOVER, recognised by the mark its socket
+/// sets (`SO_MARK` needs CAP_NET_ADMIN on this host; no packet from the wire carries a mark) and by its chaddr; it
+/// already carries the mark the guard wants, so it is only accepted. Replies: an OFFER to the probe's chaddr, marked
+/// for the guard. An ACK to that chaddr is never let out, so a client that borrows the probe's address gets no
+/// lease from it.
+fn probe_rule(side: Side, config: &RulesetConfig, probe: MacAddr) -> Vec<Stmt> {
+    match side {
+        Side::Requests => vec![
+            Stmt::MarkIs { mask: config.mask, mark: config.mark },
+            Stmt::NfprotoIpv4,
+            Stmt::Chaddr(probe),
+            Stmt::DhcpType(DhcpMessage::Discover),
+            Stmt::Counter,
+            Stmt::Accept,
+        ],
+        Side::Replies => vec![
+            Stmt::ProtocolIp,
+            Stmt::Chaddr(probe),
+            Stmt::DhcpType(DhcpMessage::Offer),
+            Stmt::Counter,
+            set_mark(config),
+            Stmt::Accept,
+        ],
+    }
+}
+
+/// The base chain that counts the local server's offers (the request side's table, output hook; only with a probe
+/// identity). It decides nothing: its one rule has no verdict.
+pub const OFFERS_CHAIN: &str = "offers";
+/// The server port whose offers are counted.
+const SERVER_PORT: u16 = 67;
+
+fn offers_chain() -> BuiltChain {
+    let stmts = vec![
+        Stmt::NfprotoIpv4,
+        Stmt::Udp,
+        Stmt::Port { field: PortField::Sport, port: SERVER_PORT },
+        Stmt::DhcpType(DhcpMessage::Offer),
+        Stmt::Counter,
+    ];
+    BuiltChain {
+        name: OFFERS_CHAIN,
+        hook: Some(("output", OWNED_PRIORITY)),
+        rules: vec![BuiltRule { comment: comments::PROBE_OFFERS, what: crate::rule::text(&stmts), stmts }],
+    }
 }
 
 /// The kernel expressions of one rule, in chain `chain`.
@@ -650,15 +710,7 @@ fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
             Stmt::EtherSaddrIn { set } => {
                 rule.with_expr(HighLevelPayload::LinkLayer(LLHeaderField::Saddr).build()).with_expr(lookup(set))
             }
-            Stmt::ChaddrIn { set } => rule
-                .with_expr(
-                    Payload::default()
-                        .with_base(NFT_PAYLOAD_TRANSPORT_HEADER)
-                        .with_offset(CHADDR_OFFSET_BYTES)
-                        .with_len(6u32)
-                        .with_dreg(Register::Reg1),
-                )
-                .with_expr(lookup(set)),
+            Stmt::ChaddrIn { set } => rule.with_expr(transport_bytes(CHADDR_OFFSET_BYTES, 6)).with_expr(lookup(set)),
             Stmt::MarkNot { mask, mark } => rule
                 .with_expr(Meta::new(MetaType::Mark))
                 .with_expr(Bitwise::new(mask.to_ne_bytes().to_vec(), vec![0u8; 4])?)
@@ -667,6 +719,16 @@ fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
                 .with_expr(Meta::new(MetaType::Mark))
                 .with_expr(Bitwise::new(keep.to_ne_bytes().to_vec(), xor.to_ne_bytes().to_vec())?)
                 .with_expr(Meta::default().with_key(MetaType::Mark).with_sreg(Register::Reg1)),
+            Stmt::MarkIs { mask, mark } => rule
+                .with_expr(Meta::new(MetaType::Mark))
+                .with_expr(Bitwise::new(mask.to_ne_bytes().to_vec(), vec![0u8; 4])?)
+                .with_expr(Cmp::new(CmpOp::Eq, mark.to_ne_bytes().to_vec())),
+            Stmt::Chaddr(mac) => rule
+                .with_expr(transport_bytes(CHADDR_OFFSET_BYTES, 6))
+                .with_expr(Cmp::new(CmpOp::Eq, mac.octets().to_vec())),
+            Stmt::DhcpType(t) => rule
+                .with_expr(transport_bytes(FIRST_OPTION_OFFSET_BYTES, 3))
+                .with_expr(Cmp::new(CmpOp::Eq, t.option_bytes().to_vec())),
             Stmt::Counter => rule.with_expr(Counter::default()),
             Stmt::Accept => rule.with_expr(Immediate::new_verdict(VerdictKind::Accept)),
             Stmt::Drop => rule.with_expr(Immediate::new_verdict(VerdictKind::Drop)),
@@ -677,6 +739,11 @@ fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
         };
     }
     Ok(rule.with_userdata(comment_udata(r.comment)))
+}
+
+/// `len` bytes of the transport header from `offset` into register 1.
+fn transport_bytes(offset: u32, len: u32) -> Payload {
+    Payload::default().with_base(NFT_PAYLOAD_TRANSPORT_HEADER).with_offset(offset).with_len(len).with_dreg(Register::Reg1)
 }
 
 fn udp_field(f: PortField) -> UDPHeaderField {
@@ -722,6 +789,14 @@ fn add_base_chains(
     for c in chains {
         let Some((_, priority)) = c.hook else { continue };
         match side {
+            Side::Requests if c.name == OFFERS_CHAIN => {
+                let chain = Chain::new(t)
+                    .with_name(OFFERS_CHAIN)
+                    .with_hook(Hook::new(HookClass::Out, priority))
+                    .with_type(ChainType::Filter)
+                    .with_policy(ChainPolicy::Accept);
+                tx.chain(&chain, MsgType::Add, format!("base chain {fam} {name} {OFFERS_CHAIN} (hook output)"));
+            }
             Side::Requests => {
                 let h = config
                     .hooks
