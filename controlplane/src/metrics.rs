@@ -32,6 +32,8 @@ pub struct Metrics {
     pub resumes_served: Counter,
     pub agent_lag: Family<AgentLabel, Gauge>,
     pub agent_mode: Family<AgentLabel, Gauge>,
+    /// 1 while the agent reports its local DHCP server healthy (answering its probes), 0 otherwise.
+    pub agent_dhcp_healthy: Family<AgentLabel, Gauge>,
     /// Ironic requests that got no usable answer (connection refused, timeout, TLS failure, 5xx, a locked node):
     /// each attempt counts, retries included.
     pub ironic_failed_attempts: Counter,
@@ -74,6 +76,12 @@ impl Metrics {
         );
         let agent_mode = Family::<AgentLabel, Gauge>::default();
         registry.register("agent_mode", "Agent mode: 1 blocked, 2 follower, 3 leader", agent_mode.clone());
+        let agent_dhcp_healthy = Family::<AgentLabel, Gauge>::default();
+        registry.register(
+            "agent_dhcp_healthy",
+            "1 while the agent reports its local DHCP server healthy (answering its probes)",
+            agent_dhcp_healthy.clone(),
+        );
         let ironic_failed_attempts = Counter::default();
         registry.register(
             "ironic_failed_attempts",
@@ -104,6 +112,7 @@ impl Metrics {
             resumes_served,
             agent_lag,
             agent_mode,
+            agent_dhcp_healthy,
             ironic_failed_attempts,
             ironic_up,
         }

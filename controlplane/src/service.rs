@@ -229,6 +229,8 @@ impl PxeFilter for PxeFilterService {
         let label = AgentLabel { agent: s.agent_id.clone(), network: s.network.clone() };
         self.metrics.agent_lag.get_or_create(&label).set(current.saturating_sub(s.applied_revision) as i64);
         self.metrics.agent_mode.get_or_create(&label).set(s.mode as i64);
+        let healthy = s.dhcp.as_ref().is_some_and(|d| d.healthy);
+        self.metrics.agent_dhcp_healthy.get_or_create(&label).set(healthy as i64);
         self.agents.report(s).await;
         Ok(Response::new(ReportStatusResponse { current_revision: current }))
     }

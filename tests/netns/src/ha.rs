@@ -20,11 +20,34 @@ use crate::{
     start_agent, verdict, veth, wait_for,
 };
 
+/// The DHCP server every PXE host of a site runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// dnsmasq on UDP sockets, filtered on the input hook.
+    Dnsmasq,
+    /// ISC dhcpd on AF_PACKET sockets, filtered at egress (`hooks = []`, `egress_interfaces = ["prov0"]`).
+    Dhcpd,
+}
+
+/// How a host's DHCP server is (re)started: as the site wants it, or broken in one of the ways a server that
+/// still holds its socket can serve nobody.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerSetup {
+    Normal,
+    /// A range for another network only: nothing to offer on prov0.
+    NoRange,
+    /// A range of one address, leased to another client until long after the test.
+    Exhausted,
+    /// Listening on the management interface instead of prov0.
+    WrongInterface,
+}
+
 /// One PXE host of the site.
 #[derive(Debug)]
 pub struct PxeHost {
     pub ns: Netns,
-    pub dnsmasq: Dnsmasq,
+    /// The DHCP server (dnsmasq or ISC dhcpd, as the site's [`ServerKind`]).
+    pub server: Proc,
     pub agent: Option<Proc>,
     pub ip: Ipv4Addr,
     pub id: String,
@@ -41,6 +64,7 @@ pub struct HaSite {
     pub mgmt: Netns,
     pub prov: Netns,
     pub dir: TempDir,
+    pub server: ServerKind,
 }
 
 /// TTL and margin the HA tests run with (the defaults).
@@ -56,11 +80,12 @@ pub struct HaOptions {
     pub policy: &'static str,
     /// The agents' `[controlplane] lost_after_secs`.
     pub lost_after_secs: u64,
+    pub server: ServerKind,
 }
 
 impl Default for HaOptions {
     fn default() -> Self {
-        Self { hosts: 3, nodes: 1, policy: "allow", lost_after_secs: 30 }
+        Self { hosts: 3, nodes: 1, policy: "allow", lost_after_secs: 30, server: ServerKind::Dnsmasq }
     }
 }
 
@@ -98,20 +123,22 @@ impl HaSite {
             prov.ip(&["link", "set", &format!("h{i}"), "master", "br-prov"]);
             let ip = Ipv4Addr::new(10, 80, 0, 1 + i as u8);
             ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "prov0"]);
-            let lo = format!("10.80.0.{}", 100 + 20 * i);
-            let hi = format!("10.80.0.{}", 119 + 20 * i);
-            let dnsmasq = Dnsmasq::start(&ns, &dir, "prov0", (&lo, &hi), &[]);
+            let server = start_server(&ns, &dir, o.server, i, ServerSetup::Normal);
             let id = format!("pxe-{i}");
+            let dataplane = match o.server {
+                ServerKind::Dnsmasq => "interfaces = [\"prov0\"]\n",
+                ServerKind::Dhcpd => "interfaces = [\"prov0\"]\nhooks = []\negress_interfaces = [\"prov0\"]\n",
+            };
             let config = format!(
                 "[agent]\nid = \"{id}\"\nnetwork = \"prov\"\n\n[controlplane]\n{}endpoints = [\"https://10.90.0.1:9100\", \"https://10.90.0.1:9110\"]\n\
                  lost_after_secs = {}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n\
                  [etcd]\nendpoints = [\"http://10.90.0.1:2379\"]\ndial_timeout_ms = 500\nrequest_timeout_ms = 500\n\n\
                  [election]\nttl_secs = {TTL_SECS}\nmargin_ms = {MARGIN_MS}\n\n[dhcp_health]\ninterval_ms = 200\n\n\
-                 [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\ninterfaces = [\"prov0\"]\n",
+                 [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\n{dataplane}",
                 crate::pki::pki().agent_toml(&id),
                 o.lost_after_secs
             );
-            hosts.push(PxeHost { ns, dnsmasq, agent: None, ip, id, config });
+            hosts.push(PxeHost { ns, server, agent: None, ip, id, config });
         }
         let mut nodes = Vec::new();
         for j in 0..n_nodes {
@@ -120,11 +147,19 @@ impl HaSite {
             prov.ip(&["link", "set", &format!("n{j}"), "master", "br-prov"]);
             nodes.push(node);
         }
-        let mut site = Self { hosts, nodes, cps, etcd, mgmt, prov, dir };
+        let mut site = Self { hosts, nodes, cps, etcd, mgmt, prov, dir, server: o.server };
         for i in 0..n_hosts {
             site.start_agent(i);
         }
         site
+    }
+
+    /// Stops host `i`'s DHCP server (SIGCONT first, in case it was frozen) and starts it again as `setup` says.
+    pub fn restart_server(&mut self, i: usize, setup: ServerSetup) {
+        let h = &mut self.hosts[i];
+        h.server.signal(nix::sys::signal::Signal::SIGCONT);
+        h.server.kill();
+        h.server = start_server(&h.ns, &self.dir, self.server, i, setup);
     }
 
     pub fn start_agent(&mut self, i: usize) {
@@ -195,6 +230,53 @@ impl HaSite {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("run the scapy probe (python3-scapy)")
+    }
+}
+
+/// Starts host `i`'s DHCP server: its own slice of 10.80.0.0/24 (`.100 + 20 i` to `.119 + 20 i`), or broken as
+/// `setup` says.
+fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, i: usize, setup: ServerSetup) -> Proc {
+    let lo = format!("10.80.0.{}", 100 + 20 * i);
+    let hi = format!("10.80.0.{}", 119 + 20 * i);
+    let (iface, lo, hi) = match setup {
+        ServerSetup::Normal => ("prov0", lo, hi),
+        ServerSetup::NoRange => ("prov0", "10.99.0.100".to_string(), "10.99.0.119".to_string()),
+        ServerSetup::Exhausted => ("prov0", lo.clone(), lo),
+        ServerSetup::WrongInterface => ("mgmt0", format!("10.90.0.{}", 200 + i), format!("10.90.0.{}", 200 + i)),
+    };
+    // The one address of an exhausted range, leased to someone else for a long time.
+    let taken = "52:54:00:99:99:99";
+    match kind {
+        ServerKind::Dnsmasq => {
+            let leases = dir.join(&format!("dnsmasq-{iface}.leases"));
+            let text = if setup == ServerSetup::Exhausted {
+                let until = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+                    + 86_400;
+                format!("{until} {taken} {lo} other *\n")
+            } else {
+                String::new()
+            };
+            std::fs::write(&leases, text).expect("write the dnsmasq lease file");
+            Dnsmasq::start(ns, dir, iface, (&lo, &hi), &[]).proc
+        }
+        ServerKind::Dhcpd => {
+            let leases = if setup == ServerSetup::Exhausted {
+                format!(
+                    "lease {lo} {{\n  starts 4 2026/01/01 00:00:00;\n  ends 4 2036/01/01 00:00:00;\n  binding state active;\n  \
+                     hardware ethernet {taken};\n}}\n"
+                )
+            } else {
+                String::new()
+            };
+            let net = if setup == ServerSetup::WrongInterface { "10.90.0.0" } else { "10.80.0.0" };
+            let mut subnets = vec![(net, "255.255.255.0", lo.as_str(), hi.as_str())];
+            if setup == ServerSetup::NoRange {
+                // dhcpd refuses to listen on an interface none of its subnets covers: declare prov0's without a
+                // range, and the range in a network nobody is on
+                subnets = vec![("10.80.0.0", "255.255.255.0", "", ""), ("10.99.0.0", "255.255.255.0", &lo, &hi)];
+            }
+            crate::shapes::dhcpd_with_leases(ns, dir, &format!("pxe{i}"), &[iface], &subnets, &leases).proc
+        }
     }
 }
 

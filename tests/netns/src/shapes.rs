@@ -533,6 +533,18 @@ pub struct Dhcpd {
 /// empty `first` declares the subnet without a range, as dhcpd wants for an interface it serves nobody on), and
 /// waits until it listens on udp/67 (its fallback socket, which relayed requests also reach).
 pub fn dhcpd(ns: &Netns, dir: &TempDir, tag: &str, interfaces: &[&str], subnets: &[(&str, &str, &str, &str)]) -> Dhcpd {
+    dhcpd_with_leases(ns, dir, tag, interfaces, subnets, "")
+}
+
+/// [`dhcpd`] with a lease file that starts with `leases` (dhcpd.leases(5) text).
+pub fn dhcpd_with_leases(
+    ns: &Netns,
+    dir: &TempDir,
+    tag: &str,
+    interfaces: &[&str],
+    subnets: &[(&str, &str, &str, &str)],
+    leases: &str,
+) -> Dhcpd {
     require_tools(&[("dhcpd", "isc-dhcp-server")]);
     let file = |ext: &str| dir.join(&format!("dhcpd-{tag}.{ext}"));
     let mut conf = String::from("default-lease-time 600;\nmax-lease-time 600;\nauthoritative;\nping-check false;\n");
@@ -541,7 +553,7 @@ pub fn dhcpd(ns: &Netns, dir: &TempDir, tag: &str, interfaces: &[&str], subnets:
         conf.push_str(&format!("subnet {net} netmask {mask} {{{range} }}\n"));
     }
     std::fs::write(file("conf"), conf).expect("write dhcpd.conf");
-    std::fs::write(file("leases"), "").expect("write dhcpd leases");
+    std::fs::write(file("leases"), leases).expect("write dhcpd leases");
     let mut cmd = ns.cmd("dhcpd");
     cmd.args(["-4", "-f", "-d", "--no-pid", "-cf"]).arg(file("conf")).arg("-lf").arg(file("leases")).args(interfaces);
     let mut proc = Proc::spawn(&format!("dhcpd {tag}"), cmd, file("log"));

@@ -197,7 +197,7 @@ fn etcd_down_blocks_everyone_within_the_ttl_and_recovers_by_itself() {
 fn the_leaders_dnsmasq_dies_and_another_host_leads() {
     let mut site = HaSite::new(3, 1);
     let (old, _) = site.wait_leader(None, Duration::from_secs(15)).expect("leader");
-    site.hosts[old].dnsmasq.proc.kill();
+    site.hosts[old].server.kill();
     let (new, took) = site.wait_leader(Some(old), Duration::from_secs(10)).expect("another host leads");
     eprintln!("dnsmasq on pxe-{old} killed: pxe-{new} leads after {took:?}");
     assert_eq!(verdict(&site.hosts[old].ns), "FOLLOWER");
