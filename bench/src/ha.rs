@@ -184,6 +184,7 @@ fn goal(f: Fault) -> String {
         Fault::Sigstop | Fault::CpuStarve | Fault::CutEtcd | Fault::Partition | Fault::EtcdStop => {
             "kernel stops ≤ 10 ms after the lease's end".into()
         }
+        Fault::DhcpFrozen | Fault::DhcpNoRange => "serving again ≤ 3 s after the fault; 0 dual-open".into(),
         _ => "0 dual-open, 0 double offers".into(),
     }
 }

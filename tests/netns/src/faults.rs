@@ -58,10 +58,15 @@ pub enum Fault {
     /// The leader frozen (SIGSTOP), then its lease revoked: it cannot close by itself, and its successor must wait
     /// out its kernel lease; thawed once a successor serves.
     FrozenThenRevoke,
+    /// The leader's DHCP server frozen (SIGSTOP; its socket stays bound) until a successor serves.
+    DhcpFrozen,
+    /// The leader's DHCP server restarted with a range for another network only: it runs, listens and offers
+    /// nothing on the provisioning network, until a successor serves.
+    DhcpNoRange,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 19] = [
+    pub const ALL: [Fault; 21] = [
         Fault::Sigterm,
         Fault::Sigkill,
         Fault::SigkillRestart,
@@ -81,6 +86,8 @@ impl Fault {
         Fault::KeyDelete,
         Fault::DelayedKeepalives,
         Fault::FrozenThenRevoke,
+        Fault::DhcpFrozen,
+        Fault::DhcpNoRange,
     ];
 
     pub fn name(self) -> &'static str {
@@ -104,6 +111,8 @@ impl Fault {
             Fault::KeyDelete => "etcdctl del election key",
             Fault::DelayedKeepalives => "keep-alives delayed 0-3 s",
             Fault::FrozenThenRevoke => "sigstop + lease revoke",
+            Fault::DhcpFrozen => "dhcp server frozen",
+            Fault::DhcpNoRange => "dhcp server without a range",
         }
     }
 }
@@ -293,6 +302,18 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGCONT);
             }));
             lease_deadline = watch_lease_end(&site.hosts[leader].ns, ttl);
+        }
+        Fault::DhcpFrozen => {
+            site.hosts[leader].server.signal(Signal::SIGSTOP);
+            cleanup = Some(Box::new(move |site: &mut HaSite| {
+                site.hosts[leader].server.signal(Signal::SIGCONT);
+            }));
+        }
+        Fault::DhcpNoRange => {
+            site.restart_server(leader, crate::ha::ServerSetup::NoRange);
+            cleanup = Some(Box::new(move |site: &mut HaSite| {
+                site.restart_server(leader, crate::ha::ServerSetup::Normal);
+            }));
         }
     }
     // The site serves again: some host leads (for most faults, another one).

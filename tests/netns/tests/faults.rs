@@ -118,6 +118,11 @@ fn early_lease_ends_revoke_key_deletion_delayed_keepalives_frozen_and_revoked() 
 }
 
 #[test]
+fn dhcp_servers_that_answer_nobody_frozen_and_without_a_range() {
+    matrix(&[Fault::DhcpFrozen, Fault::DhcpNoRange]);
+}
+
+#[test]
 fn guard_tampering_then_kill() {
     matrix(&[Fault::FlushRulesetThenKill, Fault::DeleteGuardThenKill, Fault::FlushGuardChainThenKill]);
 }
