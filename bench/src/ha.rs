@@ -69,6 +69,19 @@ fn serving_gap(open: &[(Instant, Instant)], round: &Round, end: Instant) -> Dura
     gap
 }
 
+/// For a leader whose DHCP server answers nobody, its open table serves nobody: the gap is from the fault until
+/// another host's table is certainly open.
+fn answering_gap(runs: &[Vec<(Instant, Instant)>], round: &Round) -> Duration {
+    runs.iter()
+        .enumerate()
+        .filter(|(i, _)| *i != round.leader)
+        .flat_map(|(_, r)| r.iter())
+        .filter(|(a, _)| *a > round.injected)
+        .map(|(a, _)| a.duration_since(round.injected))
+        .min()
+        .unwrap_or_else(|| round.serving_at.duration_since(round.injected))
+}
+
 /// When the frozen leader's kernel stopped serving, relative to its lease's end (negative: before).
 fn fence_to_stop(samples: &[Vec<(Instant, Instant, bool)>], round: &Round) -> Option<f64> {
     let deadline = round.lease_deadline?;
@@ -89,6 +102,8 @@ pub(crate) struct FaultResult {
     fence_to_stop: Vec<f64>,
     /// SIGTERM → exit of each round that sent one.
     stopped_in: Vec<Duration>,
+    /// Rounds after which another host led.
+    handovers: usize,
 }
 
 fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
@@ -124,7 +139,13 @@ fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
     let samples = watcher.finish_raw();
     let runs = certain_runs(&samples);
     let open = site_open(&runs);
-    let gaps: Vec<Duration> = done.iter().map(|(r, end)| serving_gap(&open, r, *end)).collect();
+    let gaps: Vec<Duration> = done
+        .iter()
+        .map(|(r, end)| match fault {
+            Fault::DhcpFrozen | Fault::DhcpNoRange => answering_gap(&runs, r),
+            _ => serving_gap(&open, r, *end),
+        })
+        .collect();
     let dual_ms = dual_open(&runs).iter().map(|(_, _, d)| ms(*d)).sum::<f64>() + 0.0;
     Ok(FaultResult {
         fault,
@@ -136,6 +157,7 @@ fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
         discovers: known.len(),
         fence_to_stop: done.iter().filter_map(|(r, _)| fence_to_stop(&samples, r)).collect(),
         stopped_in: done.iter().filter_map(|(r, _)| r.stopped_in).collect(),
+        handovers: done.iter().filter(|(r, _)| r.serving != r.leader).count(),
     })
 }
 
@@ -155,6 +177,7 @@ impl FaultResult {
             "gap_max_ms": ms(g.percentile(100.0)), "dual_open_ms": self.dual_ms, "double_offers": self.doubles,
             "unknown_offers": self.unknown_offers, "discovers": self.discovers,
             "kernel_stop_minus_lease_end_ms": self.fence_to_stop_sorted(),
+            "handovers": self.handovers,
             "sigterm_to_exit_ms": Samples::new(self.stopped_in.clone()).sorted().iter().map(|d| ms(*d)).collect::<Vec<_>>(),
             "gaps_ms": self.gaps_in_order.iter().map(|d| ms(*d)).collect::<Vec<_>>()})
     }
@@ -172,6 +195,7 @@ impl FaultResult {
             discovers: 40,
             fence_to_stop: vec![],
             stopped_in: vec![],
+            handovers: 0,
         }
     }
 }
@@ -185,6 +209,7 @@ fn goal(f: Fault) -> String {
             "kernel stops ≤ 10 ms after the lease's end".into()
         }
         Fault::DhcpFrozen | Fault::DhcpNoRange => "serving again ≤ 3 s after the fault; 0 dual-open".into(),
+        Fault::EtcdStall => "no gap, no hand-over".into(),
         _ => "0 dual-open, 0 double offers".into(),
     }
 }
@@ -275,9 +300,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     println!();
     println!(
-        "| fault | rounds | gap p50 | gap p99 | gap max | dual-open | double offers | offers to unknown MAC | kernel stop − lease end (p50 / p99 / max) | SIGTERM → exit (p50 / max) | goal |"
+        "| fault | rounds | hand-overs | gap p50 | gap p99 | gap max | dual-open | double offers | offers to unknown MAC | kernel stop − lease end (p50 / p99 / max) | SIGTERM → exit (p50 / max) | goal |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut out = serde_json::Map::new();
     let mut violations = 0.0;
     for r in &results {
@@ -294,9 +319,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             format!("{} / {}", human(stop.median()), human(stop.percentile(100.0)))
         };
         println!(
-            "| {} | {} | {} | {} | {} | {:.1} ms | {} | {} | {f2s_text} | {stop_text} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} ms | {} | {} | {f2s_text} | {stop_text} | {} |",
             r.fault.name(),
             r.gaps.len(),
+            r.handovers,
             human(r.gaps.median()),
             human(r.gaps.percentile(99.0)),
             human(r.gaps.percentile(100.0)),

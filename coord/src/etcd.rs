@@ -1,5 +1,6 @@
 //! The etcd backend.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -186,7 +187,14 @@ impl EtcdCoordinator {
     }
 }
 
-/// Keeps a lease alive every TTL/3 and publishes its expiry estimate until the lease is gone or `stop` fires.
+/// Keeps a lease alive and publishes its expiry estimate until the lease is gone or `stop` fires.
+///
+/// Keep-alives go every TTL/6 on one stream, pipelined: a request does not wait for the answer to the one before,
+/// and each answer moves the estimate to its own request's send time plus the TTL (etcd answers a stream in order).
+/// So a slow etcd (an fsync or a defrag that takes a second) delays the answers without losing them, and the
+/// estimate keeps moving as long as answers come within TTL − margin − TTL/6 of their request: with the defaults
+/// (TTL 3 s, margin 1 s) a stall of up to 1.5 s costs no hand-over. One request at a time with a timeout of TTL/3,
+/// as before, turned every answer slower than a second into a failure and a new stream.
 async fn keep_alive(
     mut client: Client,
     lease: i64,
@@ -195,51 +203,81 @@ async fn keep_alive(
     stop: CancellationToken,
     request_timeout: Duration,
 ) {
-    let period = ttl / 3;
+    let period = ttl / KEEPALIVES_PER_TTL;
     let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    // Send times of the requests not answered yet, oldest first.
+    let mut pending: VecDeque<Instant> = VecDeque::new();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.cancelled() => return,
-        }
-        // Copy out first: holding the borrow while sending would deadlock the channel's lock.
-        let current = *expiry_tx.borrow();
-        if let Expiry::At(t) = current {
-            if Instant::now() >= t {
-                warn!(lease = format!("{lease:x}"), "lease expired without a successful keep-alive");
-                expiry_tx.send_replace(Expiry::Expired);
-                return;
+        let answer = async {
+            match stream.as_mut() {
+                Some((_, responses)) => responses.message().await,
+                None => std::future::pending().await,
             }
-        }
-        let sent = Instant::now();
-        let attempt = async {
-            if stream.is_none() {
-                stream = Some(client.lease_keep_alive(lease).await?);
-            }
-            let (keeper, responses) =
-                stream.as_mut().ok_or_else(|| etcd_client::Error::LeaseKeepAliveError("no stream".into()))?;
-            keeper.keep_alive().await?;
-            responses.message().await
         };
-        match tokio::time::timeout(request_timeout.min(period), attempt).await {
-            Ok(Ok(Some(r))) if r.ttl() > 0 => {
-                expiry_tx.send_replace(Expiry::At(sent + Duration::from_secs(r.ttl() as u64)));
-            }
-            Ok(Ok(Some(_))) => {
-                warn!(lease = format!("{lease:x}"), "etcd says the lease is gone");
-                expiry_tx.send_replace(Expiry::Expired);
-                return;
-            }
-            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
-                // Reconnect the keep-alive stream on the next tick; the expiry estimate stays where it was.
-                stream = None;
-                debug!(lease = format!("{lease:x}"), "keep-alive failed");
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            r = answer => match r {
+                Ok(Some(r)) if r.ttl() > 0 => {
+                    // An answer nobody asked for (none pending) moves nothing.
+                    if let Some(sent) = pending.pop_front() {
+                        expiry_tx.send_replace(Expiry::At(sent + Duration::from_secs(r.ttl() as u64)));
+                    }
+                }
+                Ok(Some(_)) => {
+                    warn!(lease = format!("{lease:x}"), "etcd says the lease is gone");
+                    expiry_tx.send_replace(Expiry::Expired);
+                    return;
+                }
+                Ok(None) | Err(_) => {
+                    debug!(lease = format!("{lease:x}"), "keep-alive stream ended; opening another");
+                    (stream, pending) = (None, VecDeque::new());
+                }
+            },
+            _ = tick.tick() => {
+                // Copy out first: holding the borrow while sending would deadlock the channel's lock.
+                let current = *expiry_tx.borrow();
+                if let Expiry::At(t) = current {
+                    if Instant::now() >= t {
+                        warn!(lease = format!("{lease:x}"), "lease expired without a successful keep-alive");
+                        expiry_tx.send_replace(Expiry::Expired);
+                        return;
+                    }
+                }
+                // A stream whose oldest request has waited longer than the lease itself is dead, not slow.
+                if pending.front().is_some_and(|t| t.elapsed() >= ttl) {
+                    (stream, pending) = (None, VecDeque::new());
+                }
+                if stream.is_none() {
+                    match tokio::time::timeout(request_timeout, client.lease_keep_alive(lease)).await {
+                        Ok(Ok(s)) => stream = Some(s),
+                        Ok(Err(e)) => {
+                            debug!(lease = format!("{lease:x}"), error = %e, "cannot open a keep-alive stream");
+                            continue;
+                        }
+                        Err(_) => {
+                            debug!(lease = format!("{lease:x}"), "opening a keep-alive stream timed out");
+                            continue;
+                        }
+                    }
+                }
+                let sent = Instant::now();
+                let Some((keeper, _)) = stream.as_mut() else { continue };
+                match tokio::time::timeout(request_timeout, keeper.keep_alive()).await {
+                    Ok(Ok(())) => pending.push_back(sent),
+                    Ok(Err(_)) | Err(_) => {
+                        debug!(lease = format!("{lease:x}"), "sending a keep-alive failed");
+                        (stream, pending) = (None, VecDeque::new());
+                    }
+                }
             }
         }
     }
 }
+
+/// Keep-alives per TTL (see [`keep_alive`]).
+pub const KEEPALIVES_PER_TTL: u32 = 6;
 
 #[async_trait]
 impl Coordinator for EtcdCoordinator {

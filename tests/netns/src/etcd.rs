@@ -138,6 +138,13 @@ impl EtcdProcess {
         }
     }
 
+    /// Sends `sig` to etcd (SIGSTOP and SIGCONT make a stall: an fsync or a defrag that takes its time).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
     /// Starts it again on the same data and ports.
     pub fn restart(&mut self) {
         self.stop();

@@ -58,6 +58,8 @@ pub enum Fault {
     /// The leader frozen (SIGSTOP), then its lease revoked: it cannot close by itself, and its successor must wait
     /// out its kernel lease; thawed once a successor serves.
     FrozenThenRevoke,
+    /// etcd stalls for 1 s (SIGSTOP, then SIGCONT: what a slow fsync or a defrag does) — no hand-over wanted.
+    EtcdStall,
     /// The leader's DHCP server frozen (SIGSTOP; its socket stays bound) until a successor serves.
     DhcpFrozen,
     /// The leader's DHCP server restarted with a range for another network only: it runs, listens and offers
@@ -66,7 +68,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 22] = [
         Fault::Sigterm,
         Fault::Sigkill,
         Fault::SigkillRestart,
@@ -86,6 +88,7 @@ impl Fault {
         Fault::KeyDelete,
         Fault::DelayedKeepalives,
         Fault::FrozenThenRevoke,
+        Fault::EtcdStall,
         Fault::DhcpFrozen,
         Fault::DhcpNoRange,
     ];
@@ -111,6 +114,7 @@ impl Fault {
             Fault::KeyDelete => "etcdctl del election key",
             Fault::DelayedKeepalives => "keep-alives delayed 0-3 s",
             Fault::FrozenThenRevoke => "sigstop + lease revoke",
+            Fault::EtcdStall => "etcd stalls 1 s",
             Fault::DhcpFrozen => "dhcp server frozen",
             Fault::DhcpNoRange => "dhcp server without a range",
         }
@@ -303,6 +307,13 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             }));
             lease_deadline = watch_lease_end(&site.hosts[leader].ns, ttl);
         }
+        Fault::EtcdStall => {
+            site.etcd.signal(Signal::SIGSTOP);
+            std::thread::sleep(Duration::from_secs(1));
+            site.etcd.signal(Signal::SIGCONT);
+            // Whatever the stall caused (a lapse, a hand-over) has happened by then.
+            std::thread::sleep(ttl);
+        }
         Fault::DhcpFrozen => {
             site.hosts[leader].server.signal(Signal::SIGSTOP);
             cleanup = Some(Box::new(move |site: &mut HaSite| {
@@ -316,9 +327,11 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             }));
         }
     }
-    // The site serves again: some host leads (for most faults, another one).
+    // The site serves again: some host leads (for most faults, another one; for a server that answers nobody,
+    // certainly another one: its own host still holds the lead until its agent notices).
+    let other = matches!(fault, Fault::DhcpFrozen | Fault::DhcpNoRange).then_some(leader);
     let (serving, _) = site
-        .wait_leader(None, Duration::from_secs(30))
+        .wait_leader(other, Duration::from_secs(30))
         .ok_or_else(|| format!("nobody served again after {}: {:?}", fault.name(), site.verdicts()))?;
     let serving_at = Instant::now();
     if let Some(c) = cleanup.take() {
