@@ -117,6 +117,13 @@ fn early_lease_ends_revoke_key_deletion_delayed_keepalives_frozen_and_revoked() 
     matrix(&[Fault::LeaseRevoke, Fault::KeyDelete, Fault::DelayedKeepalives, Fault::FrozenThenRevoke]);
 }
 
+/// A 1 s etcd stall (SIGSTOP, SIGCONT): safe whatever it causes. That it causes no hand-over with the default timing
+/// is `ironguard-bench ha --fault "etcd stalls 1 s"`'s figure (docs/architecture.md, "A slow etcd").
+#[test]
+fn an_etcd_stall_of_one_second() {
+    matrix(&[Fault::EtcdStall]);
+}
+
 #[test]
 fn dhcp_servers_that_answer_nobody_frozen_and_without_a_range() {
     matrix(&[Fault::DhcpFrozen, Fault::DhcpNoRange]);
