@@ -47,6 +47,10 @@ pub struct Args {
     /// No fault storms: only dnsmasq alone and the site without a fault.
     #[arg(long, conflicts_with = "faults")]
     no_faults: bool,
+    /// Hosts on dnsmasq alone's bridge, the first with dnsmasq, the others with no DHCP server (3: the site's
+    /// shape; 1: dnsmasq and the clients only).
+    #[arg(long, default_value_t = 3)]
+    alone_hosts: usize,
     /// The clients power on evenly over this many milliseconds (0: every first DISCOVER in one burst).
     #[arg(long, default_value_t = 1000)]
     spread_ms: u64,
@@ -90,36 +94,46 @@ impl StormFault {
 pub const PLAN: DhcpPlan = DhcpPlan { prefix_len: 20, first: Ipv4Addr::new(10, 80, 1, 0), per_host: 1000 };
 
 /// One dnsmasq with no ironguard: the address and the slice of the site's first host, on a bridge of its own, and
-/// a node namespace for the clients.
+/// a node namespace for the clients. The bridge can hold more hosts that run no DHCP server, as the site's
+/// followers do not: on one machine every broadcast copied to a host costs the same two cores, so a baseline
+/// with the site's shape pays what the site pays for its shape and the comparison shows what ironguard adds.
 #[derive(Debug)]
 pub struct Alone {
     pub dnsmasq: Dnsmasq,
     pub node: Netns,
-    /// The host and the directory of its files: the simulator's own tests replace its dnsmasq.
+    _idle: Vec<Netns>,
+    /// The host: the simulator's own tests replace its dnsmasq.
     #[cfg_attr(not(test), expect(dead_code, reason = "read by the simulator's tests"))]
     pub pxe: Netns,
     _prov: Netns,
-    #[cfg_attr(not(test), expect(dead_code, reason = "read by the simulator's tests"))]
     pub dir: TempDir,
 }
 
 impl Alone {
     pub const SERVER: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 1);
 
-    pub fn new() -> Self {
+    /// `hosts` hosts on the bridge (at least one), 10.80.0.1 and on, as on the site; dnsmasq on the first only.
+    pub fn new(hosts: usize) -> Self {
         let dir = TempDir::new("storm");
         let prov = Netns::new("prov");
         prov.ip(&["link", "add", "br-prov", "type", "bridge", "forward_delay", "0"]);
         prov.ip(&["link", "set", "br-prov", "up"]);
-        let pxe = Netns::new("pxe");
-        veth(&pxe, "prov0", &prov, "h0");
-        prov.ip(&["link", "set", "h0", "master", "br-prov"]);
-        pxe.ip(&["addr", "add", &format!("{}/{}", Self::SERVER, PLAN.prefix_len), "dev", "prov0"]);
+        let mut all: Vec<Netns> = (0..hosts.max(1))
+            .map(|i| {
+                let ns = Netns::new(if i == 0 { "pxe" } else { "idle" });
+                veth(&ns, "prov0", &prov, &format!("h{i}"));
+                prov.ip(&["link", "set", &format!("h{i}"), "master", "br-prov"]);
+                let ip = Ipv4Addr::from(u32::from(Self::SERVER) + i as u32);
+                ns.ip(&["addr", "add", &format!("{ip}/{}", PLAN.prefix_len), "dev", "prov0"]);
+                ns
+            })
+            .collect();
+        let pxe = all.remove(0);
         let node = Netns::new("node");
         veth(&node, "eth0", &prov, "n0");
         prov.ip(&["link", "set", "n0", "master", "br-prov"]);
         let dnsmasq = Self::dnsmasq(&pxe, &dir, "dnsmasq-alone", 0);
-        Self { dnsmasq, node, pxe, _prov: prov, dir }
+        Self { dnsmasq, node, _idle: all, pxe, _prov: prov, dir }
     }
 
     /// A dnsmasq on the host leasing slice `slice` of [`PLAN`], its files named after `tag`.
@@ -145,6 +159,20 @@ fn serves_all(ns: &Netns, macs: &[[u8; 6]]) -> bool {
         let Ok(o) = ironguard_dataplane::observe(true) else { return false };
         macs.iter().all(|m| ironguard_dataplane::decide(o.mac_inputs(*m)).served)
     })
+}
+
+/// How many of `macs` the lease files `files` still hold.
+fn leases_held(files: &[PathBuf], macs: &[[u8; 6]]) -> usize {
+    let macs: std::collections::HashSet<String> =
+        macs.iter().filter_map(|m| MacAddr::from_octets(*m).ok()).map(|m| m.to_string()).collect();
+    files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            // dnsmasq's lease file: EXPIRY MAC IP NAME CLIENT-ID, one lease a line.
+            text.lines().filter(|l| l.split_whitespace().nth(1).is_some_and(|m| macs.contains(m))).count()
+        })
+        .sum()
 }
 
 /// Runs a storm from `node` in a thread; `bound` counts the clients bound so far.
@@ -291,7 +319,7 @@ fn config(args: &Args, release: bool) -> StormConfig {
 fn unfaulted(args: &Args, n: usize) -> anyhow::Result<(Scenario, Scenario)> {
     let tags: Vec<u8> = (0..args.reps).map(|r| 0x50 + r as u8).collect();
     let all: Vec<[u8; 6]> = tags.iter().flat_map(|t| macs(n, *t)).collect();
-    let alone = Alone::new();
+    let alone = Alone::new(args.alone_hosts);
     let site = site(&all)?;
     let mut a = Scenario { name: "dnsmasq alone (no ironguard)".into(), key: "alone".into(), ..Default::default() };
     let mut s = Scenario { name: "ironguard, no fault".into(), key: "ironguard".into(), ..Default::default() };
@@ -318,8 +346,19 @@ fn unfaulted(args: &Args, n: usize) -> anyhow::Result<(Scenario, Scenario)> {
                 );
             }
             if on_alone { &mut a } else { &mut s }.outcomes.push(o);
-            // The RELEASEs are on their way: let both servers take them before the next storm.
-            std::thread::sleep(Duration::from_millis(300));
+            // The next storm must find the pool as this one did: every address given back.
+            let files: Vec<PathBuf> = if on_alone {
+                vec![alone.dir.join("dnsmasq-alone.leases")]
+            } else {
+                (0..site.hosts.len()).map(|i| site.dir.join(&format!("dnsmasq-pxe{i}.leases"))).collect()
+            };
+            let clients = macs(n, *tag);
+            if wait_for(Duration::from_secs(10), || (leases_held(&files, &clients) == 0).then_some(())).is_none() {
+                eprintln!(
+                    "warning: {} leases of this storm were not released: the next storm finds fewer free addresses",
+                    leases_held(&files, &clients)
+                );
+            }
         }
     }
     Ok((a, s))
@@ -402,7 +441,7 @@ fn print_table(sizes: &[(usize, Vec<Scenario>)]) {
         for s in scenarios {
             let t = s.time_to_lease();
             let vs = match alone.map(Scenario::time_to_lease) {
-                Some(a) if s.key != "alone" && a.len() > 0 && t.len() > 0 => format!(
+                Some(a) if s.key == "ironguard" && a.len() > 0 && t.len() > 0 => format!(
                     "{:.2} / {:.2}",
                     t.median().as_secs_f64() / a.median().as_secs_f64().max(1e-9),
                     t.percentile(99.0).as_secs_f64() / a.percentile(99.0).as_secs_f64().max(1e-9)
@@ -482,6 +521,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         PLAN.per_host
     );
     anyhow::ensure!(args.reps >= 1 && args.reps <= 16, "--reps: 1 to 16");
+    anyhow::ensure!((1..=8).contains(&args.alone_hosts), "--alone-hosts: 1 to 8");
     let faults: Vec<StormFault> = if args.no_faults {
         vec![]
     } else if args.faults.is_empty() {
@@ -517,8 +557,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.spread_ms
     );
     println!(
-        "site: 3 PXE hosts (dnsmasq + agent each, slices of {} addresses of a /{}), etcd, 2 control planes, every client's MAC allowed; TTL {TTL_SECS} s; dnsmasq alone: one host, the first slice, no ironguard",
+        "site: 3 PXE hosts (dnsmasq + agent each, slices of {} addresses of a /{}), etcd, 2 control planes, every client's MAC allowed; TTL {TTL_SECS} s",
         PLAN.per_host, PLAN.prefix_len
+    );
+    println!(
+        "dnsmasq alone: the first host's address and slice, no ironguard, on a bridge with {} host(s) (the others run no DHCP server)",
+        args.alone_hosts
     );
     println!(
         "lease files and etcd's data in {} ({})",
@@ -537,6 +581,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "spread_ms": args.spread_ms,
         "reps": args.reps,
         "files_on_tmpfs": on_tmpfs,
+        "alone_hosts": args.alone_hosts,
         "plan": {"prefix_len": PLAN.prefix_len, "first": PLAN.first.to_string(), "per_host": PLAN.per_host},
         "sizes": sizes.iter().map(|(n, sc)| {
             let alone = sc.iter().find(|s| s.key == "alone");

@@ -15,7 +15,7 @@ use super::{Alone, PLAN, macs, socket_in};
 
 #[test]
 fn every_client_leases_from_one_dnsmasq_and_renews_its_address() {
-    let lan = Alone::new();
+    let lan = Alone::new(1);
     let n = 40;
     let clients = macs(n, 0x41);
     let cfg =
@@ -44,7 +44,7 @@ fn every_client_leases_from_one_dnsmasq_and_renews_its_address() {
 
 #[test]
 fn a_server_that_never_leased_the_address_naks_the_renewal_and_leases_from_its_own_slice() {
-    let mut lan = Alone::new();
+    let mut lan = Alone::new(1);
     let n = 12;
     let clients = macs(n, 0x42);
     let mut fleet = Fleet::new(socket_in(&lan.node).unwrap(), &clients, Schedule::parse("1,2,4").unwrap());
@@ -57,7 +57,7 @@ fn a_server_that_never_leased_the_address_naks_the_renewal_and_leases_from_its_o
     // The hand-over: another dnsmasq (with its own lease file and the next slice) takes the host's place.
     lan.dnsmasq.proc.kill();
     lan.dnsmasq = Alone::dnsmasq(&lan.pxe, &lan.dir, "dnsmasq-next", 1);
-    let r = fleet.renew(&bound).unwrap();
+    let r = fleet.renew(Duration::ZERO, &bound).unwrap();
     let log = lan.dnsmasq.proc.log_text();
     assert_eq!(r.kept, 0, "nobody keeps an address the new server never leased\n{log}");
     assert_eq!(r.naked_clients, n, "every renewal NAKed (--dhcp-authoritative)\n{log}");

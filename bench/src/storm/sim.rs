@@ -206,28 +206,38 @@ impl Fleet {
         }
     }
 
+    /// When client i of n acts in a phase spread over `spread`: at `spread` · i / n after `t0`.
+    fn start_of(t0: Instant, spread: Duration, i: usize, n: usize) -> Instant {
+        t0 + spread.mul_f64(i as f64 / n.max(1) as f64)
+    }
+
     /// The storm: every client powers on, client i at `spread` · i / n after the start, and acquires a lease on
     /// the firmware's schedule. `bound` counts the clients bound so far (for a fault injected mid-storm).
     pub fn acquire(&mut self, spread: Duration, bound: &AtomicUsize) -> anyhow::Result<PhaseReport> {
-        let t0 = Instant::now();
-        let n = self.clients.len().max(1);
-        let starts = (0..self.clients.len()).map(|i| Some(t0 + spread.mul_f64(i as f64 / n as f64))).collect();
+        let (t0, n) = (Instant::now(), self.clients.len());
+        let starts = (0..n).map(|i| Some(Self::start_of(t0, spread, i, n))).collect();
         self.drive(Begin::Acquire, starts, bound)
     }
 
-    /// Every bound client renews at once (as at T1), rebinding when its server does not answer.
-    pub fn renew(&mut self, bound: &AtomicUsize) -> anyhow::Result<PhaseReport> {
-        let t0 = Instant::now();
-        let starts = self.clients.iter().map(|c| (c.phase() == Phase::Bound).then_some(t0)).collect();
+    /// Every bound client renews (as at T1: client i at `spread` · i / n, as it powered on), rebinding when its
+    /// server does not answer.
+    pub fn renew(&mut self, spread: Duration, bound: &AtomicUsize) -> anyhow::Result<PhaseReport> {
+        let (t0, n) = (Instant::now(), self.clients.len());
+        let starts = (0..n)
+            .map(|i| (self.clients[i].phase() == Phase::Bound).then(|| Self::start_of(t0, spread, i, n)))
+            .collect();
         self.drive(Begin::Renew, starts, bound)
     }
 
-    /// Every client holding an address gives it back to the server that leased it (nothing is answered).
-    pub fn release(&mut self) -> anyhow::Result<usize> {
+    /// Every client holding an address gives it back to the server that leased it, client i at `spread` · i / n
+    /// (nothing is answered, so a burst that overflowed the server's socket would leave leases behind unseen).
+    pub fn release(&mut self, spread: Duration) -> anyhow::Result<usize> {
+        let (t0, n) = (Instant::now(), self.clients.len());
         let mut sent = 0;
-        for i in 0..self.clients.len() {
+        for i in 0..n {
             let xid = self.next_xid();
             if let Some(m) = self.clients[i].release(xid) {
+                std::thread::sleep(Self::start_of(t0, spread, i, n).saturating_duration_since(Instant::now()));
                 self.socket.send(&m.frame())?;
                 sent += 1;
             }
@@ -404,7 +414,7 @@ pub struct Outcome {
 #[derive(Debug, Clone)]
 pub struct StormConfig {
     pub schedule: Schedule,
-    /// Client i powers on at `spread` · i / n.
+    /// Client i powers on at `spread` · i / n (and renews and releases at that offset too).
     pub spread: Duration,
     /// Renew every bound client after the storm.
     pub renew: bool,
@@ -417,9 +427,9 @@ pub struct StormConfig {
 pub fn run(socket: PacketSocket, macs: &[[u8; 6]], cfg: &StormConfig, bound: &AtomicUsize) -> anyhow::Result<Outcome> {
     let mut fleet = Fleet::new(socket, macs, cfg.schedule.clone());
     let storm = fleet.acquire(cfg.spread, bound)?;
-    let renewal = if cfg.renew { Some(fleet.renew(bound)?) } else { None };
+    let renewal = if cfg.renew { Some(fleet.renew(cfg.spread, bound)?) } else { None };
     if cfg.release {
-        fleet.release()?;
+        fleet.release(cfg.spread)?;
     }
     Ok(Outcome {
         storm,
