@@ -102,8 +102,6 @@ pub struct Alone {
     pub dnsmasq: Dnsmasq,
     pub node: Netns,
     _idle: Vec<Netns>,
-    /// The host: the simulator's own tests replace its dnsmasq.
-    #[cfg_attr(not(test), expect(dead_code, reason = "read by the simulator's tests"))]
     pub pxe: Netns,
     _prov: Netns,
     pub dir: TempDir,
@@ -352,6 +350,14 @@ fn unfaulted(args: &Args, n: usize) -> anyhow::Result<(Scenario, Scenario)> {
             } else {
                 (0..site.hosts.len()).map(|i| site.dir.join(&format!("dnsmasq-pxe{i}.leases"))).collect()
             };
+            // And the server's neighbour table: the renewal's ACKs are unicast to each client's address, and Linux
+            // keeps one table for every namespace of the machine (gc_thresh3 1024 by default): storms of 500 after
+            // one another would fill it ("neighbor table overflow") and the ACKs of later renewals would be lost.
+            let servers: Vec<&Netns> =
+                if on_alone { vec![&alone.pxe] } else { site.hosts.iter().map(|h| &h.ns).collect() };
+            for ns in servers {
+                ns.ip(&["neigh", "flush", "all"]);
+            }
             let clients = macs(n, *tag);
             if wait_for(Duration::from_secs(10), || (leases_held(&files, &clients) == 0).then_some(())).is_none() {
                 eprintln!(
