@@ -16,9 +16,9 @@
 //!   and its dnsmasq frozen mid-storm, next to the same storm against one dnsmasq alone: leased share, time to
 //!   lease, NAKs, duplicate addresses, double offers.
 //!
-//! Each benchmark that has a chart (`dataplane`, `filters`, `callbacks`, `ha`, `storm`) also writes it as SVG next to its
-//! JSON (`dataplane.json` → `dataplane.svg`); `plot KIND --json IN --svg OUT` draws it again from a saved JSON
-//! (no root needed).
+//! Each benchmark that has a chart (`dataplane`, `filters`, `callbacks`, `ha`, `storm`) also writes it as SVG next
+//! to its JSON (`dataplane.json` → `dataplane.svg`); `plot KIND --json IN --svg OUT` draws it again from a saved
+//! JSON (no root needed).
 #![forbid(unsafe_code)]
 
 mod callbacks;
