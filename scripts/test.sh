@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (as root): installs what it needs, builds with clippy's lints, runs unit,
 # integration and privileged end-to-end tests in one pool (cargo-nextest: network namespaces, real nftables,
-# dnsmasq, udhcpc, ISC dhcpd, etcd, a real Ironic 39), the tests that boot a stock Debian kernel under qemu, a
-# benchmark smoke run, and the README's two commands in a brand-new Debian 12 root (scripts/fresh-root.sh), which
-# proves the install step is complete. Independent stages run side by side; the table at the end gives each
-# stage's start and duration (also in target/ci/stages.txt).
+# dnsmasq, udhcpc, ISC dhcpd, etcd, a real Ironic 39), the tests that boot a stock Debian kernel under qemu,
+# benchmark smoke runs (dataplane, boot storm), and the README's two commands in a brand-new Debian 12 root
+# (scripts/fresh-root.sh), which proves the install step is complete. Independent stages run side by side; the
+# table at the end gives each stage's start and duration (also in target/ci/stages.txt).
 #   --build-only   install and build only (what the fresh root runs for this command)
 #   IRONGUARD_SKIP_FRESH_ROOT=1 skips the fresh-root stage (for a quick local run; CI never sets it)
 #   IRONGUARD_FAULT_ROUNDS     rounds per fault in the fault matrix (1 here; `ironguard-bench ha` repeats them)
@@ -118,6 +118,8 @@ fi
 run_stage "benchmark smoke run (small sizes; full figures: docs/benchmarks.md)" \
   target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
   --backend-sizes 1000 --json target/bench-smoke/dataplane.json
+run_stage "boot storm smoke run (20 clients: dnsmasq alone, the 3-host site, its leader killed mid-storm)" \
+  target/debug/ironguard-bench storm --clients 20 --reps 1 --fault sigkill --json target/bench-smoke/storm.json
 if [ "$fresh_root" = 1 ]; then
   await_stage guest
   await_stage fresh-run

@@ -12,10 +12,13 @@
 //!   `finished`, and the Ironic requests each inspection's processing makes (Ironic's log and ironguard's count).
 //! - `ha`: failover gaps for SIGTERM, SIGKILL and partition over many rounds, dual-open instants (must be 0),
 //!   and recovery after etcd comes back (three PXE hosts, real etcd, namespaces).
+//! - `storm`: a boot storm of N simulated PXE clients on the 3-host site, with no fault, the leader's host killed
+//!   and its dnsmasq frozen mid-storm, next to the same storm against one dnsmasq alone: leased share, time to
+//!   lease, NAKs, duplicate addresses, double offers.
 //!
-//! Each benchmark that has a chart (`dataplane`, `filters`, `callbacks`, `ha`) also writes it as SVG next to its
-//! JSON (`dataplane.json` → `dataplane.svg`); `plot KIND --json IN --svg OUT` draws it again from a saved JSON
-//! (no root needed).
+//! Each benchmark that has a chart (`dataplane`, `filters`, `callbacks`, `ha`, `storm`) also writes it as SVG next
+//! to its JSON (`dataplane.json` → `dataplane.svg`); `plot KIND --json IN --svg OUT` draws it again from a saved
+//! JSON (no root needed).
 #![forbid(unsafe_code)]
 
 mod callbacks;
@@ -25,6 +28,7 @@ mod ha;
 mod inspect;
 mod plot;
 mod stats;
+mod storm;
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +54,8 @@ enum Command {
     Ha(ha::Args),
     /// Inspection engine: 200 inspections at once, Continue throughput, Ironic sync of 10k nodes, memory.
     Inspect(inspect::Args),
+    /// Boot storm: N PXE clients at once on the 3-host site (no fault, leader killed, dnsmasq frozen) vs dnsmasq alone.
+    Storm(storm::Args),
     /// Draws a benchmark's chart (SVG) again from its saved JSON (no root needed).
     Plot(PlotArgs),
 }
@@ -74,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Command::Filters(args) => filters::run(args),
         Command::Ha(args) => ha::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Storm(args) => storm::run(args),
         Command::Plot(args) => {
             let text =
                 std::fs::read_to_string(&args.json).with_context(|| format!("reading {}", args.json.display()))?;

@@ -25,6 +25,8 @@ pub enum Kind {
     Callbacks,
     /// Failover gaps per fault: every round, p50, p99 and max.
     Ha,
+    /// Boot storms: the share of clients leased against the time it took, per scenario and size.
+    Storm,
 }
 
 /// The chart of `kind` drawn from `json`, as an SVG document.
@@ -34,6 +36,7 @@ pub fn svg(kind: Kind, json: &Value) -> anyhow::Result<String> {
         Kind::Filters => filters_svg(json),
         Kind::Callbacks => callbacks_svg(json),
         Kind::Ha => ha_svg(json),
+        Kind::Storm => storm_svg(json),
     }
 }
 
@@ -857,6 +860,147 @@ pub fn filters_svg(json: &Value) -> anyhow::Result<String> {
     })
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// storm
+
+/// A scenario's colour: dnsmasq alone as the baseline's orange, the site without a fault in ironguard's blue, the
+/// faults in red and green.
+fn storm_color(key: &str) -> RGBColor {
+    match key {
+        "alone" => NFT_F,
+        "ironguard" => IRONGUARD,
+        "sigkill" => RED_,
+        _ => GREEN_,
+    }
+}
+
+struct StormCurve {
+    name: String,
+    color: RGBColor,
+    /// Sorted times to lease (ms) and the clients of all the scenario's storms: each lease is a step of
+    /// 100 / clients %, so a curve ends at the share leased.
+    samples: Vec<f64>,
+    clients: f64,
+}
+
+/// Per storm size a panel: the share of clients leased (%) against the time to lease (ms, log), a curve per
+/// scenario, with the 99.9 % goal as a line.
+pub fn storm_svg(json: &Value) -> anyhow::Result<String> {
+    let at = "storm JSON";
+    let sizes = array(json, at, "sizes")?;
+    ensure!(!sizes.is_empty(), "{at}: `sizes` is empty");
+    let mut panels = Vec::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let sat = format!("{at}: sizes[{i}]");
+        let n = num(size, &sat, "clients")?;
+        let mut curves = Vec::new();
+        for (k, sc) in array(size, &sat, "scenarios")?.iter().enumerate() {
+            let cat = format!("{sat}: scenarios[{k}]");
+            let mut samples = array(sc, &cat, "time_to_lease_ms")?
+                .iter()
+                .map(|x| x.as_f64().with_context(|| format!("{cat}: `time_to_lease_ms` holds {x}, not a number")))
+                .collect::<anyhow::Result<Vec<f64>>>()?;
+            samples.sort_by(f64::total_cmp);
+            let clients = num(sc, &cat, "clients")?;
+            ensure!(
+                clients >= samples.len() as f64 && clients > 0.0,
+                "{cat}: {clients} clients, {} leases",
+                samples.len()
+            );
+            curves.push(StormCurve {
+                name: text(sc, "name").to_string(),
+                color: storm_color(text(sc, "key")),
+                samples,
+                clients,
+            });
+        }
+        ensure!(!curves.is_empty(), "{sat}: no scenario");
+        panels.push((n, curves));
+    }
+    let (x_lo, x_hi) =
+        log_range(panels.iter().flat_map(|(_, c)| c.iter().flat_map(|c| c.samples.iter().copied())), 1.6, 2.5);
+    let (x_bold, x_light) = log_ticks(x_lo, x_hi);
+    let schedule = json
+        .get("schedule_s")
+        .and_then(Value::as_array)
+        .map(|s| s.iter().filter_map(Value::as_f64).map(|v| format!("{v}")).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
+    let subtitle = format!(
+        "3 PXE hosts with ironguard, and one dnsmasq alone; DISCOVER timeouts {schedule} s; powering on over {} ms",
+        json.get("spread_ms").and_then(Value::as_u64).unwrap_or(0)
+    );
+    let notes = vec![
+        "time to lease: the client's first DISCOVER → its ACK; a curve ends at the share of clients leased within the schedule."
+            .to_string(),
+        "Faults are injected into the leader once half of the clients are bound.".to_string(),
+    ];
+    // One legend for all panels: every scenario once, in the order first seen.
+    let mut legend: Vec<(Swatch, String)> = Vec::new();
+    for (_, curves) in &panels {
+        for c in curves {
+            if !legend.iter().any(|(_, l)| *l == c.name) {
+                legend.push((Swatch::LineDot(c.color), c.name.clone()));
+            }
+        }
+    }
+    let width = 200 + 560 * panels.len() as u32;
+    render((width, 760), |root| {
+        let area = frame(root, "Boot storm: clients leased against time to lease", &subtitle, &notes)?;
+        let area = legend_above(&area, 80, &legend)?;
+        let cells = area.split_evenly((1, panels.len()));
+        for ((n, curves), cell) in panels.iter().zip(cells.iter()) {
+            let mut chart = ChartBuilder::on(cell)
+                .caption(format!("{n} clients"), (FONT, 18))
+                .margin_right(16)
+                .x_label_area_size(50)
+                .y_label_area_size(70)
+                .build_cartesian_2d(
+                    (x_lo..x_hi).log_scale().with_key_points(x_bold.clone()).with_light_points(x_light.clone()),
+                    FixedTicks::new(0.0..102.0, vec![0.0, 20.0, 40.0, 60.0, 80.0, 99.9]),
+                )
+                .map_err(plotting)?;
+            chart
+                .configure_mesh()
+                .x_desc("time to lease (ms, log scale)")
+                .y_desc("clients leased (%)")
+                .x_label_formatter(&|v| tick(*v))
+                .y_label_formatter(&|v| if *v > 99.0 { "99.9".to_string() } else { format!("{v:.0}") })
+                .bold_line_style(MESH_BOLD)
+                .light_line_style(MESH_LIGHT)
+                .axis_desc_style((FONT, 17))
+                .label_style((FONT, 15))
+                .draw()
+                .map_err(plotting)?;
+            chart
+                .draw_series(std::iter::once(PathElement::new(vec![(x_lo, 99.9), (x_hi, 99.9)], GREY.stroke_width(1))))
+                .map_err(plotting)?;
+            for c in curves {
+                let points: Vec<(f64, f64)> = c
+                    .samples
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| (v.max(x_lo), (i + 1) as f64 / c.clients * 100.0))
+                    .collect();
+                chart.draw_series(LineSeries::new(points.clone(), c.color.stroke_width(2))).map_err(plotting)?;
+                if let Some(&(x, y)) = points.last() {
+                    chart
+                        .draw_series(std::iter::once(
+                            EmptyElement::at((x, y))
+                                + Circle::new((0, 0), 4, c.color.filled())
+                                + Text::new(
+                                    format!("{y:.1} %"),
+                                    (6, 10),
+                                    small(c.color).pos(Pos::new(HPos::Left, VPos::Center)),
+                                ),
+                        ))
+                        .map_err(plotting)?;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -1218,8 +1362,71 @@ mod tests {
         assert!(e.contains("latency_3_agents") && e.contains("p99_ms"), "{e}");
     }
 
+    /// Two sizes; at 100 clients dnsmasq alone and the site lease everyone, a faulted storm leases 3 of 4.
+    fn storm_sample() -> Value {
+        let ttl = |k: usize, base: f64| (0..k).map(|i| base + i as f64).collect::<Vec<f64>>();
+        json!({
+            "schedule_s": [4.0, 8.0, 16.0, 32.0], "spread_ms": 1000,
+            "sizes": [
+                {"clients": 100, "scenarios": [
+                    {"key": "alone", "name": "dnsmasq alone (no ironguard)", "clients": 10, "time_to_lease_ms": ttl(10, 2.0)},
+                    {"key": "ironguard", "name": "ironguard, no fault", "clients": 10, "time_to_lease_ms": ttl(10, 2.1)},
+                    {"key": "sigstop_dnsmasq", "name": "ironguard, leader's dnsmasq SIGSTOPped", "clients": 4, "time_to_lease_ms": [3.0, 4.0, 4100.0]},
+                ]},
+                {"clients": 500, "scenarios": [
+                    {"key": "alone", "name": "dnsmasq alone (no ironguard)", "clients": 5, "time_to_lease_ms": ttl(5, 3.0)},
+                    {"key": "ironguard", "name": "ironguard, no fault", "clients": 5, "time_to_lease_ms": ttl(5, 3.2)},
+                ]},
+            ]
+        })
+    }
+
+    #[test]
+    fn storm_chart_has_a_panel_per_size_and_a_curve_per_scenario() {
+        let svg = storm_svg(&storm_sample()).expect("chart");
+        let doc = parse(&svg);
+        for want in [
+            "Boot storm: clients leased against time to lease",
+            "100 clients",
+            "500 clients",
+            "time to lease (ms, log scale)",
+            "clients leased (%)",
+            "dnsmasq alone (no ironguard)",
+            "ironguard, no fault",
+            "ironguard, leader's dnsmasq SIGSTOPped",
+            "75.0 %",
+            "99.9",
+        ] {
+            assert!(has_text(&doc, want), "no text {want:?} in {:?}", texts(&doc));
+        }
+        // A curve per scenario and panel (+ the legend's line), one vertex per lease.
+        let alone = polylines(&doc, NFT_F);
+        assert_eq!(alone.len(), 2 + 1, "{alone:?}");
+        assert!(alone.contains(&10) && alone.contains(&5), "a vertex per lease: {alone:?}");
+        assert_eq!(polylines(&doc, IRONGUARD).len(), 2 + 1);
+        assert_eq!(polylines(&doc, GREEN_), vec![2, 3], "the legend's line, then 3 leases");
+        // Each curve ends in a dot (+ the legend's).
+        assert_eq!(filled_circles(&doc, GREEN_), 1 + 1);
+    }
+
+    #[test]
+    fn storm_errors_name_the_missing_field() {
+        let mut v = storm_sample();
+        v["sizes"][1]["scenarios"][0].as_object_mut().expect("object").remove("time_to_lease_ms");
+        let e = format!("{:#}", storm_svg(&v).expect_err("no time_to_lease_ms"));
+        assert!(e.contains("sizes[1]") && e.contains("time_to_lease_ms"), "{e}");
+        let mut v = storm_sample();
+        v["sizes"][0]["scenarios"][2]["clients"] = json!(2);
+        let e = format!("{:#}", storm_svg(&v).expect_err("more leases than clients"));
+        assert!(e.contains("2 clients, 3 leases"), "{e}");
+        let e = format!("{:#}", storm_svg(&json!({"sizes": []})).expect_err("empty"));
+        assert!(e.contains("`sizes` is empty"), "{e}");
+    }
+
     #[test]
     fn svg_dispatches_by_kind() {
+        assert!(svg(Kind::Storm, &storm_sample()).is_ok());
+        assert!(svg(Kind::Storm, &ha_sample()).is_err());
         assert!(svg(Kind::Dataplane, &dataplane_sample()).is_ok());
         assert!(svg(Kind::Ha, &ha_sample()).is_ok());
         assert!(svg(Kind::Callbacks, &callbacks_sample()).is_ok());

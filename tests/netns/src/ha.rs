@@ -65,6 +65,7 @@ pub struct HaSite {
     pub prov: Netns,
     pub dir: TempDir,
     pub server: ServerKind,
+    pub plan: DhcpPlan,
 }
 
 /// TTL and margin the HA tests run with (the defaults).
@@ -89,12 +90,60 @@ impl Default for HaOptions {
     }
 }
 
+/// How the provisioning network is addressed and split among the hosts' DHCP servers: the hosts' own addresses
+/// are 10.80.0.(1+i) with `prefix_len`, and host i's dnsmasq leases the `per_host` addresses from `first` +
+/// i·`per_host` on, a slice no other host's dnsmasq hands out (a hand-over leaves leases on the old host; see
+/// docs/operations.md), with its own lease file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DhcpPlan {
+    pub prefix_len: u8,
+    pub first: Ipv4Addr,
+    pub per_host: u32,
+}
+
+impl Default for DhcpPlan {
+    /// 10.80.0.0/24, twenty addresses each from 10.80.0.100: 100–119, 120–139, 140–159.
+    fn default() -> Self {
+        Self { prefix_len: 24, first: Ipv4Addr::new(10, 80, 0, 100), per_host: 20 }
+    }
+}
+
+impl DhcpPlan {
+    /// The first and last address of host `i`'s slice.
+    pub fn slice(&self, i: usize) -> (Ipv4Addr, Ipv4Addr) {
+        let lo = u32::from(self.first) + i as u32 * self.per_host;
+        (Ipv4Addr::from(lo), Ipv4Addr::from(lo + self.per_host - 1))
+    }
+
+    /// The network's mask, e.g. 255.255.255.0.
+    pub fn netmask(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(self.prefix_len)).unwrap_or(0))
+    }
+
+    /// dnsmasq's `--dhcp-range` for host `i`, with a lease of one hour.
+    pub fn dnsmasq_range(&self, i: usize) -> String {
+        let (lo, hi) = self.slice(i);
+        format!("{lo},{hi},{},1h", self.netmask())
+    }
+
+    /// Whether `ip` lies in host `i`'s slice.
+    pub fn holds(&self, i: usize, ip: Ipv4Addr) -> bool {
+        let (lo, hi) = self.slice(i);
+        (lo..=hi).contains(&ip)
+    }
+}
+
 impl HaSite {
     pub fn new(n_hosts: usize, n_nodes: usize) -> Self {
         Self::with_options(HaOptions { hosts: n_hosts, nodes: n_nodes, ..Default::default() })
     }
 
     pub fn with_options(o: HaOptions) -> Self {
+        Self::with_plan(o, DhcpPlan::default())
+    }
+
+    /// A site whose provisioning network is addressed and split as `plan` says.
+    pub fn with_plan(o: HaOptions, plan: DhcpPlan) -> Self {
         let (n_hosts, n_nodes) = (o.hosts, o.nodes);
         let dir = TempDir::new("ha");
         let mgmt = Netns::new("mgmt");
@@ -122,8 +171,8 @@ impl HaSite {
             veth(&ns, "prov0", &prov, &format!("h{i}"));
             prov.ip(&["link", "set", &format!("h{i}"), "master", "br-prov"]);
             let ip = Ipv4Addr::new(10, 80, 0, 1 + i as u8);
-            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "prov0"]);
-            let server = start_server(&ns, &dir, o.server, i, ServerSetup::Normal);
+            ns.ip(&["addr", "add", &format!("{ip}/{}", plan.prefix_len), "dev", "prov0"]);
+            let server = start_server(&ns, &dir, o.server, &plan, i, ServerSetup::Normal);
             let id = format!("pxe-{i}");
             let dataplane = match o.server {
                 ServerKind::Dnsmasq => "interfaces = [\"prov0\"]\n",
@@ -147,7 +196,7 @@ impl HaSite {
             prov.ip(&["link", "set", &format!("n{j}"), "master", "br-prov"]);
             nodes.push(node);
         }
-        let mut site = Self { hosts, nodes, cps, etcd, mgmt, prov, dir, server: o.server };
+        let mut site = Self { hosts, nodes, cps, etcd, mgmt, prov, dir, server: o.server, plan };
         for i in 0..n_hosts {
             site.start_agent(i);
         }
@@ -159,7 +208,7 @@ impl HaSite {
         let h = &mut self.hosts[i];
         h.server.signal(nix::sys::signal::Signal::SIGCONT);
         h.server.kill();
-        h.server = start_server(&h.ns, &self.dir, self.server, i, setup);
+        h.server = start_server(&h.ns, &self.dir, self.server, &self.plan, i, setup);
     }
 
     pub fn start_agent(&mut self, i: usize) {
@@ -233,11 +282,11 @@ impl HaSite {
     }
 }
 
-/// Starts host `i`'s DHCP server: its own slice of 10.80.0.0/24 (`.100 + 20 i` to `.119 + 20 i`), or broken as
-/// `setup` says.
-fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, i: usize, setup: ServerSetup) -> Proc {
-    let lo = format!("10.80.0.{}", 100 + 20 * i);
-    let hi = format!("10.80.0.{}", 119 + 20 * i);
+/// Starts host `i`'s DHCP server: its own slice of the plan's network, or broken as `setup` says.
+fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, plan: &DhcpPlan, i: usize, setup: ServerSetup) -> Proc {
+    let (lo, hi) = plan.slice(i);
+    let (lo, hi) = (lo.to_string(), hi.to_string());
+    let mask = plan.netmask().to_string();
     let (iface, lo, hi) = match setup {
         ServerSetup::Normal => ("prov0", lo, hi),
         ServerSetup::NoRange => ("prov0", "10.99.0.100".to_string(), "10.99.0.119".to_string()),
@@ -248,7 +297,7 @@ fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, i: usize, setup: Se
     let taken = "52:54:00:99:99:99";
     match kind {
         ServerKind::Dnsmasq => {
-            let leases = dir.join(&format!("dnsmasq-{iface}.leases"));
+            let tag = format!("dnsmasq-pxe{i}");
             let text = if setup == ServerSetup::Exhausted {
                 let until = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
                     + 86_400;
@@ -256,8 +305,9 @@ fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, i: usize, setup: Se
             } else {
                 String::new()
             };
-            std::fs::write(&leases, text).expect("write the dnsmasq lease file");
-            Dnsmasq::start(ns, dir, iface, (&lo, &hi), &[]).proc
+            std::fs::write(dir.join(&format!("{tag}.leases")), text).expect("write the dnsmasq lease file");
+            let mask = if iface == "prov0" { mask } else { "255.255.255.0".to_string() };
+            Dnsmasq::start_range(ns, dir, &tag, iface, &format!("{lo},{hi},{mask},1h"), &[]).proc
         }
         ServerKind::Dhcpd => {
             let leases = if setup == ServerSetup::Exhausted {
@@ -268,12 +318,16 @@ fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, i: usize, setup: Se
             } else {
                 String::new()
             };
-            let net = if setup == ServerSetup::WrongInterface { "10.90.0.0" } else { "10.80.0.0" };
-            let mut subnets = vec![(net, "255.255.255.0", lo.as_str(), hi.as_str())];
+            let net = Ipv4Addr::from(u32::from(plan.first) & u32::from(plan.netmask())).to_string();
+            let mut subnets = vec![(net.as_str(), mask.as_str(), lo.as_str(), hi.as_str())];
+            if setup == ServerSetup::WrongInterface {
+                subnets = vec![("10.90.0.0", "255.255.255.0", lo.as_str(), hi.as_str())];
+            }
             if setup == ServerSetup::NoRange {
                 // dhcpd refuses to listen on an interface none of its subnets covers: declare prov0's without a
                 // range, and the range in a network nobody is on
-                subnets = vec![("10.80.0.0", "255.255.255.0", "", ""), ("10.99.0.0", "255.255.255.0", &lo, &hi)];
+                subnets =
+                    vec![(net.as_str(), mask.as_str(), "", ""), ("10.99.0.0", "255.255.255.0", lo.as_str(), hi.as_str())];
             }
             crate::shapes::dhcpd_with_leases(ns, dir, &format!("pxe{i}"), &[iface], &subnets, &leases).proc
         }
@@ -451,4 +505,29 @@ pub fn signal_agent(h: &mut PxeHost, sig: nix::sys::signal::Signal) -> Option<st
 pub fn agents_json(site: &HaSite) -> serde_json::Value {
     let out = run_ok(crate::ctl_cmd(&site.mgmt).args(["--controlplane", "https://10.90.0.1:9100", "agents", "--json"]));
     serde_json::from_slice(&out.stdout).expect("json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_plan_keeps_the_sites_ranges_and_no_two_slices_overlap() {
+        let d = DhcpPlan::default();
+        assert_eq!(d.dnsmasq_range(0), "10.80.0.100,10.80.0.119,255.255.255.0,1h");
+        assert_eq!(d.dnsmasq_range(2), "10.80.0.140,10.80.0.159,255.255.255.0,1h");
+        let big = DhcpPlan { prefix_len: 20, first: Ipv4Addr::new(10, 80, 1, 0), per_host: 1000 };
+        assert_eq!(big.netmask(), Ipv4Addr::new(255, 255, 240, 0));
+        assert_eq!(big.slice(0), (Ipv4Addr::new(10, 80, 1, 0), Ipv4Addr::new(10, 80, 4, 231)));
+        assert_eq!(big.slice(1).0, Ipv4Addr::new(10, 80, 4, 232));
+        for plan in [d, big] {
+            for i in 0..3 {
+                let (lo, hi) = plan.slice(i);
+                assert!(plan.holds(i, lo) && plan.holds(i, hi));
+                for j in (0..3).filter(|j| *j != i) {
+                    assert!(!plan.holds(j, lo) && !plan.holds(j, hi), "slices {i} and {j} overlap");
+                }
+            }
+        }
+    }
 }

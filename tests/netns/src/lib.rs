@@ -349,7 +349,13 @@ pub struct Dnsmasq {
 impl Dnsmasq {
     /// Starts dnsmasq on `iface` in `ns` with a DHCP range, and waits until it listens on UDP 67.
     pub fn start(ns: &Netns, dir: &TempDir, iface: &str, range: (&str, &str), extra: &[&str]) -> Self {
-        let tag = format!("dnsmasq-{iface}");
+        let spec = format!("{},{},255.255.255.0,1h", range.0, range.1);
+        Self::start_range(ns, dir, &format!("dnsmasq-{iface}"), iface, &spec, extra)
+    }
+
+    /// Starts dnsmasq on `iface` in `ns` with the whole `--dhcp-range` given (`START,END,NETMASK,LEASE`), its lease,
+    /// pid and log files named after `tag` in `dir`, and waits until it listens on UDP 67.
+    pub fn start_range(ns: &Netns, dir: &TempDir, tag: &str, iface: &str, range: &str, extra: &[&str]) -> Self {
         let mut cmd = ns.cmd("dnsmasq");
         cmd.args([
             "--keep-in-foreground",
@@ -362,11 +368,11 @@ impl Dnsmasq {
             "--dhcp-authoritative",
         ])
         .arg(format!("--interface={iface}"))
-        .arg(format!("--dhcp-range={},{},255.255.255.0,1h", range.0, range.1))
+        .arg(format!("--dhcp-range={range}"))
         .arg(format!("--dhcp-leasefile={}", dir.join(&format!("{tag}.leases")).display()))
         .arg(format!("--pid-file={}", dir.join(&format!("{tag}.pid")).display()))
         .args(extra);
-        let proc = Proc::spawn(&tag, cmd, dir.join(&format!("{tag}.log")));
+        let proc = Proc::spawn(tag, cmd, dir.join(&format!("{tag}.log")));
         let mut d = Self { proc };
         d.wait_listening(ns);
         d

@@ -26,6 +26,36 @@ enum Fault {
     Broken(ServerSetup),
 }
 
+/// Copies every UDP port-67 socket of process argv[1] into this process (pidfd_getfd, Linux 5.6), prints
+/// "holding", and sleeps.
+const HOLD_SOCKET: &str = r#"
+import ctypes, os, sys, time
+pid = int(sys.argv[1])
+inodes = set()
+for table in ("/proc/net/udp", "/proc/net/udp6"):
+    for line in open(table).read().splitlines()[1:]:
+        f = line.split()
+        if f[1].endswith(":0043"):
+            inodes.add(f[9])
+libc = ctypes.CDLL(None, use_errno=True)
+pidfd = os.pidfd_open(pid)
+held = []
+for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        continue
+    if target.startswith("socket:[") and target[8:-1] in inodes:
+        n = libc.syscall(438, pidfd, int(fd), 0)  # pidfd_getfd
+        if n < 0:
+            sys.exit(f"pidfd_getfd: errno {ctypes.get_errno()}")
+        held.append(n)
+if not held:
+    sys.exit("no udp/67 socket in that process")
+print("holding", held, flush=True)
+time.sleep(3600)
+"#;
+
 /// Breaks host `i`'s server as `fault` says. Returns the process that holds the socket, for [`Fault::SocketHeld`].
 fn break_server(site: &mut HaSite, i: usize, fault: Fault) -> Option<Proc> {
     match fault {
@@ -34,17 +64,14 @@ fn break_server(site: &mut HaSite, i: usize, fault: Fault) -> Option<Proc> {
             None
         }
         Fault::SocketHeld => {
-            // Something else binds udp/67 too (SO_REUSEADDR, as dnsmasq and dhcpd do), then the server dies: the
-            // socket check sees a listener throughout.
+            // The server dies while another process holds its very socket (as a child that inherited it would):
+            // the holder takes a copy of the server's udp/67 socket (pidfd_getfd), then the server is killed. The
+            // socket check sees a listener throughout; nobody reads it.
+            let pid = site.hosts[i].server.pid().to_string();
             let mut cmd = site.hosts[i].ns.cmd("/usr/bin/python3");
-            cmd.args([
-                "-c",
-                "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
-                 s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',67))\n\
-                 print('bound',flush=True)\ntime.sleep(3600)",
-            ]);
+            cmd.args(["-c", HOLD_SOCKET, &pid]);
             let p = Proc::spawn("udp67-holder", cmd, site.dir.join(&format!("holder-{i}.log")));
-            assert!(wait_for(STEP, || p.log_text().contains("bound").then_some(())).is_some(), "{}", p.log_text());
+            assert!(wait_for(STEP, || p.log_text().contains("holding").then_some(())).is_some(), "{}", p.log_text());
             site.hosts[i].server.kill();
             Some(p)
         }
