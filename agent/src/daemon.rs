@@ -328,7 +328,12 @@ async fn coordinate(
     let coord: Arc<dyn ironguard_coord::Coordinator> = if etcd.enabled() {
         let mut attempt = 0;
         loop {
-            match ironguard_coord::etcd::EtcdCoordinator::connect(&etcd).await {
+            // Bounded (dial and request timeouts), and shutdown does not wait for it.
+            let connected = tokio::select! {
+                r = ironguard_coord::etcd::EtcdCoordinator::connect(&etcd) => r,
+                _ = stop.cancelled() => return,
+            };
+            match connected {
                 Ok(c) => break Arc::new(c),
                 Err(e) => {
                     let msg = format!("cannot connect to etcd {:?}: {e}", etcd.endpoints);

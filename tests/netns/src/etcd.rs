@@ -138,6 +138,23 @@ impl EtcdProcess {
         }
     }
 
+    /// Freezes etcd (SIGSTOP): its listening sockets stay open and the kernel still accepts connections, but
+    /// nothing answers — a wedged etcd, unlike a stopped one, which refuses at once.
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a frozen etcd run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("etcd runs");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, sig).expect("signal etcd");
+    }
+
     /// Starts it again on the same data and ports.
     pub fn restart(&mut self) {
         self.stop();
