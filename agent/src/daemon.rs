@@ -307,10 +307,12 @@ fn spawn_health(cfg: &AgentConfig, mut stop: watch::Receiver<bool>) -> (watch::R
             if linked && egress {
                 let _ = relink_tx.try_send(());
             }
-            let (c, l) = (hcfg.clone(), links.clone());
-            if let Ok(h) = tokio::task::spawn_blocking(move || health_with_links(&c, &l)).await {
-                health_tx.send_if_modified(|old| std::mem::replace(old, h.clone()) != h);
-            }
+            // Bounded: each check ends within its own bound (systemctl's), and shutdown ends it sooner.
+            let h = tokio::select! {
+                h = health_with_links(&hcfg, &links) => h,
+                _ = stop.changed() => return,
+            };
+            health_tx.send_if_modified(|old| std::mem::replace(old, h.clone()) != h);
         }
     });
     (health_rx, relink_rx)
@@ -393,9 +395,9 @@ fn spawn_guard_monitor(own_portid: u32, tx: mpsc::Sender<GuardEvent>) {
 
 /// The DHCP service's health, which includes its provisioning links: every configured interface up with an
 /// IPv4 address (a dnsmasq on a downed link still listens, and serves nobody).
-fn health_with_links(cfg: &crate::config::DhcpHealthSection, interfaces: &[String]) -> Health {
+async fn health_with_links(cfg: &crate::config::DhcpHealthSection, interfaces: &[String]) -> Health {
     let problems = link::check(interfaces);
-    let h = dhcp_health::check(cfg);
+    let h = dhcp_health::check(cfg).await;
     if problems.is_empty() {
         h
     } else {
