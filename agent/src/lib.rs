@@ -11,6 +11,7 @@
 //! - [`coordination`]: the session in etcd (or the local backend), party membership and the election.
 //! - [`dhcp_health`]: is the local DHCP service healthy?
 //! - [`metrics`]: Prometheus metrics and the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
+//! - [`notify`]: systemd's readiness and watchdog notifications, sent without ever waiting.
 //! - [`hold`]: `ironguard-agent hold`, which keeps a static filter state (for tests, demos and emergencies).
 //! - [`logging`]: `tracing` set-up shared by the subcommands.
 //!
@@ -27,6 +28,7 @@ pub mod hold;
 pub mod link;
 pub mod logging;
 pub mod metrics;
+pub mod notify;
 pub mod stream;
 
 pub use config::AgentConfig;
