@@ -17,10 +17,10 @@
 //!
 //! Where it is weaker than nftables (docs/operations.md): nothing dies with the agent — iptables-legacy has no
 //! owned tables — so after SIGKILL the leader's rules stay until its lease element expires (at most TTL − margin
-//! after its last keep-alive), not at once (the packaged unit's `ExecStopPost=` closes them sooner); the sets key on the Ethernet source only
-//! (iptables cannot look a set up by the BOOTP chaddr), so behind a DHCP relay the relay's MAC decides; DHCPv4
-//! only; each change runs an `ipset` or `iptables-restore` process (milliseconds), and a delta touching both sets
-//! is two atomic steps (the closing one first). Needs the kernel's `hash:mac` set type (`ip_set_hash_mac`).
+//! after its last keep-alive), not at once; the sets key on the Ethernet source only (iptables cannot look a set up
+//! by the BOOTP chaddr), so behind a DHCP relay the relay's MAC decides; DHCPv4 only; each change runs an `ipset` or
+//! `iptables-restore` process (milliseconds), and a delta touching both sets is two atomic steps (the closing one
+//! first). Needs the kernel's `hash:mac` set type (`ip_set_hash_mac`).
 //!
 //! The lease ([`IpsetLease`]) counts in whole seconds, the only unit of ipset timeouts. Rounded down, an element
 //! written just after a keep-alive ends up to a second before the fence deadline, which with the defaults (TTL 3 s,
