@@ -539,7 +539,10 @@ mod tests {
         let (mut ticks_while_flooded, mut batches) = (0, 0);
         let deadline = Instant::now() + Duration::from_secs(120);
         while ticks_while_flooded < 20 {
-            assert!(Instant::now() < deadline, "only {ticks_while_flooded} ticks came through the flood ({batches} batches)");
+            assert!(
+                Instant::now() < deadline,
+                "only {ticks_while_flooded} ticks came through the flood ({batches} batches)"
+            );
             let waiting = src.stream.len();
             match next_event(&mut src, &mut tick, None, None, std::future::pending()).await {
                 Wake::Event(Event::Tick) if waiting > 0 => ticks_while_flooded += 1,

@@ -79,10 +79,9 @@ async fn open_watch(
     match tokio::time::timeout(bound, client.watch_filters(req)).await {
         Ok(Ok(r)) => Ok((r.into_inner(), since)),
         Ok(Err(s)) => Err(format!("WatchFilters on {endpoint}: {}", s.message())),
-        Err(_) => Err(format!(
-            "WatchFilters on {endpoint}: no answer within {} ms (request_timeout_ms)",
-            bound.as_millis()
-        )),
+        Err(_) => {
+            Err(format!("WatchFilters on {endpoint}: no answer within {} ms (request_timeout_ms)", bound.as_millis()))
+        }
     }
 }
 
@@ -252,7 +251,10 @@ impl Reporter {
                 }
                 Ok(Err(e)) => last = format!("ReportStatus on {endpoint}: {}", e.message()),
                 Err(_) => {
-                    last = format!("ReportStatus on {endpoint}: no answer within {} ms (request_timeout_ms)", bound.as_millis())
+                    last = format!(
+                        "ReportStatus on {endpoint}: no answer within {} ms (request_timeout_ms)",
+                        bound.as_millis()
+                    )
                 }
             }
             self.idx += 1;

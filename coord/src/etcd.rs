@@ -523,8 +523,11 @@ impl Coordinator for EtcdCoordinator {
                         return Ok(());
                     }
                     let from = r.header().map(|h| h.revision()).unwrap_or(0) + 1;
-                    let opened =
-                        self.open_watch(l.key.clone(), WatchOptions::new().with_start_revision(from), "watch the candidacy");
+                    let opened = self.open_watch(
+                        l.key.clone(),
+                        WatchOptions::new().with_start_revision(from),
+                        "watch the candidacy",
+                    );
                     if let Ok(mut w) = opened.await {
                         attempt = 0;
                         // Until the stream ends or fails: then look again.
@@ -637,7 +640,9 @@ impl Coordinator for EtcdCoordinator {
     ) -> Result<BoxStream<'static, Result<Vec<KvEvent>, CoordError>>, CoordError> {
         let p = self.full(prefix);
         let plen = self.prefix_len();
-        let w = self.open_watch(p, WatchOptions::new().with_prefix().with_start_revision(after_revision + 1), "watch").await?;
+        let w = self
+            .open_watch(p, WatchOptions::new().with_prefix().with_start_revision(after_revision + 1), "watch")
+            .await?;
         let s = futures::stream::unfold(w, move |mut w| async move {
             loop {
                 match w.message().await {

@@ -372,7 +372,11 @@ impl IpsetLease {
                 took_ms = (done - start).as_millis() as u64,
                 rewrites = report.lease_rewrites,
                 "the ipset lease write took so long that its element may outlast the fence deadline: {}",
-                if give_up { "dropping it (DHCP closed until the next keep-alive)" } else { "writing it again with the time left" }
+                if give_up {
+                    "dropping it (DHCP closed until the next keep-alive)"
+                } else {
+                    "writing it again with the time left"
+                }
             );
             if give_up {
                 return self.refresh(None).map(|r| {
@@ -644,7 +648,12 @@ mod tests {
     /// the agent's core does; with `aligned`, the main loop also writes it again at [`rewrite_at`], its timer
     /// firing `late`. Each `ipset` write reaches the kernel `write` after its timeout was computed. Returns each
     /// element as the kernel has it: (applied at, ends at, its deadline).
-    fn simulate(round_trips: &[u32], late: Duration, write: Duration, aligned: bool) -> Vec<(Instant, Instant, Instant)> {
+    fn simulate(
+        round_trips: &[u32],
+        late: Duration,
+        write: Duration,
+        aligned: bool,
+    ) -> Vec<(Instant, Instant, Instant)> {
         let t0 = Instant::now();
         let (fence, period) = (2000 * MS, 1000 * MS);
         let mut current: Option<LeaseElement> = None;

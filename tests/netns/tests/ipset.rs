@@ -157,7 +157,10 @@ fn the_ipset_lease_never_lapses_between_keep_alives_and_ends_by_its_deadline() {
         }
         lapses_of_a_late_writer += 1;
     }
-    eprintln!("{} reads while keep-alives came; {lapses_of_a_late_writer} found no lease (a late writer)", during.len());
+    eprintln!(
+        "{} reads while keep-alives came; {lapses_of_a_late_writer} found no lease (a late writer)",
+        during.len()
+    );
     // After the last deadline (the kernel counts in ticks, 4 ms at HZ 250): never present.
     let after = last_deadline + ironguard_dataplane::LEASE_APPLY_SLACK + Duration::from_millis(10);
     let late: Vec<_> = samples.iter().filter(|(b, _, present)| *b > after && *present).collect();

@@ -87,7 +87,9 @@ fn replicas_that_accept_and_never_answer_are_passed_over_for_the_next() {
     let gave_up_tls = line_with(&log, &[tls, "within", "_timeout_ms"]).expect("the silent TLS replica given up");
     let watching = line_with(&log, &["watching filters", &real]).expect("the real replica followed");
     assert!(gave_up_tcp < gave_up_tls && gave_up_tls < watching, "out of order:\n{log}");
-    assert!(line_with(&log, &["watching filters", tcp]).is_none() && line_with(&log, &["watching filters", tls]).is_none());
+    assert!(
+        line_with(&log, &["watching filters", tcp]).is_none() && line_with(&log, &["watching filters", tls]).is_none()
+    );
 }
 
 #[test]
@@ -107,10 +109,8 @@ fn a_systemctl_that_hangs_makes_dhcp_health_unknown_and_the_agent_does_not_lead(
     };
     install("#!/bin/sh\nexec sleep 3600\n");
     let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &[]);
-    let toml = agent_toml("agent-1", &cp.url(), "br0", AGENT_ADMIN, 30).replace(
-        "[dhcp_health]\n",
-        "[dhcp_health]\nsystemd_unit = \"dnsmasq.service\"\nsystemd_timeout_ms = 300\n",
-    );
+    let toml = agent_toml("agent-1", &cp.url(), "br0", AGENT_ADMIN, 30)
+        .replace("[dhcp_health]\n", "[dhcp_health]\nsystemd_unit = \"dnsmasq.service\"\nsystemd_timeout_ms = 300\n");
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
     let agent = start_agent_env(&lan.pxe, &lan.dir, &toml, None, &[("PATH", &path)]);
     // The agent has its state from the control plane; only the health check holds it back, and it says why in
