@@ -10,6 +10,9 @@
 #   4. DHCP is open to an allowed MAC on the leader (a lease from dnsmasq), closed to a MAC that is not allowed;
 #   5. the watchdog: a frozen agent (SIGSTOP) serves nobody, and systemd kills it after WatchdogSec and starts a
 #      new one (new MainPID, NRestarts + 1, "Watchdog timeout" in the journal), which opens DHCP again;
+#   5b. the packaged unit's ExecStopPost=: with the dnsmasq-hostsdir backend alone (no kernel guard at all), a
+#      leader killed with SIGKILL (`systemctl kill -s KILL`) leaves every hostsdir file closed — `guard install` ran
+#      after the kill, before any restart (held off here by a drop-in) — and dnsmasq serves nobody;
 #   6. `systemctl stop ironguard-agent` closes DHCP; the guard keeps it closed while no agent runs, across
 #      `systemctl restart ironguard-guard` and across a reboot, after which the guard table is in place and DHCP is
 #      closed with dnsmasq running and the agent not started; `systemctl reload|restart ironguard-guard` under a
@@ -354,6 +357,75 @@ echo "$journal" | grep -E "Watchdog timeout|Killing process|Main process exited|
 ok "frozen agent $pid replaced by $new_pid $(awk "BEGIN { printf \"%.1f\", $t_new - $t_stop }") s after SIGSTOP; NRestarts $restarts -> $(prop ironguard-agent.service NRestarts)"
 wait_for 20 "the new agent leads with $MAC_OK allowed" leader_allows
 expect_dhcp open "the restarted agent leads again"
+
+say "5b. dnsmasq-hostsdir alone: systemctl kill -s KILL on the leader, then ExecStopPost= closes every file"
+HOSTSDIR=/var/lib/ironguard-check/hostsdir
+hostsdir_file() { cat "$root$HOSTSDIR/$1" 2>/dev/null || echo "(none)"; }
+ct systemctl stop ironguard-agent.service
+ct install -d -o ironguard -g ironguard -m 0755 "$HOSTSDIR"
+cp "$root/etc/ironguard/agent.toml" "$work/agent.toml.nftables"
+cat >"$root/etc/ironguard/agent.toml" <<T
+# scripts/systemd-check.sh, 5b: dnsmasq's host directory is the only filter (no kernel guard).
+[agent]
+id = "pxe-check"
+network = "provisioning"
+[controlplane]
+endpoints = ["http://127.0.0.1:9100"]
+insecure = true
+[dataplane]
+interfaces = ["pxe0"]
+backends = ["dnsmasq-hostsdir"]
+[dataplane.hostsdir]
+dir = "$HOSTSDIR"
+T
+# The agent writes the directory (docs/operations.md's drop-in); its restart is held off, so that what systemd did
+# after the kill is what is seen.
+mkdir -p "$root/etc/systemd/system/ironguard-agent.service.d" "$root/etc/systemd/system/dnsmasq.service.d"
+cat >"$root/etc/systemd/system/ironguard-agent.service.d/hostsdir.conf" <<U
+[Service]
+ReadWritePaths=$HOSTSDIR
+RestartSec=120s
+U
+cat >"$root/etc/systemd/system/dnsmasq.service.d/hostsdir.conf" <<U
+[Service]
+ExecStart=
+ExecStart=/usr/sbin/dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --user=root --interface=pxe0 \\
+  --dhcp-range=10.78.0.100,10.78.0.200,255.255.255.0,1h --no-ping --dhcp-authoritative \\
+  --dhcp-leasefile=/run/dnsmasq-check.leases --log-dhcp --dhcp-hostsdir=$HOSTSDIR
+U
+ct systemctl daemon-reload
+# No kernel guard: the host directory alone decides. (The agent's ExecStartPre= closes the files before it starts.)
+ct nft delete table inet ironguard_guard
+ct systemctl restart dnsmasq.service
+ct systemctl start ironguard-agent.service
+has_table ironguard_guard && fail "an nftables guard although the configuration has no nftables backend"
+wait_for 30 "the hostsdir leader serves $MAC_OK" sh -c "[ \"\$(cat $root$HOSTSDIR/$MAC_OK 2>/dev/null)\" = $MAC_OK ]"
+expect_dhcp open "dnsmasq-hostsdir leader, $MAC_OK served by its file"
+pid=$(main_pid)
+since=$(ct date '+%Y-%m-%d %H:%M:%S')
+ct systemctl kill -s KILL ironguard-agent.service
+wait_for 30 "ironguard-agent.service waiting to restart after the kill" sh -c \
+  "[ \"\$(nsenter -t $pid1 -a systemctl show -P SubState ironguard-agent.service)\" = auto-restart ]"
+[ "$(main_pid)" = 0 ] || fail "an agent runs (pid $(main_pid)) although its restart is held off"
+ct kill -0 "$pid" 2>/dev/null && fail "the killed agent (pid $pid) still runs"
+[ "$(hostsdir_file "$MAC_OK")" = "$MAC_OK,ignore" ] ||
+  fail "after SIGKILL and ExecStopPost= the file of $MAC_OK says $(hostsdir_file "$MAC_OK"), not ignore"
+[ "$(hostsdir_file unknown_hosts_filter)" = "*:*:*:*:*:*,ignore" ] || fail "unknown_hosts_filter is not closed after the kill"
+# The leader's file was rewritten by ExecStopPost= (no agent ran after the kill): "(1 files written)".
+closed=$(ct journalctl --no-pager -o cat -u ironguard-agent.service --since "$since" |
+  grep '^hostsdir closed' | grep -m1 -E '\([1-9][0-9]* files written\)' || true)
+[ -n "$closed" ] || fail "no \"hostsdir closed\" line from ExecStopPost= rewriting a file in the journal after the kill"
+ok "ExecStopPost= after SIGKILL of agent pid $pid, no agent since: $closed"
+expect_dhcp closed "leader killed with SIGKILL, no agent running: the files say ignore"
+# Back to the nftables configuration of the other steps.
+rm -f "$root/etc/systemd/system/ironguard-agent.service.d/hostsdir.conf" "$root/etc/systemd/system/dnsmasq.service.d/hostsdir.conf"
+cp "$work/agent.toml.nftables" "$root/etc/ironguard/agent.toml"
+ct systemctl daemon-reload
+ct systemctl restart ironguard-guard.service dnsmasq.service
+has_table ironguard_guard || fail "the guard is not back with the nftables configuration"
+ct systemctl restart ironguard-agent.service
+wait_for 20 "the nftables leader again" leader_allows
+expect_dhcp open "nftables configuration again"
 
 say "6. systemctl stop ironguard-agent; systemctl restart ironguard-guard; reboot"
 ct systemctl stop ironguard-agent.service

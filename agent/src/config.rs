@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 /// Where the agent looks for its configuration when `--config` is not given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ironguard/agent.toml";
 
+/// The longest a configured wait for another process (the control plane, systemctl) may be: a minute.
+pub const MAX_WAIT_MS: u64 = 60_000;
+
 /// The agent's configuration file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -91,8 +94,13 @@ impl AgentSection {
 pub struct ControlPlaneSection {
     /// gRPC endpoints of the control plane, tried in turn.
     pub endpoints: Vec<String>,
-    /// Connection timeout per attempt, in milliseconds.
+    /// How long one connection attempt may take, in milliseconds: TCP, TLS and HTTP/2 together. A replica that
+    /// accepts and never completes the handshake is given up after this long, and the next endpoint is tried.
     pub connect_timeout_ms: u64,
+    /// How long a call may wait for the control plane's answer, in milliseconds: the response that opens a
+    /// `WatchFilters` stream (then `silence_timeout_secs` applies between events) and each `ReportStatus`. A replica
+    /// that accepts the call and never answers is given up after this long, and the next endpoint is tried.
+    pub request_timeout_ms: u64,
     /// Without a working stream for this long, the agent drops to Blocked.
     pub lost_after_secs: u64,
     /// A stream silent (no event, no heartbeat) for this long is considered dead and reconnected.
@@ -137,6 +145,10 @@ pub struct DhcpHealthSection {
     pub pid_file: String,
     /// How often to check, in milliseconds.
     pub interval_ms: u64,
+    /// How long `systemctl is-active` may take, in milliseconds. A `systemctl` (or a systemd) that does not answer
+    /// by then is killed and the service counts as unhealthy, with that reason: a health that stays at its last
+    /// value while the check hangs could keep a leader leading for a DHCP server that no longer runs.
+    pub systemd_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,6 +204,7 @@ impl Default for ControlPlaneSection {
         Self {
             endpoints: vec!["http://127.0.0.1:9100".into()],
             connect_timeout_ms: 2000,
+            request_timeout_ms: 2000,
             lost_after_secs: 30,
             silence_timeout_secs: 10,
             report_interval_ms: 2000,
@@ -242,7 +255,13 @@ impl Default for DhcpProbeSection {
 
 impl Default for DhcpHealthSection {
     fn default() -> Self {
-        Self { udp_port: 67, systemd_unit: String::new(), pid_file: String::new(), interval_ms: 1000 }
+        Self {
+            udp_port: 67,
+            systemd_unit: String::new(),
+            pid_file: String::new(),
+            interval_ms: 1000,
+            systemd_timeout_ms: 2000,
+        }
     }
 }
 
@@ -334,6 +353,16 @@ impl AgentConfig {
             );
         }
         crate::dhcp_probe::plan(&self).map_err(|e| anyhow::anyhow!(e))?;
+        // Every wait on another process has an end: a zero bound would give up at once, an hour-long one is a hang.
+        for (what, ms) in [
+            ("[controlplane] connect_timeout_ms", cp.connect_timeout_ms),
+            ("[controlplane] request_timeout_ms", cp.request_timeout_ms),
+            ("[dhcp_health] systemd_timeout_ms", self.dhcp_health.systemd_timeout_ms),
+        ] {
+            if !(1..=MAX_WAIT_MS).contains(&ms) {
+                anyhow::bail!("{what} must be between 1 and {MAX_WAIT_MS} (milliseconds), not {ms}");
+            }
+        }
         if self.reconcile.interval_secs == 0 {
             anyhow::bail!("[reconcile] interval_secs must be at least 1");
         }
@@ -399,5 +428,21 @@ mod tests {
         let mut ok = default();
         ok.election.margin_ms = 1999;
         ok.finish().unwrap();
+        // Every wait has an end, and a sane one.
+        for set in [
+            |c: &mut AgentConfig, v| c.controlplane.connect_timeout_ms = v,
+            |c: &mut AgentConfig, v| c.controlplane.request_timeout_ms = v,
+            |c: &mut AgentConfig, v| c.dhcp_health.systemd_timeout_ms = v,
+        ] {
+            for bad_ms in [0, MAX_WAIT_MS + 1] {
+                let mut bad = default();
+                set(&mut bad, bad_ms);
+                let e = bad.finish().unwrap_err().to_string();
+                assert!(e.contains("must be between 1 and 60000"), "{e}");
+            }
+            let mut ok = default();
+            set(&mut ok, MAX_WAIT_MS);
+            ok.finish().unwrap();
+        }
     }
 }

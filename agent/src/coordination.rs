@@ -111,7 +111,12 @@ pub async fn run(
         // The previous run of this agent died with a live lease (a crash, SIGKILL, OOM), and its table with it:
         // record its hand-over closed and end the lease now, so that the next leader need not wait out its fence
         // or its TTL. Its keys vanish with it.
-        match coord.close_previous(&election(&who.network), persisted.lease).await {
+        let name = election(&who.network);
+        let closed = tokio::select! {
+            r = coord.close_previous(&name, persisted.lease) => r,
+            _ = shutdown.cancelled() => return,
+        };
+        match closed {
             Ok(()) => info!(lease = format!("{:x}", persisted.lease), "revoked the lease of this agent's previous run"),
             Err(e) => {
                 warn!(lease = format!("{:x}", persisted.lease), error = %e, "could not revoke the previous run's lease; it expires within its TTL")
@@ -153,7 +158,11 @@ pub async fn run(
             continue;
         }
         let member = format!("members/{}/{}", who.network, who.agent_id);
-        let _ = coord.put(&member, format!("{{\"host\":{:?}}}", who.host).into_bytes(), Some(&session)).await;
+        let joined = coord.put(&member, format!("{{\"host\":{:?}}}", who.host).into_bytes(), Some(&session));
+        tokio::select! {
+            r = joined => if let Err(e) = r { debug!(error = %e, "could not write this agent's membership"); },
+            _ = shutdown.cancelled() => break,
+        }
         info!(lease = format!("{:x}", session.lease), backend = coord.backend(), "joined the party");
         state.send_modify(|s| {
             s.expiry = session.expiry();
@@ -180,7 +189,11 @@ pub async fn run(
         }
         // An abandoned session's keys would stay first in the election queue for as long as etcd keeps its lease
         // (it extends every lease when a new etcd leader takes over): end it before opening the next one.
-        if let Err(e) = coord.revoke(&session).await {
+        let revoked = tokio::select! {
+            r = coord.revoke(&session) => r,
+            _ = shutdown.cancelled() => break,
+        };
+        if let Err(e) = revoked {
             debug!(error = %e, "could not revoke the ended session's lease; it expires within its TTL");
         }
         warn!(reason = %ended, "session ended; opening a new one");
@@ -237,6 +250,32 @@ async fn look_at_store(coord: &dyn Coordinator, state: &watch::Sender<CoordState
         Err(e) => {
             debug!(error = %e, "could not look at the store; will look again");
             false
+        }
+    }
+}
+
+/// Why a call to the store was given up before it answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Interrupted {
+    Shutdown,
+    /// The main loop says this agent may no longer lead.
+    SteppingDown,
+}
+
+/// Runs `call` unless shutdown comes first, or the main loop says this agent may no longer lead: a call to a
+/// store that does not answer (a wedged etcd) must not keep the candidacy from stepping down nor the agent from
+/// stopping. Each call has its own bound too (the request timeout and retries); this ends it sooner.
+async fn unless_interrupted<T>(
+    call: impl std::future::Future<Output = T>,
+    want_lead: &mut watch::Receiver<bool>,
+    shutdown: &CancellationToken,
+) -> Result<T, Interrupted> {
+    tokio::pin!(call);
+    loop {
+        tokio::select! {
+            r = &mut call => return Ok(r),
+            _ = shutdown.cancelled() => return Err(Interrupted::Shutdown),
+            r = want_lead.changed() => if r.is_err() || !*want_lead.borrow() { return Err(Interrupted::SteppingDown) },
         }
     }
 }
@@ -311,7 +350,18 @@ async fn serve_session(
         // The first confirmation: the store must say this candidacy leads, and the hand-over record must say
         // that this holder may be open, before the main loop opens.
         let sent_for = *expiry.borrow();
-        match coord.confirm(&leadership, fence).await {
+        let confirmed = match unless_interrupted(coord.confirm(&leadership, fence), want_lead, shutdown).await {
+            Ok(c) => c,
+            Err(why) => {
+                // Never opened: the candidacy is given up, and the store need not answer for this agent to stop.
+                let _ = unless_interrupted(coord.resign(&leadership), want_lead, shutdown).await;
+                match why {
+                    Interrupted::Shutdown => return "shutdown".into(),
+                    Interrupted::SteppingDown => continue,
+                }
+            }
+        };
+        match confirmed {
             Ok(true) => {}
             Ok(false) => {
                 warn!(election, "won the election, but the candidacy is gone from the store; not leading");
@@ -349,14 +399,22 @@ async fn serve_session(
                         state.send_modify(|s| if s.session == generation { s.expiry = e });
                         break "lease expired";
                     }
-                    if look_at_store(coord, state).await {
-                        break "store amnesia";
-                    }
-                    match coord.confirm(&leadership, fence).await {
-                        Ok(true) => state.send_modify(|s| if s.session == generation { s.expiry = e }),
-                        Ok(false) => break "candidacy gone",
+                    // Whatever the store does meanwhile (a wedged etcd answers nothing), stepping down and shutdown
+                    // are heard at once.
+                    let checked = async {
+                        if look_at_store(coord, state).await {
+                            return Err("store amnesia");
+                        }
+                        Ok(coord.confirm(&leadership, fence).await)
+                    };
+                    match unless_interrupted(checked, want_lead, shutdown).await {
+                        Err(Interrupted::Shutdown) => break "shutdown",
+                        Err(Interrupted::SteppingDown) => break "stepping down",
+                        Ok(Err(why)) => break why,
+                        Ok(Ok(Ok(true))) => state.send_modify(|s| if s.session == generation { s.expiry = e }),
+                        Ok(Ok(Ok(false))) => break "candidacy gone",
                         // The expiry estimate stays where it was: the fence trips if this lasts.
-                        Err(err) => debug!(error = %err, "cannot confirm the leadership after a keep-alive"),
+                        Ok(Ok(Err(err))) => debug!(error = %err, "cannot confirm the leadership after a keep-alive"),
                     }
                 }
                 r = &mut lost => {
@@ -373,8 +431,7 @@ async fn serve_session(
             );
         }
         // The hand-over record may say closed only once the main loop has closed.
-        let closed =
-            matches!(tokio::time::timeout(Duration::from_secs(5), open.wait_for(|o| !*o)).await, Ok(Ok(_)));
+        let closed = matches!(tokio::time::timeout(Duration::from_secs(5), open.wait_for(|o| !*o)).await, Ok(Ok(_)));
         if !closed {
             warn!(why, "the main loop did not report closed; the successor waits out this agent's fence");
             return why.into();
@@ -386,7 +443,9 @@ async fn serve_session(
         };
         match done {
             Ok(()) => info!(why, "closed; hand-over recorded"),
-            Err(e) => warn!(why, error = %e, "could not record the hand-over; the successor waits out this agent's fence"),
+            Err(e) => {
+                warn!(why, error = %e, "could not record the hand-over; the successor waits out this agent's fence")
+            }
         }
         if why != "stepping down" {
             return why.into();

@@ -6,10 +6,11 @@
 //! carries out the [`Effect`]s. Every decision lives in the core; this file only moves events and results.
 //!
 //! The lease fence is enforced by the kernel: a leader's marking rules match only while the lease element in its
-//! table lives, and the core moves that element's expiry to the fence deadline after each keep-alive, never
-//! otherwise. A frozen or starved agent therefore stops serving at its deadline without running any code. The
-//! fence arm of the main loop is a second line; the tick (the systemd watchdog, the local backend's lease) comes
-//! right after it, so no flood of stream or coordination news can starve it.
+//! table lives, and the core moves that element's expiry to the fence deadline after each keep-alive (and writes
+//! it again for the same deadline when a backend with coarse timeouts asks), never past it. A frozen or starved
+//! agent therefore stops serving at its deadline without running any code. The fence arm of the main loop is a
+//! second line; the tick (the systemd watchdog, the local backend's lease) comes right after it, so no flood of
+//! stream or coordination news can starve it ([`next_event`]; tested below).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -32,6 +33,7 @@ use crate::dhcp_health::{self, Health};
 use crate::dhcp_probe;
 use crate::link;
 use crate::metrics::{AdminState, Metrics};
+use crate::notify::{self, Notification};
 use crate::stream::{self, Identity, StreamMsg};
 
 pub use crate::core::{LOCAL_LEASE, Reason, decide, lease_until};
@@ -82,6 +84,14 @@ struct Shell {
 }
 
 impl Shell {
+    /// When the dataplane wants the lease written again for a longer lease (a leader only).
+    fn lease_due(&self, core: &Core) -> Option<Instant> {
+        if core.mode() != Mode::Leader {
+            return None;
+        }
+        self.dp.lock().unwrap_or_else(|e| e.into_inner()).lease_rewrite_at()
+    }
+
     /// One step of the core, then its results carried out. `Ok(Some(why))`: the core asks the process to exit.
     fn step(&self, core: &mut Core, event: Event) -> anyhow::Result<Option<String>> {
         let mut dp = self.dp.lock().unwrap_or_else(|e| e.into_inner());
@@ -111,6 +121,57 @@ impl Shell {
     }
 }
 
+/// The main loop's clock: the systemd watchdog, the local backend's lease, read-backs when due.
+const TICK: Duration = Duration::from_millis(250);
+
+/// What wakes the main loop.
+#[derive(Debug)]
+enum Wake {
+    /// Something for the core.
+    Event(Event),
+    /// SIGTERM, SIGINT or the shell's shutdown.
+    Stop,
+    /// The watch task is gone (it never ends by itself).
+    StreamGone,
+}
+
+/// Waits for the next thing the main loop must handle. Biased, in this order: the lease fence (close before the
+/// lease can expire), the tick (the watchdog), a stop, the lease's rewrite, then the inputs. Whatever floods the
+/// inputs, a due fence or tick is taken first: the inputs are only polled when neither is ready.
+async fn next_event(
+    src: &mut Sources,
+    tick: &mut tokio::time::Interval,
+    fence: Option<Instant>,
+    lease_due: Option<Instant>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Wake {
+    tokio::select! {
+        biased;
+        () = sleep_until(fence) => Wake::Event(Event::FenceDeadline),
+        _ = tick.tick() => Wake::Event(Event::Tick),
+        () = stop => Wake::Stop,
+        () = sleep_until(lease_due) => Wake::Event(Event::LeaseDue),
+        Ok(()) = src.coord.changed() => Wake::Event(Event::Coord(src.coord.borrow_and_update().clone())),
+        Ok(()) = src.health.changed() => Wake::Event(Event::Dhcp(src.health.borrow_and_update().clone())),
+        Some(ev) = src.guard.recv() => {
+            // Coalesce a burst (one `nft flush ruleset` touches every rule).
+            while src.guard.try_recv().is_ok() {}
+            Wake::Event(Event::GuardTouched(ev))
+        }
+        Some(()) = src.relink.recv() => Wake::Event(Event::LinkChanged),
+        msg = src.stream.recv() => match msg {
+            Some(first) => {
+                let mut batch = vec![first];
+                while let Ok(m) = src.stream.try_recv() {
+                    batch.push(m);
+                }
+                Wake::Event(Event::Stream(batch))
+            }
+            None => Wake::StreamGone,
+        },
+    }
+}
+
 /// Runs the agent until SIGTERM/SIGINT (or `shutdown` resolves). Returns an error only if the table could not
 /// be created or kept safe.
 pub async fn run(
@@ -120,48 +181,34 @@ pub async fn run(
     let (mut core, shell, mut src, coord_task) = start(cfg).await?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut tick = tokio::time::interval(TICK);
     tokio::pin!(shutdown);
     let result: anyhow::Result<()> = loop {
         // Only a deadline still ahead arms the fence; once passed, every event re-evaluates the mode.
         let fence = core.fence_deadline().filter(|t| *t > Instant::now());
-        let event = tokio::select! {
-            biased;
-            // The lease fence comes first: close before the lease can expire, whatever else is pending.
-            () = sleep_until(fence) => Event::FenceDeadline,
-            _ = tick.tick() => {
-                let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
-                Event::Tick
+        let lease_due = shell.lease_due(&core);
+        let stop = async {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                () = &mut shutdown => {}
             }
-            _ = term.recv() => break Ok(()),
-            _ = int.recv() => break Ok(()),
-            () = &mut shutdown => break Ok(()),
-            Ok(()) = src.coord.changed() => Event::Coord(src.coord.borrow_and_update().clone()),
-            Ok(()) = src.health.changed() => Event::Dhcp(src.health.borrow_and_update().clone()),
-            Some(ev) = src.guard.recv() => {
-                // Coalesce a burst (one `nft flush ruleset` touches every rule).
-                while src.guard.try_recv().is_ok() {}
-                Event::GuardTouched(ev)
-            }
-            Some(()) = src.relink.recv() => Event::LinkChanged,
-            msg = src.stream.recv() => match msg {
-                Some(first) => {
-                    let mut batch = vec![first];
-                    while let Ok(m) = src.stream.try_recv() {
-                        batch.push(m);
-                    }
-                    Event::Stream(batch)
-                }
-                None => break Err(anyhow::anyhow!("the watch task stopped")),
-            },
         };
+        let event = match next_event(&mut src, &mut tick, fence, lease_due, stop).await {
+            Wake::Event(e) => e,
+            Wake::Stop => break Ok(()),
+            Wake::StreamGone => break Err(anyhow::anyhow!("the watch task stopped")),
+        };
+        if matches!(event, Event::Tick) {
+            notify::notify(Notification::Watchdog);
+        }
         match shell.step(&mut core, event) {
             Ok(None) => {}
             Ok(Some(why)) => break Err(anyhow::anyhow!(why)),
             Err(e) => break Err(e),
         }
     };
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    notify::notify(Notification::Stopping);
     let _ = shell.stop.send(true);
     let blocked = shell.step(&mut core, Event::Shutdown);
     // Closed first; now resign and revoke the lease so that the next leader opens at once.
@@ -193,7 +240,9 @@ async fn sleep_until(at: Option<Instant>) {
 async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, tokio::task::JoinHandle<()>)> {
     let probe = dhcp_probe::plan(&cfg).map_err(|e| anyhow::anyhow!(e))?;
     match &probe {
-        Some(p) => info!(interface = %p.interface, mac = %p.mac, "probing the local DHCP server: leading needs its answers"),
+        Some(p) => {
+            info!(interface = %p.interface, mac = %p.mac, "probing the local DHCP server: leading needs its answers")
+        }
         None => {
             let why = {
                 let mut on = cfg.clone();
@@ -221,7 +270,7 @@ async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, to
         }
     });
     let (dp, guard) = open_dataplane(&cfg)?;
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    notify::notify(Notification::Ready);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
@@ -326,12 +375,18 @@ fn spawn_health(
         let mut checks: Option<Health> = None;
         loop {
             tokio::select! {
-                _ = tick.tick() => checks = Some(static_checks(&hcfg, &links).await),
+                _ = tick.tick() => match until_stop(health_with_links(&hcfg, &links), &mut stop).await {
+                    Some(h) => checks = Some(h),
+                    None => return,
+                },
                 Some(()) = link_rx.recv() => {
                     if egress {
                         let _ = relink_tx.try_send(());
                     }
-                    checks = Some(static_checks(&hcfg, &links).await);
+                    match until_stop(health_with_links(&hcfg, &links), &mut stop).await {
+                        Some(h) => checks = Some(h),
+                        None => return,
+                    }
                 }
                 _ = probe_tick.tick(), if prober.is_some() => {
                     if let Some(p) = prober.as_mut() {
@@ -355,11 +410,15 @@ fn spawn_health(
     (health_rx, relink_rx)
 }
 
-async fn static_checks(cfg: &crate::config::DhcpHealthSection, links: &[String]) -> Health {
-    let (c, l) = (cfg.clone(), links.to_vec());
-    tokio::task::spawn_blocking(move || health_with_links(&c, &l))
-        .await
-        .unwrap_or_else(|e| Health { healthy: false, detail: format!("the health check failed: {e}") })
+/// Bounded: each check ends within its own bound (systemctl's), and shutdown ends it sooner (`None`).
+async fn until_stop(
+    check: impl std::future::Future<Output = Health>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Health> {
+    tokio::select! {
+        h = check => Some(h),
+        _ = stop.changed() => None,
+    }
 }
 
 /// The probe of the local DHCP server: each round reads the table's counters, then sends one DISCOVER.
@@ -421,7 +480,12 @@ async fn coordinate(
     let coord: Arc<dyn ironguard_coord::Coordinator> = if etcd.enabled() {
         let mut attempt = 0;
         loop {
-            match ironguard_coord::etcd::EtcdCoordinator::connect(&etcd).await {
+            // Bounded (dial and request timeouts), and shutdown does not wait for it.
+            let connected = tokio::select! {
+                r = ironguard_coord::etcd::EtcdCoordinator::connect(&etcd) => r,
+                _ = stop.cancelled() => return,
+            };
+            match connected {
                 Ok(c) => break Arc::new(c),
                 Err(e) => {
                     let msg = format!("cannot connect to etcd {:?}: {e}", etcd.endpoints);
@@ -481,12 +545,121 @@ fn spawn_guard_monitor(own_portid: u32, tx: mpsc::Sender<GuardEvent>) {
 
 /// The DHCP service's health, which includes its provisioning links: every configured interface up with an
 /// IPv4 address (a dnsmasq on a downed link still listens, and serves nobody).
-fn health_with_links(cfg: &crate::config::DhcpHealthSection, interfaces: &[String]) -> Health {
+async fn health_with_links(cfg: &crate::config::DhcpHealthSection, interfaces: &[String]) -> Health {
     let problems = link::check(interfaces);
-    let h = dhcp_health::check(cfg);
+    let h = dhcp_health::check(cfg).await;
     if problems.is_empty() {
         h
     } else {
         Health { healthy: false, detail: format!("{}; {}", problems.join("; "), h.detail) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::StreamMsg;
+
+    struct Inputs {
+        stream: mpsc::Sender<StreamMsg>,
+        coord: watch::Sender<CoordState>,
+        health: watch::Sender<Health>,
+        _guard: mpsc::Sender<GuardEvent>,
+        _relink: mpsc::Sender<()>,
+    }
+
+    fn sources() -> (Sources, Inputs) {
+        let (stream_tx, stream) = mpsc::channel(4096);
+        let (coord_tx, coord) = watch::channel(CoordState::default());
+        let (health_tx, health) = watch::channel(Health { healthy: false, detail: String::new() });
+        let (guard_tx, guard) = mpsc::channel(16);
+        let (relink_tx, relink) = mpsc::channel(1);
+        let src = Sources { stream, coord, health, guard, relink };
+        (src, Inputs { stream: stream_tx, coord: coord_tx, health: health_tx, _guard: guard_tx, _relink: relink_tx })
+    }
+
+    fn lost(generation: u64) -> StreamMsg {
+        StreamMsg::Lost { generation, error: "flood".into() }
+    }
+
+    /// Everything ready at once: the fence first, then the tick, then a stop, then the lease's rewrite, then the
+    /// inputs (coordination, health, the stream as one batch).
+    #[tokio::test]
+    async fn the_fence_and_the_tick_come_before_everything_else() {
+        let (mut src, inputs) = sources();
+        for g in 0..100 {
+            inputs.stream.try_send(lost(g)).expect("room");
+        }
+        inputs.coord.send_modify(|c| c.session = 1);
+        inputs.health.send_modify(|h| h.healthy = true);
+        // A tick that is due (its first, a second ago); the next one an hour later.
+        let past = Instant::now() - Duration::from_secs(1);
+        let mut tick = tokio::time::interval_at(past.into(), Duration::from_secs(3600));
+        let due = || async {};
+        let wake = next_event(&mut src, &mut tick, Some(past), Some(past), due()).await;
+        assert!(matches!(wake, Wake::Event(Event::FenceDeadline)), "{wake:?}");
+        let wake = next_event(&mut src, &mut tick, None, Some(past), due()).await;
+        assert!(matches!(wake, Wake::Event(Event::Tick)), "{wake:?}");
+        let wake = next_event(&mut src, &mut tick, None, Some(past), due()).await;
+        assert!(matches!(wake, Wake::Stop), "{wake:?}");
+        let never = std::future::pending::<()>;
+        let wake = next_event(&mut src, &mut tick, None, Some(past), never()).await;
+        assert!(matches!(wake, Wake::Event(Event::LeaseDue)), "{wake:?}");
+        let wake = next_event(&mut src, &mut tick, None, None, never()).await;
+        assert!(matches!(wake, Wake::Event(Event::Coord(_))), "{wake:?}");
+        let wake = next_event(&mut src, &mut tick, None, None, never()).await;
+        assert!(matches!(wake, Wake::Event(Event::Dhcp(_))), "{wake:?}");
+        let wake = next_event(&mut src, &mut tick, None, None, never()).await;
+        assert!(matches!(&wake, Wake::Event(Event::Stream(b)) if b.len() == 100), "one batch: {wake:?}");
+        drop(inputs);
+        let wake = next_event(&mut src, &mut tick, None, None, never()).await;
+        assert!(matches!(wake, Wake::StreamGone), "{wake:?}");
+    }
+
+    /// A flood: producers keep the stream channel full and the coordination state changing, as fast as they can.
+    /// The main loop still gets its ticks, each while stream messages were waiting (the tick was taken first).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_stream_and_coordination_events_does_not_starve_the_tick() {
+        let (mut src, inputs) = sources();
+        let done = CancellationToken::new();
+        let (stream, coord) = (inputs.stream.clone(), inputs.coord.clone());
+        let flood = tokio::spawn({
+            let done = done.clone();
+            async move {
+                let mut g = 0u64;
+                while !done.is_cancelled() {
+                    g += 1;
+                    // Waits only while the channel is full: it stays full while the main loop is busy elsewhere.
+                    tokio::select! {
+                        r = stream.send(lost(g)) => if r.is_err() { return },
+                        _ = done.cancelled() => return,
+                    }
+                    coord.send_modify(|c| c.session = g);
+                }
+            }
+        });
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        let (mut ticks_while_flooded, mut batches) = (0, 0);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while ticks_while_flooded < 20 {
+            assert!(
+                Instant::now() < deadline,
+                "only {ticks_while_flooded} ticks came through the flood ({batches} batches)"
+            );
+            let waiting = src.stream.len();
+            match next_event(&mut src, &mut tick, None, None, std::future::pending()).await {
+                Wake::Event(Event::Tick) if waiting > 0 => ticks_while_flooded += 1,
+                Wake::Event(Event::Stream(_)) => {
+                    batches += 1;
+                    // A step of the core takes time; the flood refills the channel meanwhile.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Wake::Event(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        done.cancel();
+        flood.await.expect("the flood stops");
+        assert!(batches > 0, "the stream was served too");
     }
 }

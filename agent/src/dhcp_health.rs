@@ -2,7 +2,10 @@
 //! the pass rule for a service that answers nobody, while another host could serve.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
 
 use crate::config::DhcpHealthSection;
 
@@ -13,8 +16,9 @@ pub struct Health {
     pub detail: String,
 }
 
-/// Runs every configured check; all must pass.
-pub fn check(cfg: &DhcpHealthSection) -> Health {
+/// Runs every configured check; all must pass. Each ends within its bound (`systemctl` within
+/// `systemd_timeout_ms`), so the health never stays at an old value while a check hangs.
+pub async fn check(cfg: &DhcpHealthSection) -> Health {
     let mut details = vec![];
     let mut healthy = true;
     if cfg.udp_port != 0 {
@@ -31,9 +35,10 @@ pub fn check(cfg: &DhcpHealthSection) -> Health {
         }
     }
     if !cfg.systemd_unit.is_empty() {
-        let active =
-            Command::new("systemctl").args(["is-active", "--quiet", &cfg.systemd_unit]).status().map(|s| s.success());
-        match active {
+        let mut systemctl = Command::new("systemctl");
+        systemctl.args(["is-active", "--quiet", &cfg.systemd_unit]);
+        let bound = Duration::from_millis(cfg.systemd_timeout_ms);
+        match succeeds_within(systemctl, bound).await {
             Ok(true) => details.push(format!("unit {} active", cfg.systemd_unit)),
             Ok(false) => {
                 healthy = false;
@@ -41,7 +46,7 @@ pub fn check(cfg: &DhcpHealthSection) -> Health {
             }
             Err(e) => {
                 healthy = false;
-                details.push(format!("cannot run systemctl: {e}"));
+                details.push(format!("systemctl is-active {}: {e}", cfg.systemd_unit));
             }
         }
     }
@@ -58,6 +63,21 @@ pub fn check(cfg: &DhcpHealthSection) -> Health {
         details.push("no health check configured".into());
     }
     Health { healthy, detail: details.join("; ") }
+}
+
+/// Runs `command` (no input, output discarded) and says whether it exits with success within `bound`. One that
+/// is still running then is killed (and reaped by tokio) and its hang is the error.
+async fn succeeds_within(mut command: Command, bound: Duration) -> Result<bool, String> {
+    command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).kill_on_drop(true);
+    let mut child = command.spawn().map_err(|e| format!("cannot run it: {e}"))?;
+    match tokio::time::timeout(bound, child.wait()).await {
+        Ok(Ok(status)) => Ok(status.success()),
+        Ok(Err(e)) => Err(format!("cannot wait for it: {e}")),
+        Err(_) => {
+            let _ = child.start_kill();
+            Err(format!("no answer within {} ms (systemd_timeout_ms); killed it, health unknown", bound.as_millis()))
+        }
+    }
 }
 
 /// Number of sockets bound to UDP `port` in this network namespace (IPv4 and IPv6).
@@ -103,15 +123,30 @@ mod tests {
         assert_eq!(count_port(table, 4011), 0);
     }
 
-    #[test]
-    fn missing_pid_file_is_unhealthy_with_a_reason() {
+    #[tokio::test]
+    async fn missing_pid_file_is_unhealthy_with_a_reason() {
         let h = check(&DhcpHealthSection {
             udp_port: 0,
-            systemd_unit: String::new(),
             pid_file: "/nonexistent/dnsmasq.pid".into(),
-            interval_ms: 1000,
-        });
+            ..Default::default()
+        })
+        .await;
         assert!(!h.healthy);
         assert!(h.detail.contains("/nonexistent/dnsmasq.pid"), "{}", h.detail);
+    }
+
+    /// A command that hangs (a wedged systemctl or systemd) is an error naming the bound, and is killed; one that
+    /// answers is taken at its word.
+    #[tokio::test]
+    async fn a_command_that_hangs_is_killed_and_is_no_answer() {
+        let bound = Duration::from_millis(100);
+        let mut hang = Command::new("sleep");
+        hang.arg("600");
+        let e = succeeds_within(hang, bound).await.unwrap_err();
+        assert!(e.contains("no answer within 100 ms") && e.contains("systemd_timeout_ms"), "{e}");
+        assert_eq!(succeeds_within(Command::new("true"), bound * 50).await, Ok(true));
+        assert_eq!(succeeds_within(Command::new("false"), bound * 50).await, Ok(false));
+        let e = succeeds_within(Command::new("/nonexistent/systemctl"), bound).await.unwrap_err();
+        assert!(e.contains("cannot run it"), "{e}");
     }
 }

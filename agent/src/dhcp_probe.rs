@@ -66,7 +66,9 @@ pub fn plan(cfg: &AgentConfig) -> Result<Option<Plan>, String> {
     let impossible = |why: String| if p.mode == ProbeMode::On { Err(why) } else { Ok(None) };
     let dp = &cfg.dataplane;
     if !dp.backends.contains(&ironguard_dataplane::Backend::Nftables) {
-        return impossible("[dhcp_probe] needs the nftables backend (its rules let the probe in and count offers)".into());
+        return impossible(
+            "[dhcp_probe] needs the nftables backend (its rules let the probe in and count offers)".into(),
+        );
     }
     if !dp.hooks.contains(&ironguard_dataplane::HookKind::Input) && dp.egress_interfaces.is_empty() {
         return impossible(

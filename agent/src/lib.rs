@@ -12,6 +12,7 @@
 //! - [`dhcp_health`]: is the local DHCP service healthy?
 //! - [`dhcp_probe`]: does the local DHCP server answer? (the agent's own DISCOVERs through the real filter path)
 //! - [`metrics`]: Prometheus metrics and the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
+//! - [`notify`]: systemd's readiness and watchdog notifications, sent without ever waiting.
 //! - [`hold`]: `ironguard-agent hold`, which keeps a static filter state (for tests, demos and emergencies).
 //! - [`logging`]: `tracing` set-up shared by the subcommands.
 //!
@@ -29,6 +30,7 @@ pub mod hold;
 pub mod link;
 pub mod logging;
 pub mod metrics;
+pub mod notify;
 pub mod stream;
 
 pub use config::AgentConfig;

@@ -31,18 +31,58 @@ pub struct Identity {
     pub network: String,
 }
 
+/// Opens a channel to `endpoint`: TCP, TLS and the HTTP/2 handshake, all within `connect_timeout_ms` (tonic's own
+/// connect timeout covers the TCP connection only, so a replica that accepts and never completes TLS would hold
+/// the caller for ever).
 pub(crate) async fn connect(endpoint: &str, cfg: &ControlPlaneSection) -> Result<PxeFilterClient<Channel>, String> {
+    let bound = Duration::from_millis(cfg.connect_timeout_ms);
     let ep = cfg
         .client_auth()
         .endpoint(endpoint)
         .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+        .connect_timeout(bound)
         .http2_keep_alive_interval(Duration::from_secs(2))
         .keep_alive_timeout(Duration::from_secs(cfg.silence_timeout_secs.max(1)))
         .keep_alive_while_idle(true)
         .tcp_nodelay(true);
-    let channel = ep.connect().await.map_err(|e| format!("cannot connect to {endpoint}: {e}"))?;
+    let channel = match tokio::time::timeout(bound, ep.connect()).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(format!("cannot connect to {endpoint}: {e}")),
+        Err(_) => {
+            return Err(format!(
+                "cannot connect to {endpoint}: no connection (TCP, TLS, HTTP/2) within {} ms (connect_timeout_ms)",
+                bound.as_millis()
+            ));
+        }
+    };
     Ok(PxeFilterClient::new(channel).max_decoding_message_size(256 << 20))
+}
+
+/// Connects to `endpoint` and opens a `WatchFilters` stream from the revision applied now; the control plane's
+/// answer must come within `request_timeout_ms`. Returns the stream and the revision it resumes from.
+async fn open_watch(
+    endpoint: &str,
+    cfg: &ControlPlaneSection,
+    who: &Identity,
+    applied: &AtomicU64,
+) -> Result<(tonic::Streaming<FilterEvent>, u64), String> {
+    let mut client = connect(endpoint, cfg).await?;
+    let since = applied.load(Ordering::SeqCst);
+    let req = WatchFiltersRequest {
+        agent_id: who.agent_id.clone(),
+        host: who.host.clone(),
+        network: who.network.clone(),
+        since_revision: since,
+    };
+    // Not `Request::set_timeout`: that would bound the whole stream, which is meant to stay open.
+    let bound = Duration::from_millis(cfg.request_timeout_ms);
+    match tokio::time::timeout(bound, client.watch_filters(req)).await {
+        Ok(Ok(r)) => Ok((r.into_inner(), since)),
+        Ok(Err(s)) => Err(format!("WatchFilters on {endpoint}: {}", s.message())),
+        Err(_) => {
+            Err(format!("WatchFilters on {endpoint}: no answer within {} ms (request_timeout_ms)", bound.as_millis()))
+        }
+    }
 }
 
 /// The loss reported when the stream is reopened on purpose, for a snapshot after a failed apply.
@@ -70,19 +110,12 @@ pub async fn watch_loop(
         generation += 1;
         let started = Instant::now();
         let result = async {
-            let mut client = connect(&endpoint, &cfg).await?;
-            let since = applied.load(Ordering::SeqCst);
-            let req = WatchFiltersRequest {
-                agent_id: who.agent_id.clone(),
-                host: who.host.clone(),
-                network: who.network.clone(),
-                since_revision: since,
+            // Connecting and the first answer have their bounds; a resync or shutdown meanwhile ends the attempt.
+            let (mut stream, since) = tokio::select! {
+                r = open_watch(&endpoint, &cfg, &who, &applied) => r?,
+                _ = resync.changed() => return Err(RESYNC.to_string()),
+                _ = shutdown.changed() => return Ok(()),
             };
-            let mut stream = client
-                .watch_filters(req)
-                .await
-                .map_err(|s| format!("WatchFilters on {endpoint}: {}", s.message()))?
-                .into_inner();
             let _ = tx.send(StreamMsg::Connected { generation, endpoint: endpoint.clone(), since }).await;
             let silence = Duration::from_secs(cfg.silence_timeout_secs.max(1));
             loop {
@@ -140,7 +173,8 @@ pub fn unix_ms_of(at: Option<std::time::Instant>) -> u64 {
 }
 
 /// Sends the latest status on every change and every `report_interval`, to the first endpoint that answers. Each
-/// report carries the kernel lease's end as last written (`lease`), read when the report is sent.
+/// report carries the kernel lease's end as last written (`lease`), read when the report is sent. Every connection
+/// and call has its bound (`connect_timeout_ms`, `request_timeout_ms`), and shutdown ends a report under way.
 pub async fn report_loop(
     cfg: ControlPlaneSection,
     mut status: watch::Receiver<AgentStatus>,
@@ -148,9 +182,8 @@ pub async fn report_loop(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut client: Option<PxeFilterClient<Channel>> = None;
-    let mut idx = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.report_interval_ms));
+    let mut reporter = Reporter { cfg, client: None, idx: 0 };
+    let mut tick = tokio::time::interval(Duration::from_millis(reporter.cfg.report_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut warned = false;
     loop {
@@ -161,46 +194,79 @@ pub async fn report_loop(
         }
         let mut s = status.borrow_and_update().clone();
         s.lease_until_unix_ms = lease.load(std::sync::atomic::Ordering::SeqCst);
-        for _ in 0..cfg.endpoints.len() {
-            if client.is_none() {
-                let ep = &cfg.endpoints[idx % cfg.endpoints.len()];
-                match connect(ep, &cfg).await {
-                    Ok(c) => client = Some(c),
-                    Err(_) => {
-                        idx += 1;
-                        continue;
-                    }
+        let sent = tokio::select! {
+            r = reporter.send(&s) => r,
+            _ = shutdown.changed() => return,
+        };
+        match sent {
+            Ok(current) => {
+                metrics.lag.set(current.saturating_sub(s.applied_revision) as i64);
+                if warned {
+                    info!("status reports reach the control plane again");
+                    warned = false;
                 }
             }
-            let Some(c) = client.as_mut() else { continue };
-            let mut req = tonic::Request::new(s.clone());
-            req.set_timeout(Duration::from_millis(cfg.connect_timeout_ms));
-            match c.report_status(req).await {
-                Ok(r) => {
-                    let current = r.into_inner().current_revision;
-                    metrics.lag.set(current.saturating_sub(s.applied_revision) as i64);
-                    if warned {
-                        info!("status reports reach the control plane again");
-                        warned = false;
-                    }
-                    break;
-                }
-                Err(e) => {
-                    if !warned {
-                        warn!(error = %e.message(), "cannot report status");
-                        warned = true;
-                    }
-                    client = None;
-                    idx += 1;
+            Err(e) => {
+                if !warned {
+                    warn!(error = %e, "cannot report status");
+                    warned = true;
                 }
             }
         }
     }
 }
 
+/// The report loop's connection: kept between reports, replaced by the next endpoint's after a failure.
+struct Reporter {
+    cfg: ControlPlaneSection,
+    client: Option<PxeFilterClient<Channel>>,
+    idx: usize,
+}
+
+impl Reporter {
+    /// One report, tried on each endpoint at most once; the control plane's current revision, or the last error.
+    async fn send(&mut self, s: &AgentStatus) -> Result<u64, String> {
+        let n = self.cfg.endpoints.len();
+        let bound = Duration::from_millis(self.cfg.request_timeout_ms);
+        let mut last = String::from("no endpoint configured");
+        for _ in 0..n {
+            let endpoint = self.cfg.endpoints[self.idx % n].clone();
+            let mut client = match self.client.take() {
+                Some(c) => c,
+                None => match connect(&endpoint, &self.cfg).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        last = e;
+                        self.idx += 1;
+                        continue;
+                    }
+                },
+            };
+            let mut req = tonic::Request::new(s.clone());
+            req.set_timeout(bound);
+            match tokio::time::timeout(bound, client.report_status(req)).await {
+                Ok(Ok(r)) => {
+                    self.client = Some(client);
+                    return Ok(r.into_inner().current_revision);
+                }
+                Ok(Err(e)) => last = format!("ReportStatus on {endpoint}: {}", e.message()),
+                Err(_) => {
+                    last = format!(
+                        "ReportStatus on {endpoint}: no answer within {} ms (request_timeout_ms)",
+                        bound.as_millis()
+                    )
+                }
+            }
+            self.idx += 1;
+        }
+        Err(last)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::MAX_WAIT_MS;
 
     #[test]
     fn a_resync_that_repeats_backs_off_like_any_loss() {
@@ -210,5 +276,127 @@ mod tests {
         assert!(reconnect_pause(RESYNC, 10, max) >= max.mul_f64(0.75));
         assert!(reconnect_pause(RESYNC, 1, max) >= Duration::from_millis(150));
         assert!(reconnect_pause("stream from x failed: y", 0, max) >= Duration::from_millis(75));
+    }
+
+    /// A replica that accepts connections and never answers, nor reads: its URL, and a channel that says each accept.
+    async fn wedged_replica() -> (String, mpsc::UnboundedReceiver<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let (accepted, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut held = vec![];
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+                let _ = accepted.send(());
+            }
+        });
+        (url, rx)
+    }
+
+    fn section(endpoints: Vec<String>, bound_ms: u64) -> ControlPlaneSection {
+        ControlPlaneSection {
+            endpoints,
+            connect_timeout_ms: bound_ms,
+            request_timeout_ms: bound_ms,
+            max_backoff_ms: 100,
+            insecure: true,
+            ..Default::default()
+        }
+    }
+
+    fn who() -> Identity {
+        Identity { agent_id: "a".into(), host: "h".into(), network: "n".into() }
+    }
+
+    /// A deadline for something stuck, not a figure.
+    const STUCK: Duration = Duration::from_secs(60);
+
+    struct Watching {
+        msgs: mpsc::Receiver<StreamMsg>,
+        resync: watch::Sender<u64>,
+        stop: watch::Sender<bool>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start_watch(cfg: ControlPlaneSection) -> Watching {
+        let (tx, msgs) = mpsc::channel(16);
+        let (resync, resync_rx) = watch::channel(0);
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(watch_loop(cfg, who(), Arc::new(AtomicU64::new(0)), tx, resync_rx, stop_rx));
+        Watching { msgs, resync, stop, task }
+    }
+
+    async fn next_loss(msgs: &mut mpsc::Receiver<StreamMsg>) -> String {
+        match tokio::time::timeout(STUCK, msgs.recv()).await {
+            Ok(Some(StreamMsg::Lost { error, .. })) => error,
+            other => panic!("expected a lost stream, got {other:?}"),
+        }
+    }
+
+    /// Two replicas that accept and never answer: the watch gives up the first within its bound (saying which
+    /// bound), tries the second, gives it up too, and comes back to the first.
+    #[tokio::test]
+    async fn a_replica_that_never_answers_is_given_up_for_the_next() {
+        let (a, mut a_accepts) = wedged_replica().await;
+        let (b, mut b_accepts) = wedged_replica().await;
+        let mut w = start_watch(section(vec![a.clone(), b.clone()], 200));
+        let first = next_loss(&mut w.msgs).await;
+        assert!(first.contains(&a) && first.contains("within") && first.contains("_timeout_ms"), "{first}");
+        assert!(a_accepts.try_recv().is_ok(), "the first replica was reached");
+        let second = next_loss(&mut w.msgs).await;
+        assert!(second.contains(&b) && second.contains("within"), "{second}");
+        assert!(b_accepts.try_recv().is_ok(), "the second replica was reached");
+        let third = next_loss(&mut w.msgs).await;
+        assert!(third.contains(&a), "round robin: {third}");
+        w.stop.send_replace(true);
+        tokio::time::timeout(STUCK, w.task).await.expect("the watch stops on shutdown").expect("no panic");
+    }
+
+    /// While an answer is awaited (bounds far away), a resync ends the attempt at once, and so does shutdown.
+    #[tokio::test]
+    async fn resync_and_shutdown_end_an_attempt_still_waiting_for_its_answer() {
+        let (a, mut accepts) = wedged_replica().await;
+        let mut w = start_watch(section(vec![a.clone()], MAX_WAIT_MS));
+        tokio::time::timeout(STUCK, accepts.recv()).await.expect("connected").expect("listener");
+        w.resync.send_modify(|g| *g += 1);
+        assert_eq!(next_loss(&mut w.msgs).await, RESYNC);
+        // The first resync reconnects at once: to the same (only) replica, where it waits again.
+        tokio::time::timeout(STUCK, accepts.recv()).await.expect("reconnected").expect("listener");
+        w.stop.send_replace(true);
+        tokio::time::timeout(STUCK, w.task).await.expect("the watch stops on shutdown").expect("no panic");
+        assert!(w.msgs.try_recv().is_err(), "nothing after shutdown");
+    }
+
+    /// A status report to replicas that never answer fails on each in turn, within its bounds.
+    #[tokio::test]
+    async fn a_report_tries_every_replica_and_gives_up_on_silent_ones() {
+        let (a, mut a_accepts) = wedged_replica().await;
+        let (b, mut b_accepts) = wedged_replica().await;
+        let mut r = Reporter { cfg: section(vec![a, b.clone()], 200), client: None, idx: 0 };
+        let e = tokio::time::timeout(STUCK, r.send(&AgentStatus::default())).await.expect("bounded").unwrap_err();
+        // Bounded by tonic's own deadline (the grpc-timeout it is given) or, as a second line, by the agent's.
+        assert!(e.contains(&b) && (e.contains("within") || e.contains("Timeout expired")), "{e}");
+        assert!(a_accepts.try_recv().is_ok() && b_accepts.try_recv().is_ok(), "both replicas were tried");
+        assert!(r.client.is_none());
+    }
+
+    /// Shutdown ends a report that is still waiting for its answer.
+    #[tokio::test]
+    async fn shutdown_ends_a_report_waiting_for_its_answer() {
+        let (a, mut accepts) = wedged_replica().await;
+        let (status, status_rx) = watch::channel(AgentStatus::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let lease = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(report_loop(
+            section(vec![a], MAX_WAIT_MS),
+            status_rx,
+            lease,
+            Arc::new(Metrics::new()),
+            stop_rx,
+        ));
+        tokio::time::timeout(STUCK, accepts.recv()).await.expect("connected").expect("listener");
+        stop.send_replace(true);
+        tokio::time::timeout(STUCK, task).await.expect("the report loop stops on shutdown").expect("no panic");
+        drop(status);
     }
 }

@@ -34,10 +34,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use futures::StreamExt as _;
+use ironguard_dataplane::MacAddr;
 use ironguard_netns_tests::{
     ControlPlane, Netns, RealIronic, TempDir, in_netns, ipa_inventory, start_agent, verdict, wait_for,
 };
-use ironguard_dataplane::MacAddr;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::{InspectionStatus, ListRequest, StartRequest};
 use serde_json::{Value, json};

@@ -107,7 +107,13 @@ pub(crate) struct FaultResult {
 }
 
 fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
-    let mut site = HaSite::with_options(HaOptions { hosts: 3, nodes: 2, policy: "deny", lost_after_secs: 3, ..Default::default() });
+    let mut site = HaSite::with_options(HaOptions {
+        hosts: 3,
+        nodes: 2,
+        policy: "deny",
+        lost_after_secs: 3,
+        ..Default::default()
+    });
     site.wait_leader(None, Duration::from_secs(30)).context("no first leader")?;
     let out = ctl(&site.mgmt, &["--controlplane", "https://10.90.0.1:9100", "filters", "allow", KNOWN]);
     anyhow::ensure!(out.status.success(), "allowing the probe's MAC failed: {out:?}");

@@ -42,6 +42,11 @@ fn e(op: &'static str) -> impl FnOnce(etcd_client::Error) -> CoordError {
     move |source| CoordError::Etcd { op, source }
 }
 
+/// The error of a request that got no answer within its bound (what [`EtcdCoordinator::retry`] reports too).
+fn timed_out() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded("request timeout"))
+}
+
 /// Whether an error is worth retrying (the cluster or the network, not the request).
 fn transient(err: &etcd_client::Error) -> bool {
     match err {
@@ -139,7 +144,12 @@ impl EtcdCoordinator {
             }
             opts = opts.with_tls(tls);
         }
-        let client = Client::connect(&cfg.endpoints, Some(opts)).await.map_err(e("connect"))?;
+        // The client dials lazily, but authenticates at once when a user is set: bounded like any request.
+        let bound = Duration::from_millis(cfg.dial_timeout_ms.saturating_add(cfg.request_timeout_ms));
+        let client = match tokio::time::timeout(bound, Client::connect(&cfg.endpoints, Some(opts))).await {
+            Ok(r) => r.map_err(e("connect"))?,
+            Err(_) => return Err(CoordError::Etcd { op: "connect", source: timed_out() }),
+        };
         Ok(Self {
             client,
             prefix: cfg.prefix.clone(),
@@ -163,6 +173,20 @@ impl EtcdCoordinator {
         self.prefix.len() + 1
     }
 
+    /// Opens a watch, within the request timeout (a wedged etcd never answers a watch's creation).
+    async fn open_watch(
+        &self,
+        key: String,
+        options: WatchOptions,
+        op: &'static str,
+    ) -> Result<etcd_client::WatchStream, CoordError> {
+        let mut client = self.client.clone();
+        match tokio::time::timeout(self.request_timeout, client.watch(key, Some(options))).await {
+            Ok(r) => r.map_err(e(op)),
+            Err(_) => Err(CoordError::Etcd { op, source: timed_out() }),
+        }
+    }
+
     /// Runs `f` up to `retries` times while it fails transiently, with back-off.
     pub async fn retry<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<T, CoordError>
     where
@@ -175,7 +199,7 @@ impl EtcdCoordinator {
             let err = match r {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(err)) => err,
-                Err(_) => etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded("request timeout")),
+                Err(_) => timed_out(),
             };
             attempt += 1;
             if attempt >= self.retries || !transient(&err) {
@@ -312,27 +336,6 @@ impl Coordinator for EtcdCoordinator {
         let key = format!("{dir}{:016x}", session.lease);
         let lease = session.lease;
         let (k, v) = (key.clone(), value.to_string());
-        // Create the candidacy if absent (same lease: same key), attached to the lease.
-        let r = self
-            .retry("campaign", |mut c| {
-                let txn = Txn::new()
-                    .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(k.clone(), v.clone(), Some(PutOptions::new().with_lease(lease)))])
-                    .or_else([TxnOp::get(k.clone(), None)]);
-                async move { c.txn(txn).await }
-            })
-            .await?;
-        let my_rev = match r.op_responses().into_iter().next() {
-            Some(etcd_client::TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()).unwrap_or(0),
-            _ => r.header().map(|h| h.revision()).unwrap_or(0),
-        };
-        let me = Leadership {
-            election: election.to_string(),
-            key: key.clone(),
-            revision: my_rev,
-            lease,
-            holder: value.to_string(),
-        };
         let withdraw = |this: &Self, key: String| {
             let this = this.clone();
             async move {
@@ -344,6 +347,33 @@ impl Coordinator for EtcdCoordinator {
                     .await;
             }
         };
+        // Create the candidacy if absent (same lease: same key), attached to the lease. Cancelled meanwhile, the
+        // key may have been written: it is withdrawn.
+        let created = self.retry("campaign", |mut c| {
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(k.clone(), v.clone(), Some(PutOptions::new().with_lease(lease)))])
+                .or_else([TxnOp::get(k.clone(), None)]);
+            async move { c.txn(txn).await }
+        });
+        let r = tokio::select! {
+            r = created => r?,
+            _ = cancel.cancelled() => {
+                withdraw(self, key.clone()).await;
+                return Err(CoordError::Cancelled);
+            }
+        };
+        let my_rev = match r.op_responses().into_iter().next() {
+            Some(etcd_client::TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()).unwrap_or(0),
+            _ => r.header().map(|h| h.revision()).unwrap_or(0),
+        };
+        let me = Leadership {
+            election: election.to_string(),
+            key: key.clone(),
+            revision: my_rev,
+            lease,
+            holder: value.to_string(),
+        };
         // The hand-over record as last learned: its write's revision and the first instant this candidate knew of
         // that write (the holder's fence ends at most `fence_ms` after it).
         let mut record: Option<(i64, HandOver, Instant)> = None;
@@ -351,21 +381,23 @@ impl Coordinator for EtcdCoordinator {
             // The newest candidate older than us, our own key (a store replaced or restored since the campaign
             // began has forgotten it: that is no victory) and the hand-over record, in one linearizable read.
             let (d, k, f) = (dir.clone(), key.clone(), fence.clone());
-            let looked = self
-                .retry("campaign wait", |mut c| {
-                    let older = GetOptions::new()
-                        .with_prefix()
-                        .with_max_create_revision(my_rev - 1)
-                        .with_sort(SortTarget::Create, SortOrder::Descend)
-                        .with_limit(1);
-                    let txn = Txn::new().and_then([
-                        TxnOp::get(d.clone(), Some(older)),
-                        TxnOp::get(k.clone(), None),
-                        TxnOp::get(f.clone(), None),
-                    ]);
-                    async move { c.txn(txn).await }
-                })
-                .await;
+            let look = self.retry("campaign wait", |mut c| {
+                let older = GetOptions::new()
+                    .with_prefix()
+                    .with_max_create_revision(my_rev - 1)
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(1);
+                let txn = Txn::new().and_then([
+                    TxnOp::get(d.clone(), Some(older)),
+                    TxnOp::get(k.clone(), None),
+                    TxnOp::get(f.clone(), None),
+                ]);
+                async move { c.txn(txn).await }
+            });
+            let looked = tokio::select! {
+                r = look => r,
+                _ = cancel.cancelled() => Err(CoordError::Cancelled),
+            };
             let looked = match looked {
                 Ok(o) => o,
                 Err(err) => {
@@ -417,16 +449,16 @@ impl Coordinator for EtcdCoordinator {
             // Watch the election (the older candidate's key and the hand-over record, in revision order, so no
             // write of the record can reach us after the deletion it precedes).
             let watch_from = revision + 1;
-            let mut client = self.client.clone();
             let all = self.full(&format!("election/{election}"));
-            let mut w = match client
-                .watch(all, Some(WatchOptions::new().with_prefix().with_start_revision(watch_from)))
-                .await
-            {
+            let opened = tokio::select! {
+                r = self.open_watch(all, WatchOptions::new().with_prefix().with_start_revision(watch_from), "campaign watch") => r,
+                _ = cancel.cancelled() => Err(CoordError::Cancelled),
+            };
+            let mut w = match opened {
                 Ok(w) => w,
                 Err(err) => {
                     withdraw(self, key.clone()).await;
-                    return Err(CoordError::Etcd { op: "campaign watch", source: err });
+                    return Err(err);
                 }
             };
             let deadline = async {
@@ -529,10 +561,12 @@ impl Coordinator for EtcdCoordinator {
                         return Ok(());
                     }
                     let from = r.header().map(|h| h.revision()).unwrap_or(0) + 1;
-                    let mut client = self.client.clone();
-                    if let Ok(mut w) =
-                        client.watch(l.key.clone(), Some(WatchOptions::new().with_start_revision(from))).await
-                    {
+                    let opened = self.open_watch(
+                        l.key.clone(),
+                        WatchOptions::new().with_start_revision(from),
+                        "watch the candidacy",
+                    );
+                    if let Ok(mut w) = opened.await {
                         attempt = 0;
                         // Until the stream ends or fails: then look again.
                         while let Ok(Some(resp)) = w.message().await {
@@ -644,11 +678,9 @@ impl Coordinator for EtcdCoordinator {
     ) -> Result<BoxStream<'static, Result<Vec<KvEvent>, CoordError>>, CoordError> {
         let p = self.full(prefix);
         let plen = self.prefix_len();
-        let mut client = self.client.clone();
-        let w = client
-            .watch(p, Some(WatchOptions::new().with_prefix().with_start_revision(after_revision + 1)))
-            .await
-            .map_err(e("watch"))?;
+        let w = self
+            .open_watch(p, WatchOptions::new().with_prefix().with_start_revision(after_revision + 1), "watch")
+            .await?;
         let s = futures::stream::unfold(w, move |mut w| async move {
             loop {
                 match w.message().await {

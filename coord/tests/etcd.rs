@@ -102,6 +102,64 @@ async fn unreachable_etcd_lets_the_session_expire_on_the_local_clock() {
     assert!(expired >= last, "the session expires at its estimate, not before: {:?} early", last - expired);
 }
 
+/// Awaits `f`, failing if it does not end: a deadline for something stuck, not a figure.
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not end while etcd is wedged"))
+}
+
+/// A wedged etcd (frozen: it accepts connections and answers nothing): every call ends by its bound with an error,
+/// a campaign still waiting for its first answer ends when cancelled (`Cancelled`, not the error its call would
+/// have ended with), and one waiting behind the leader ends too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel() {
+    let e = EtcdProcess::start_loopback("wedged");
+    coord(&e).await;
+    let cfg = EtcdConfig {
+        endpoints: vec![e.url.clone()],
+        prefix: "/t".into(),
+        request_timeout_ms: 300,
+        retries: 2,
+        ..Default::default()
+    };
+    let c = EtcdCoordinator::connect(&cfg).await.unwrap();
+    let a = c.session(Duration::from_secs(3)).await.unwrap();
+    let la = c.campaign("net", "agent-a", &a, CancellationToken::new()).await.unwrap();
+    let b = c.session(Duration::from_secs(3)).await.unwrap();
+    let waiting = CancellationToken::new();
+    let (c2, w2) = (c.clone(), waiting.clone());
+    let behind = tokio::spawn(async move { c2.campaign("net", "agent-b", &b, w2).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!behind.is_finished(), "b waits behind a");
+    e.freeze();
+    let r = bounded("confirm", c.confirm(&la, Duration::from_secs(2))).await;
+    assert!(r.is_err(), "{r:?}");
+    let r = bounded("session", c.session(Duration::from_secs(3))).await;
+    assert!(r.is_err());
+    let r = bounded("watch setup", c.watch_prefix("members/", 0)).await;
+    assert!(r.is_err());
+    let r = bounded("resign", c.resign(&la)).await;
+    assert!(r.is_err(), "{r:?}");
+    // Uncancelled, a new campaign ends with the error of its first call.
+    let r = bounded("campaign", c.campaign("net", "agent-c", &a, CancellationToken::new())).await;
+    assert!(matches!(r, Err(ironguard_coord::CoordError::Etcd { .. })), "{r:?}");
+    // Cancelled while its first call waits: Cancelled, not that error.
+    let cancel = CancellationToken::new();
+    let (c3, k3) = (c.clone(), cancel.clone());
+    let pending = tokio::spawn(async move { c3.campaign("net", "agent-d", &a, k3).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    cancel.cancel();
+    let r = bounded("cancelled campaign", pending).await.unwrap();
+    assert!(matches!(r, Err(ironguard_coord::CoordError::Cancelled)), "{r:?}");
+    // The campaign that was waiting behind the leader (in its watch) ends too: by its bound (the connection's
+    // keep-alive fails, and the look at the election that follows gets no answer) or by the cancel.
+    waiting.cancel();
+    let r = bounded("waiting campaign", behind).await.unwrap();
+    assert!(r.is_err(), "{r:?}");
+    e.thaw();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_locks_and_watch() {
     let e = EtcdProcess::start_loopback("kv");

@@ -83,6 +83,10 @@ impl Dataplane for Combined {
         self.parts.first().and_then(|p| p.lease_until())
     }
 
+    fn lease_rewrite_at(&self) -> Option<Instant> {
+        self.parts.iter().filter_map(|p| p.lease_rewrite_at()).min()
+    }
+
     fn committed(&self) -> Option<&DesiredState> {
         self.parts.first().and_then(|p| p.committed())
     }

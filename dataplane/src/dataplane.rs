@@ -76,6 +76,13 @@ pub trait Dataplane: Send {
     /// The end of the lease as last set (`None`: no lease, or it was dropped).
     fn lease_until(&self) -> Option<Instant>;
 
+    /// When [`Dataplane::refresh_lease`] with the same deadline would make the lease last longer: a backend whose
+    /// kernel counts leases in coarse units (ipset: whole seconds) ends them before the deadline, and a write at
+    /// the right moment brings the end close to it. `None` (every other backend): no such moment.
+    fn lease_rewrite_at(&self) -> Option<Instant> {
+        None
+    }
+
     /// The state last committed, if any.
     fn committed(&self) -> Option<&DesiredState>;
 

@@ -234,7 +234,7 @@ impl HostsdirDataplane {
     }
 
     /// Writes the closed state for every file found: what `guard install` does before dnsmasq starts, and what the
-    /// agent's unit runs after the agent stops (even after SIGKILL: systemd's `ExecStopPost`).
+    /// packaged agent unit runs after the agent stops, however it stopped (SIGKILL too: its `ExecStopPost=`).
     pub fn close_all(config: &RulesetConfig) -> Result<usize, NftError> {
         let mut dp = Self::open(config)?;
         let closed = DesiredState::blocked(config.clone());

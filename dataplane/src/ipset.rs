@@ -16,16 +16,25 @@
 //! ```
 //!
 //! Where it is weaker than nftables (docs/operations.md): nothing dies with the agent — iptables-legacy has no
-//! owned tables — so after SIGKILL the leader's rules stay until its lease element expires (whole seconds, rounded
-//! down: at most TTL − margin after its last keep-alive), not at once; the sets key on the Ethernet source only
-//! (iptables cannot look a set up by the BOOTP chaddr), so behind a DHCP relay the relay's MAC decides; DHCPv4
-//! only; each change runs an `ipset` or `iptables-restore` process (milliseconds), and a delta touching both sets
-//! is two atomic steps (the closing one first). Needs the kernel's `hash:mac` set type (`ip_set_hash_mac`).
+//! owned tables — so after SIGKILL the leader's rules stay until its lease element expires (at most TTL − margin
+//! after its last keep-alive), not at once; the sets key on the Ethernet source only (iptables cannot look a set up
+//! by the BOOTP chaddr), so behind a DHCP relay the relay's MAC decides; DHCPv4 only; each change runs an `ipset` or
+//! `iptables-restore` process (milliseconds), and a delta touching both sets is two atomic steps (the closing one
+//! first). Needs the kernel's `hash:mac` set type (`ip_set_hash_mac`).
+//!
+//! The lease ([`IpsetLease`]) counts in whole seconds, the only unit of ipset timeouts. Rounded down, an element
+//! written just after a keep-alive ends up to a second before the fence deadline, which with the defaults (TTL 3 s,
+//! margin 1 s, a keep-alive every second) is about when the next keep-alive's write comes: the lease would lapse for
+//! milliseconds now and then. So it is written again, for the same deadline, just before the whole seconds left
+//! would drop by one ([`IpsetLease::rewrite_at`]): it then ends [`LEASE_WRITE_ALLOWANCE`] +
+//! [`LEASE_ALIGN_EARLY`] before the deadline, close to it and never after it.
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use tracing::warn;
 
 use crate::dataplane::{ApplyReport, Dataplane};
 use crate::model::{Delta, DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
@@ -233,12 +242,158 @@ fn swap_script(live: &str, macs: &BTreeSet<MacAddr>) -> String {
     s
 }
 
+/// Room for the `ipset` process that writes the lease to reach the kernel, whose timeout counts from then: the
+/// whole seconds are computed to end this long before the deadline. A write that took longer (plus
+/// [`crate::LEASE_APPLY_SLACK`]) is written again with what is left, as the nftables backend does.
+pub const LEASE_WRITE_ALLOWANCE: Duration = Duration::from_millis(50);
+/// How long before the whole seconds left would drop by one the lease is written again ([`IpsetLease::rewrite_at`]):
+/// room for the main loop's timer to fire late. The rewritten lease ends this long plus [`LEASE_WRITE_ALLOWANCE`]
+/// before the deadline.
+pub const LEASE_ALIGN_EARLY: Duration = Duration::from_millis(100);
+/// A rewrite that would make the lease last less than this much longer is not worth a process.
+const LEASE_MIN_GAIN: Duration = Duration::from_millis(10);
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The lease element as last written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseElement {
+    /// The deadline it was written for.
+    pub deadline: Instant,
+    /// It ends no earlier than this (its timeout counted from before the write)…
+    pub earliest: Instant,
+    /// …and no later than this (counted from when the write returned).
+    pub latest: Instant,
+}
+
+/// What a refresh of the lease does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseWrite {
+    /// Write the element with this many seconds.
+    Write(u64),
+    /// Leave the element as it is: it ends by the deadline, and a write now would not make it last longer.
+    Keep,
+    /// Remove it: no whole second is left before the deadline (or there is no deadline).
+    Drop,
+}
+
+/// Whole seconds of lease that end by `deadline` if written at `now` (0: none).
+pub fn lease_secs(deadline: Instant, now: Instant) -> u64 {
+    deadline.checked_sub(LEASE_WRITE_ALLOWANCE).map_or(0, |d| d.saturating_duration_since(now).as_secs())
+}
+
+/// What to write at `now` for the deadline `until`, given the element in the kernel. Pure.
+pub fn plan_lease(current: Option<LeaseElement>, until: Option<Instant>, now: Instant) -> LeaseWrite {
+    let Some(deadline) = until else { return LeaseWrite::Drop };
+    let secs = lease_secs(deadline, now);
+    let keep = current.is_some_and(|c| {
+        c.latest <= deadline + crate::LEASE_APPLY_SLACK && now + Duration::from_secs(secs) <= c.earliest
+    });
+    match (keep, secs) {
+        (true, _) => LeaseWrite::Keep,
+        (false, 0) => LeaseWrite::Drop,
+        (false, s) => LeaseWrite::Write(s),
+    }
+}
+
+/// When to write `current` again, for the same deadline, so that it lasts longer: [`LEASE_ALIGN_EARLY`] before the
+/// next instant at which the whole seconds left drop by one. `None`: no rewrite would gain. Pure.
+pub fn rewrite_at(current: LeaseElement, now: Instant) -> Option<Instant> {
+    let base = current.deadline.checked_sub(LEASE_WRITE_ALLOWANCE)?;
+    let best = base.checked_sub(LEASE_ALIGN_EARLY)?;
+    if best <= current.earliest + LEASE_MIN_GAIN || base <= now {
+        return None;
+    }
+    // At `now + fraction`, whole seconds are left to `base`; just before it, as many as now.
+    let fraction = Duration::from_nanos(u64::from(base.duration_since(now).subsec_nanos()));
+    let at = if fraction > LEASE_ALIGN_EARLY {
+        now + fraction - LEASE_ALIGN_EARLY
+    } else {
+        now + fraction + SECOND - LEASE_ALIGN_EARLY
+    };
+    let secs = lease_secs(current.deadline, at);
+    (secs > 0 && at + Duration::from_secs(secs) > current.earliest + LEASE_MIN_GAIN).then_some(at)
+}
+
+/// The leader's lease: one element per DHCP port in the `bitmap:port` set `ironguard-lease`, with a kernel timeout
+/// in whole seconds that never ends after the deadline it was written for (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct IpsetLease {
+    ipset: String,
+    ports: Vec<u16>,
+    element: Option<LeaseElement>,
+}
+
+impl IpsetLease {
+    /// The lease of the set `ironguard-lease` (which must exist), written with the `ipset` command `ipset`.
+    pub fn new(ipset: &str, ports: &[u16]) -> Self {
+        Self { ipset: ipset.to_string(), ports: ports.to_vec(), element: None }
+    }
+
+    /// The element in the kernel, as last written.
+    pub fn element(&self) -> Option<LeaseElement> {
+        self.element
+    }
+
+    /// When to call [`IpsetLease::refresh`] again with the same deadline for a longer lease.
+    pub fn rewrite_at(&self) -> Option<Instant> {
+        rewrite_at(self.element?, Instant::now())
+    }
+
+    /// Moves the lease to end by `until` (`None`: now), writing only what makes it last longer or end sooner. A
+    /// write that may have reached the kernel late enough to outlast the deadline is written again with what is
+    /// left, and after [`crate::LEASE_REWRITES`] such writes the lease is dropped.
+    pub fn refresh(&mut self, until: Option<Instant>) -> Result<ApplyReport, NftError> {
+        let mut report = ApplyReport::default();
+        loop {
+            let start = Instant::now();
+            let secs = match plan_lease(self.element, until, start) {
+                LeaseWrite::Keep => return Ok(report),
+                LeaseWrite::Drop => {
+                    run(&self.ipset, &["-exist", "restore"], Some(&format!("flush {LEASE_SET}\n")))?;
+                    self.element = None;
+                    report.add(&IpsetDataplane::report(start, 1, 0));
+                    return Ok(report);
+                }
+                LeaseWrite::Write(secs) => secs,
+            };
+            let script: String = self.ports.iter().map(|p| format!("add {LEASE_SET} {p} timeout {secs}\n")).collect();
+            run(&self.ipset, &["-exist", "restore"], Some(&script))?;
+            let done = Instant::now();
+            report.add(&IpsetDataplane::report(start, 1, self.ports.len()));
+            let length = Duration::from_secs(secs);
+            let deadline = until.unwrap_or(start);
+            self.element = Some(LeaseElement { deadline, earliest: start + length, latest: done + length });
+            if done + length <= deadline + crate::LEASE_APPLY_SLACK {
+                return Ok(report);
+            }
+            report.lease_rewrites += 1;
+            let give_up = report.lease_rewrites > crate::LEASE_REWRITES;
+            warn!(
+                took_ms = (done - start).as_millis() as u64,
+                rewrites = report.lease_rewrites,
+                "the ipset lease write took so long that its element may outlast the fence deadline: {}",
+                if give_up {
+                    "dropping it (DHCP closed until the next keep-alive)"
+                } else {
+                    "writing it again with the time left"
+                }
+            );
+            if give_up {
+                return self.refresh(None).map(|r| {
+                    report.add(&r);
+                    report
+                });
+            }
+        }
+    }
+}
+
 /// The ipset backend.
 #[derive(Debug)]
 pub struct IpsetDataplane {
     config: RulesetConfig,
     committed: Option<DesiredState>,
-    lease_until: Option<Instant>,
+    lease: IpsetLease,
 }
 
 impl IpsetDataplane {
@@ -265,7 +420,8 @@ impl IpsetDataplane {
              create {LEASE_SET} bitmap:port range 0-65535 timeout 0 -exist\n"
         );
         run(ipset, &["restore"], Some(&script))?;
-        let dp = Self { config: config.clone(), committed: None, lease_until: None };
+        let lease = IpsetLease::new(ipset, &config.ports);
+        let dp = Self { config: config.clone(), committed: None, lease };
         dp.write_mode(Mode::Blocked, UnknownMacPolicy::Deny)?;
         for m in dhcp_matches(config) {
             let args: Vec<&str> = m.split_whitespace().collect();
@@ -364,24 +520,19 @@ impl Dataplane for IpsetDataplane {
         Ok(Self::report(start, 1, 0))
     }
 
-    /// One element per port in `ironguard-lease`, expiring after the whole seconds left until `until` (rounded
-    /// down, so never later than asked; under a second left: no lease).
+    /// One element per port in `ironguard-lease`, expiring after the whole seconds left until `until` (see
+    /// [`IpsetLease::refresh`]: never after `until`, written only when that makes the lease last longer).
     fn refresh_lease(&mut self, until: Option<Instant>) -> Result<ApplyReport, NftError> {
-        let config = &self.committed.as_ref().ok_or(NftError::NotInitialised)?.config;
-        let start = Instant::now();
-        let secs = until.map_or(0, |u| u.saturating_duration_since(start).as_secs());
-        let script = if secs == 0 {
-            format!("flush {LEASE_SET}\n")
-        } else {
-            config.ports.iter().map(|p| format!("add {LEASE_SET} {p} timeout {secs}\n")).collect()
-        };
-        run(&self.config.ipset.ipset, &["-exist", "restore"], Some(&script))?;
-        self.lease_until = (secs > 0).then(|| start + std::time::Duration::from_secs(secs));
-        Ok(Self::report(start, 1, config.ports.len()))
+        self.committed.as_ref().ok_or(NftError::NotInitialised)?;
+        self.lease.refresh(until)
     }
 
     fn lease_until(&self) -> Option<Instant> {
-        self.lease_until
+        self.lease.element().map(|e| e.earliest)
+    }
+
+    fn lease_rewrite_at(&self) -> Option<Instant> {
+        self.lease.rewrite_at()
     }
 
     fn committed(&self) -> Option<&DesiredState> {
@@ -468,5 +619,118 @@ mod tests {
         let s = swap_script(ALLOW_SET, &macs);
         assert!(s.contains("add ironguard-allow-t 52:54:00:00:00:01"), "{s}");
         assert!(s.contains("swap ironguard-allow-t ironguard-allow\ndestroy ironguard-allow-t"), "{s}");
+    }
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_plan_writes_whole_seconds_that_end_by_the_deadline_and_never_shortens_for_the_same_one() {
+        let now = Instant::now();
+        let d = now + 2000 * MS;
+        assert_eq!(plan_lease(None, None, now), LeaseWrite::Drop);
+        assert_eq!(plan_lease(None, Some(d), now), LeaseWrite::Write(1), "1.95 s left after the allowance: 1 s");
+        assert_eq!(plan_lease(None, Some(now + 2060 * MS), now), LeaseWrite::Write(2));
+        assert_eq!(plan_lease(None, Some(now + 1049 * MS), now), LeaseWrite::Drop, "under a second left");
+        // The element in the kernel ends at now + 1.9 s, for the deadline d: a write now (1 s) would shorten it.
+        let e = LeaseElement { deadline: d, earliest: now + 1900 * MS, latest: now + 1905 * MS };
+        assert_eq!(plan_lease(Some(e), Some(d), now), LeaseWrite::Keep);
+        assert_eq!(plan_lease(Some(e), Some(d), now + 920 * MS), LeaseWrite::Write(1), "at 0.92 s it would gain");
+        // Late in its life, no whole second is left, but the element still ends by the deadline: kept, not dropped.
+        assert_eq!(plan_lease(Some(e), Some(d), now + 1500 * MS), LeaseWrite::Keep);
+        // A deadline earlier than the element's end: never kept.
+        assert_eq!(plan_lease(Some(e), Some(now + 1800 * MS), now), LeaseWrite::Write(1));
+        assert_eq!(plan_lease(Some(e), Some(now + 900 * MS), now), LeaseWrite::Drop);
+        assert_eq!(plan_lease(Some(e), Some(now + 1500 * MS), now - 1000 * MS), LeaseWrite::Write(2));
+        assert_eq!(plan_lease(Some(e), None, now), LeaseWrite::Drop);
+    }
+
+    /// A simulated leader with the defaults (TTL 3 s, margin 1 s, a keep-alive every second): the keep-alive's
+    /// round trip (with its confirmation) varies; after each the lease is written for the new fence deadline, as
+    /// the agent's core does; with `aligned`, the main loop also writes it again at [`rewrite_at`], its timer
+    /// firing `late`. Each `ipset` write reaches the kernel `write` after its timeout was computed. Returns each
+    /// element as the kernel has it: (applied at, ends at, its deadline).
+    fn simulate(
+        round_trips: &[u32],
+        late: Duration,
+        write: Duration,
+        aligned: bool,
+    ) -> Vec<(Instant, Instant, Instant)> {
+        let t0 = Instant::now();
+        let (fence, period) = (2000 * MS, 1000 * MS);
+        let mut current: Option<LeaseElement> = None;
+        let mut kernel = vec![];
+        let mut refresh = |now: Instant, deadline: Instant, current: &mut Option<LeaseElement>| -> Instant {
+            match plan_lease(*current, Some(deadline), now) {
+                LeaseWrite::Write(secs) => {
+                    let (done, length) = (now + write, Duration::from_secs(secs));
+                    kernel.push((done, done + length, deadline));
+                    *current = Some(LeaseElement { deadline, earliest: now + length, latest: done + length });
+                    done
+                }
+                LeaseWrite::Keep => now,
+                LeaseWrite::Drop => panic!("dropped at {:?} for {:?}", now - t0, deadline - t0),
+            }
+        };
+        for (k, rtt) in round_trips.iter().enumerate() {
+            let sent = t0 + period * k as u32;
+            let deadline = sent + fence;
+            let mut now = refresh(sent + *rtt * MS, deadline, &mut current);
+            let next = t0 + period * (k as u32 + 1) + round_trips.get(k + 1).copied().unwrap_or(0) * MS;
+            for _ in 0..10 {
+                let Some(at) = current.filter(|_| aligned).and_then(|c| rewrite_at(c, now)) else { break };
+                assert!(at >= now, "a rewrite is never due in the past");
+                if at + late >= next {
+                    break;
+                }
+                now = refresh(at + late, deadline, &mut current);
+            }
+        }
+        kernel
+    }
+
+    fn lapses(kernel: &[(Instant, Instant, Instant)]) -> Vec<Duration> {
+        kernel.windows(2).filter_map(|w| w[1].0.checked_duration_since(w[0].1)).filter(|d| !d.is_zero()).collect()
+    }
+
+    /// Rounded down to whole seconds and written only after each keep-alive, the lease lapses whenever a round trip
+    /// is longer than the one before; written again just before its whole seconds drop, it never lapses. Either
+    /// way no element ends after its deadline.
+    #[test]
+    fn the_ipset_lease_never_lapses_between_keep_alives_and_never_outlives_its_deadline() {
+        let round_trips = [3, 40, 5, 60, 2, 90, 10, 30, 4, 300, 1, 70, 8, 500, 3];
+        for write in [MS, 5 * MS, 15 * MS] {
+            let old = simulate(&round_trips, Duration::ZERO, write, false);
+            assert!(!lapses(&old).is_empty(), "the old schedule lapses (write {write:?})");
+            for late in [Duration::ZERO, MS, 25 * MS, 80 * MS] {
+                let kernel = simulate(&round_trips, late, write, true);
+                assert!(kernel.len() > round_trips.len(), "aligned rewrites happened");
+                assert_eq!(lapses(&kernel), Vec::<Duration>::new(), "write {write:?}, timer late {late:?}");
+                for (applied, ends, deadline) in &kernel {
+                    assert!(ends <= &(*deadline + crate::LEASE_APPLY_SLACK), "an element outlives its deadline");
+                    assert!(applied < ends);
+                }
+                // The last element ends close to its deadline: the allowance and the early rewrite before it.
+                let (_, ends, deadline) = kernel.last().unwrap();
+                assert!(*ends + LEASE_WRITE_ALLOWANCE + LEASE_ALIGN_EARLY >= *deadline);
+            }
+        }
+    }
+
+    #[test]
+    fn an_aligned_lease_is_not_rewritten_and_a_short_one_is_rewritten_before_its_seconds_drop() {
+        let now = Instant::now();
+        let d = now + 2000 * MS;
+        // Written 10 ms after the keep-alive: 1 s, ending at now + 1.01 s; the rewrite comes 100 ms before the
+        // instant 1.95 s (d less the allowance) minus a whole second, i.e. at now + 0.85 s, and ends at d - 150 ms.
+        let written = now + 10 * MS;
+        let e = LeaseElement { deadline: d, earliest: written + 1000 * MS, latest: written + 1002 * MS };
+        let at = rewrite_at(e, written + 2 * MS).expect("a rewrite gains almost a second");
+        assert_eq!(at, now + 850 * MS);
+        assert_eq!(lease_secs(d, at), 1);
+        let aligned = LeaseElement { deadline: d, earliest: at + 1000 * MS, latest: at + 1003 * MS };
+        assert_eq!(rewrite_at(aligned, at + 3 * MS), None, "nothing left to gain");
+        // Within the early margin of the boundary: the next boundary, a second later, if a second is left then.
+        let e2 = LeaseElement { deadline: now + 3000 * MS, earliest: now + 1500 * MS, latest: now + 1500 * MS };
+        assert_eq!(rewrite_at(e2, now + 940 * MS), Some(now + 1850 * MS));
+        assert_eq!(rewrite_at(e, now + 1960 * MS), None, "the deadline is too close");
     }
 }

@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataplane::ProbeCounts;
 use crate::model::{DesiredState, Mode, UnknownMacPolicy};
 use crate::netlink::{
     self, Attrs, DumpSocket, Dumped, Message, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM,
@@ -16,7 +17,6 @@ use crate::ruleset::{
     BuiltChain, EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, Side, comments, guard_rules, owned_rules,
     parse_comment,
 };
-use crate::dataplane::ProbeCounts;
 use crate::{MacAddr, NftError};
 
 const NFPROTO_INET: u8 = 1;

@@ -9,8 +9,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{MacAddr, NftError};
 use crate::netlink::{self, Attrs, be_u32};
+use crate::{MacAddr, NftError};
 
 /// The UDP port field that identifies DHCP traffic: the destination of a request, the source of a reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -497,7 +497,13 @@ fn statement(exprs: &[Expr]) -> Option<(Stmt, usize)> {
             Some((Stmt::Port { field, port: u16::from_be_bytes([data[0], data[1]]) }, 2))
         }
         [
-            Payload { dreg: Some(r), base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: CHADDR_OFFSET_BYTES, len: 6, other: false },
+            Payload {
+                dreg: Some(r),
+                base: NFT_PAYLOAD_TRANSPORT_HEADER,
+                offset: CHADDR_OFFSET_BYTES,
+                len: 6,
+                other: false,
+            },
             Cmp { sreg, op: 0, data },
             ..,
         ] if sreg == r => Some((Stmt::Chaddr(MacAddr::from_octets(data[..].try_into().ok()?).ok()?), 2)),

@@ -44,8 +44,10 @@ use rustables::expr::{
 use rustables::{Batch, Chain, ChainPolicy, ChainType, Hook, HookClass, MsgType, ProtocolFamily, Rule, Set, Table};
 
 use crate::model::{Delta, DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
+use crate::rule::{
+    ARPHRD_ETHER, DhcpMessage, ETH_P_IP, IPPROTO_UDP, NFPROTO_IPV4, NFT_PAYLOAD_TRANSPORT_HEADER, PortField, Stmt,
+};
 pub use crate::rule::{CHADDR_OFFSET_BYTES, FIRST_OPTION_OFFSET_BYTES};
-use crate::rule::{ARPHRD_ETHER, DhcpMessage, ETH_P_IP, IPPROTO_UDP, NFPROTO_IPV4, NFT_PAYLOAD_TRANSPORT_HEADER, PortField, Stmt};
 use crate::{MacAddr, NftError};
 
 /// The table owned by the running agent.
@@ -743,7 +745,11 @@ fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
 
 /// `len` bytes of the transport header from `offset` into register 1.
 fn transport_bytes(offset: u32, len: u32) -> Payload {
-    Payload::default().with_base(NFT_PAYLOAD_TRANSPORT_HEADER).with_offset(offset).with_len(len).with_dreg(Register::Reg1)
+    Payload::default()
+        .with_base(NFT_PAYLOAD_TRANSPORT_HEADER)
+        .with_offset(offset)
+        .with_len(len)
+        .with_dreg(Register::Reg1)
 }
 
 fn udp_field(f: PortField) -> UDPHeaderField {

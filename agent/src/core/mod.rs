@@ -1,9 +1,10 @@
 //! The agent's decisions as a state machine without I/O of its own: [`Core::step`] takes one [`Event`] (a stream
-//! message batch, coordination news, DHCP health, a touched guard, a tick, the fence deadline, shutdown) with the
-//! current time and the dataplane, changes the typed state, writes the kernel through [`Dataplane`] (the one
-//! narrow interface to it), and returns the [`Effect`]s the async shell must carry out (reopen the stream for a
-//! snapshot, exit). Everything else the shell needs it reads back: [`Core::status`], [`Core::may_lead`],
-//! [`Core::resume_revision`], [`Core::fence_deadline`]. Models: raft-rs's `RawNode::step`/`Ready`, quinn-proto.
+//! message batch, coordination news, DHCP health, a touched guard, a tick, the fence deadline, the lease's rewrite,
+//! shutdown) with the current time and the dataplane, changes the typed state, writes the kernel through
+//! [`Dataplane`] (the one narrow interface to it), and returns the [`Effect`]s the async shell must carry out
+//! (reopen the stream for a snapshot, exit). Everything else the shell needs it reads back: [`Core::status`],
+//! [`Core::may_lead`], [`Core::resume_revision`], [`Core::fence_deadline`]. Models: raft-rs's `RawNode::step`/`Ready`,
+//! quinn-proto.
 //!
 //! The state is typed so that contradictions cannot be written: the filter state is one [`FilterSync`] (none yet,
 //! applied at a revision, a failed batch waiting for a snapshot, or a refused regression), the guard one
@@ -274,6 +275,9 @@ pub enum Event {
     Tick,
     /// The fence deadline passed: no keep-alive succeeded for TTL − margin.
     FenceDeadline,
+    /// The dataplane's moment to write the lease again for the same deadline, so that it lasts longer
+    /// ([`Dataplane::lease_rewrite_at`]: ipset's whole seconds).
+    LeaseDue,
     /// SIGTERM, SIGINT or the shell's shutdown: close.
     Shutdown,
 }
@@ -599,6 +603,11 @@ impl Core {
                     self.converge(dp, now)?;
                 }
             }
+            Event::LeaseDue => {
+                if self.mode == Mode::Leader {
+                    self.refresh_lease(dp, now)?;
+                }
+            }
             Event::FenceDeadline => {
                 warn!("lease fence: no keep-alive succeeded for TTL - margin; closing before the lease can expire");
                 self.converge(dp, now)?;
@@ -670,7 +679,8 @@ impl Core {
     }
 
     /// Moves the kernel lease to the current fence deadline (see [`lease_until`]): after a keep-alive, when
-    /// becoming Leader, on the local backend's tick. A deadline already too close drops the lease instead: the
+    /// becoming Leader, on the local backend's tick, and when the dataplane asks to write it again
+    /// ([`Event::LeaseDue`]). A deadline already too close drops the lease instead: the
     /// kernel then marks nothing until the next keep-alive.
     fn refresh_lease(&mut self, dp: &mut dyn Dataplane, now: Instant) -> Result<(), CoreError> {
         let until = lease_until(self.coord.expiry, self.cfg.margin, now);

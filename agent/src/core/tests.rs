@@ -529,3 +529,19 @@ fn shutdown_blocks_and_a_link_change_reads_the_kernel_back() {
     assert_eq!(h.core.reason(), &Reason::ShuttingDown);
     assert!(!h.core.may_lead(h.at(0.0)));
 }
+
+/// The dataplane's moment to write the lease again (ipset's whole seconds): a leader writes it for the same fence
+/// deadline, never a later one; a follower writes nothing.
+#[test]
+fn the_lease_is_written_again_when_due_and_only_while_leading() {
+    let mut h = Host::leader(&[1], 1);
+    let before = h.transactions();
+    h.step_at(0.95, Event::LeaseDue);
+    assert_eq!(h.transactions(), before + 1, "written again");
+    assert_eq!(h.dp.lease_until(), Some(h.at(2.0)), "for the same fence deadline (TTL - margin), not later");
+    h.session(1.0, 4.0, false);
+    assert_eq!(h.core.mode(), Mode::Follower);
+    let before = h.transactions();
+    h.step_at(1.5, Event::LeaseDue);
+    assert_eq!(h.transactions(), before, "a follower writes no lease");
+}

@@ -191,7 +191,10 @@ fn join(h: std::thread::JoinHandle<anyhow::Result<Outcome>>) -> anyhow::Result<O
 
 /// A site of three hosts split as [`PLAN`] says, with every MAC in `macs` allowed and served by the leader.
 fn site(macs: &[[u8; 6]]) -> anyhow::Result<HaSite> {
-    let site = HaSite::with_plan(HaOptions { hosts: 3, nodes: 1, policy: "deny", lost_after_secs: 30, ..Default::default() }, PLAN);
+    let site = HaSite::with_plan(
+        HaOptions { hosts: 3, nodes: 1, policy: "deny", lost_after_secs: 30, ..Default::default() },
+        PLAN,
+    );
     site.wait_leader(None, Duration::from_secs(60)).context("no first leader")?;
     let texts: Vec<String> = macs.iter().filter_map(|m| MacAddr::from_octets(*m).ok()).map(|m| m.to_string()).collect();
     let mut args = vec!["--controlplane", "https://10.90.0.1:9100", "filters", "allow"];

@@ -138,11 +138,21 @@ impl EtcdProcess {
         }
     }
 
-    /// Sends `sig` to etcd (SIGSTOP and SIGCONT make a stall: an fsync or a defrag that takes its time).
-    pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        if let Some(c) = &self.child {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
-        }
+    /// Freezes etcd (SIGSTOP): its listening sockets stay open and the kernel still accepts connections, but
+    /// nothing answers — a wedged etcd, unlike a stopped one, which refuses at once.
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a frozen etcd run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("etcd runs");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, sig).expect("signal etcd");
     }
 
     /// Starts it again on the same data and ports.

@@ -271,7 +271,20 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             // This kernel has no netem: the leader's packets to etcd go through an NFQUEUE whose reader releases
             // them 0–3 s late, in order (tests/netns/scripts/nfqueue_delay.py).
             let ns = &site.hosts[leader].ns;
-            let rule = ["OUTPUT", "-p", "tcp", "-d", "10.90.0.1", "--dport", "2379", "-j", "NFQUEUE", "--queue-num", "7", "--queue-bypass"];
+            let rule = [
+                "OUTPUT",
+                "-p",
+                "tcp",
+                "-d",
+                "10.90.0.1",
+                "--dport",
+                "2379",
+                "-j",
+                "NFQUEUE",
+                "--queue-num",
+                "7",
+                "--queue-bypass",
+            ];
             let mut delayer = ns
                 .cmd("python3")
                 .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/nfqueue_delay.py"))
@@ -308,9 +321,9 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             lease_deadline = watch_lease_end(&site.hosts[leader].ns, ttl);
         }
         Fault::EtcdStall => {
-            site.etcd.signal(Signal::SIGSTOP);
+            site.etcd.freeze();
             std::thread::sleep(Duration::from_secs(1));
-            site.etcd.signal(Signal::SIGCONT);
+            site.etcd.thaw();
             // Whatever the stall caused (a lapse, a hand-over) has happened by then.
             std::thread::sleep(ttl);
         }
@@ -378,7 +391,15 @@ fn watch_lease_end(ns: &Netns, window: Duration) -> Option<Instant> {
 fn leader_key(site: &HaSite) -> Result<(String, String), String> {
     let out = etcdctl(
         site,
-        &["get", "--prefix", "/ironguard/election/agents/prov/", "--keys-only", "--sort-by=CREATE", "--order=ASCEND", "--limit=1"],
+        &[
+            "get",
+            "--prefix",
+            "/ironguard/election/agents/prov/",
+            "--keys-only",
+            "--sort-by=CREATE",
+            "--order=ASCEND",
+            "--limit=1",
+        ],
     )?;
     let key = out.lines().find(|l| !l.trim().is_empty()).ok_or("no candidate in etcd")?.trim().to_string();
     let lease = key.rsplit('/').next().unwrap_or_default().trim_start_matches('0').to_string();

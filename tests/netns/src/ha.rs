@@ -299,8 +299,9 @@ fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, plan: &DhcpPlan, i:
         ServerKind::Dnsmasq => {
             let tag = format!("dnsmasq-pxe{i}");
             let text = if setup == ServerSetup::Exhausted {
-                let until = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
-                    + 86_400;
+                let until =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs()
+                        + 86_400;
                 format!("{until} {taken} {lo} other *\n")
             } else {
                 String::new()
@@ -326,8 +327,10 @@ fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, plan: &DhcpPlan, i:
             if setup == ServerSetup::NoRange {
                 // dhcpd refuses to listen on an interface none of its subnets covers: declare prov0's without a
                 // range, and the range in a network nobody is on
-                subnets =
-                    vec![(net.as_str(), mask.as_str(), "", ""), ("10.99.0.0", "255.255.255.0", lo.as_str(), hi.as_str())];
+                subnets = vec![
+                    (net.as_str(), mask.as_str(), "", ""),
+                    ("10.99.0.0", "255.255.255.0", lo.as_str(), hi.as_str()),
+                ];
             }
             crate::shapes::dhcpd_with_leases(ns, dir, &format!("pxe{i}"), &[iface], &subnets, &leases).proc
         }

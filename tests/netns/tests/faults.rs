@@ -21,7 +21,13 @@ fn rounds() -> usize {
 }
 
 fn matrix(faults: &[Fault]) {
-    let mut site = HaSite::with_options(HaOptions { hosts: 3, nodes: 2, policy: "deny", lost_after_secs: 3, ..Default::default() });
+    let mut site = HaSite::with_options(HaOptions {
+        hosts: 3,
+        nodes: 2,
+        policy: "deny",
+        lost_after_secs: 3,
+        ..Default::default()
+    });
     let (leader, _) = site.wait_leader(None, Duration::from_secs(20)).expect("a first leader");
     let out = ctl(&site.mgmt, &["--controlplane", "https://10.90.0.1:9100", "filters", "allow", KNOWN]);
     assert!(out.status.success(), "{out:?}");

@@ -261,3 +261,32 @@ fn sigterm_is_served_at_once_while_etcd_is_down() {
     }
     eprintln!("SIGTERM to exit with etcd down: {took:?}");
 }
+
+/// A wedged etcd (frozen with SIGSTOP: its port still accepts connections, nothing answers — unlike a stopped etcd,
+/// which refuses at once): no keep-alive succeeds, so every host stops serving by the fence deadline of the last
+/// one that went out before the freeze (no read that began a TTL after it saw a host serving), every agent says
+/// Blocked, and SIGTERM still stops each agent, closed, with exit 0, while etcd stays wedged.
+#[test]
+fn a_wedged_etcd_closes_every_host_by_its_fence_and_sigterm_still_stops_the_agents() {
+    let mut site = HaSite::new(2, 1);
+    site.wait_leader(None, Duration::from_secs(15)).expect("leader");
+    let watcher = Watcher::start(&site.hosts);
+    site.etcd.freeze();
+    let frozen = Instant::now();
+    let blocked = wait_for(Duration::from_secs(30), || site.verdicts().iter().all(|v| v == "BLOCKED").then_some(()));
+    assert!(blocked.is_some(), "not all blocked with etcd wedged: {:?}", site.verdicts());
+    let fence = frozen + Duration::from_secs(TTL_SECS);
+    assert!(watcher.wait_read_after(fence, Duration::from_secs(30)), "every host was read after the fence deadline");
+    for (i, host) in watcher.finish_raw().iter().enumerate() {
+        let late = host.iter().filter(|(began, _, open)| *open && *began > fence).count();
+        assert_eq!(late, 0, "pxe-{i} was read serving {TTL_SECS} s and more after etcd was wedged");
+    }
+    for i in 0..site.hosts.len() {
+        let st = signal_agent(&mut site.hosts[i], Signal::SIGTERM);
+        assert!(st.is_some_and(|s| s.success()), "pxe-{i} exits 0 on SIGTERM with etcd wedged");
+        assert_eq!(verdict(&site.hosts[i].ns), "CLOSED", "pxe-{i} is closed once it exited");
+        let log = site.hosts[i].agent.as_ref().expect("the agent's process").log_text();
+        assert!(log.contains("Blocked; exiting"), "pxe-{i} stopped through Blocked:\n{log}");
+    }
+    site.etcd.thaw();
+}

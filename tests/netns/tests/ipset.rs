@@ -1,6 +1,7 @@
 //! The ipset backend (iptables-legacy and `hash:mac` ipsets) on this machine's kernel, which has no `hash:mac` set
-//! type (CONFIG_IP_SET_HASH_MAC is not set): the agent must refuse the backend with a message that says why. The
-//! backend's dataplane tests run in a stock Debian 12 kernel under qemu: `debian_kernel.rs`.
+//! type (CONFIG_IP_SET_HASH_MAC is not set): the agent must refuse the backend with a message that says why; and
+//! the leader's lease, whose set type (`bitmap:port` with timeouts) this kernel has, never lapses between
+//! keep-alives. The backend's dataplane tests run in a stock Debian 12 kernel under qemu: `debian_kernel.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Stdio;
@@ -45,4 +46,124 @@ fn the_ipset_backend_needs_hash_mac_and_says_so() {
         let sets = run_ok(ns.cmd("ipset").args(["list", "-n"]));
         assert!(String::from_utf8_lossy(&sets.stdout).trim().is_empty(), "nothing was created");
     }
+}
+
+/// One write of the lease by the test's writer: when it was due, when it began and returned, what it wrote
+/// (`None`: the write took so long that its element could outlive the deadline, so it was dropped).
+#[derive(Debug, Clone, Copy)]
+struct LeaseWriteAt {
+    due: std::time::Instant,
+    start: std::time::Instant,
+    done: std::time::Instant,
+    element: Option<ironguard_dataplane::ipset::LeaseElement>,
+}
+
+/// The leader's ipset lease on this machine's kernel, which has its set type (`bitmap:port` with timeouts) though
+/// not `hash:mac`: written as the agent writes it with the defaults (TTL 3 s, margin 1 s: the fence deadline 2 s
+/// after each keep-alive went out, one keep-alive a second, round trips that vary from 2 to 120 ms), and written
+/// again when [`IpsetLease::rewrite_at`] says, as the agent's main loop does. A reader tests the element as fast as
+/// it can. The schedule always writes again before the element it follows ends; the kernel keeps each element at
+/// least as long as written and never past its deadline; so the reader never finds it missing while keep-alives
+/// come — unless the writer itself ran late (a starved process: then its next write came after the element
+/// ended, which is checked) — and never finds it after the last deadline.
+#[test]
+fn the_ipset_lease_never_lapses_between_keep_alives_and_ends_by_its_deadline() {
+    use ironguard_dataplane::ipset::{IpsetLease, LEASE_SET};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    require_tools(&[("ipset", "ipset")]);
+    let ns = Netns::new("iplease");
+    run_ok(ns.cmd("ipset").args(["create", LEASE_SET, "bitmap:port", "range", "0-65535", "timeout", "0"]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (path, stop) = (format!("/run/netns/{}", ns.name()), stop.clone());
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).expect("netns");
+            nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let mut samples = vec![];
+            while !stop.load(Ordering::Relaxed) {
+                let began = Instant::now();
+                let out = std::process::Command::new("ipset")
+                    .args(["test", LEASE_SET, "67"])
+                    .stdin(Stdio::null())
+                    .output()
+                    .expect("ipset test");
+                // 0: in the set; 1 with "is NOT in set": not; anything else is the reader's failure.
+                let present = out.status.success();
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(present || stderr.contains("is NOT in set"), "ipset test failed: {stderr}");
+                samples.push((began, Instant::now(), present));
+            }
+            samples
+        })
+    };
+    let round_trips_ms: [u32; 8] = [5, 60, 3, 80, 10, 120, 2, 40];
+    let (writes, next_keep_alive, last_deadline) = in_netns(&ns, move || {
+        let mut lease = IpsetLease::new("ipset", &[67]);
+        let mut writes = vec![];
+        let mut write = |lease: &mut IpsetLease, due: Instant, deadline: Instant| {
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            let start = Instant::now();
+            let r = lease.refresh(Some(deadline)).expect("ipset");
+            if r.transactions > 0 {
+                writes.push(LeaseWriteAt { due, start, done: Instant::now(), element: lease.element() });
+            }
+        };
+        let (second, fence) = (Duration::from_secs(1), Duration::from_secs(2));
+        let t0 = Instant::now() + Duration::from_millis(200);
+        let ms = |n: u32| Duration::from_millis(u64::from(n));
+        let mut deadline = t0;
+        for (k, rtt) in round_trips_ms.iter().enumerate() {
+            let sent = t0 + second * k as u32;
+            deadline = sent + fence;
+            write(&mut lease, sent + ms(*rtt), deadline);
+            let next = t0 + second * (k as u32 + 1) + ms(round_trips_ms.get(k + 1).copied().unwrap_or(0));
+            while let Some(at) = lease.rewrite_at().filter(|at| *at < next) {
+                write(&mut lease, at, deadline);
+            }
+        }
+        (writes, t0 + second * round_trips_ms.len() as u32, deadline)
+    });
+    assert!(writes.len() > round_trips_ms.len(), "the lease was written again between keep-alives: {writes:#?}");
+    // Sample until well after the last deadline, then stop.
+    std::thread::sleep(last_deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().expect("sampler");
+
+    // The schedule: each write is due before the element it follows ends, and each element ends by its deadline.
+    for w in writes.windows(2) {
+        if let Some(e) = w[0].element {
+            assert!(w[1].due < e.earliest, "a write planned after the lease it follows ends: {w:#?}");
+        }
+    }
+    for e in writes.iter().filter_map(|w| w.element) {
+        assert!(e.latest <= e.deadline + ironguard_dataplane::LEASE_APPLY_SLACK, "{e:#?}");
+    }
+    // The kernel: present from each write's return until its element's earliest end, or the writer was late.
+    let (first, mut lapses_of_a_late_writer) = (writes[0].done, 0);
+    let during: Vec<_> = samples.iter().filter(|(b, e, _)| *b >= first && *e <= next_keep_alive).collect();
+    assert!(during.len() > 100, "only {} reads while keep-alives came", during.len());
+    for (began, ended, _) in during.iter().filter(|(_, _, present)| !present) {
+        let i = writes.iter().rposition(|w| w.done <= *began).expect("a write before the read");
+        let (w, next) = (writes[i], writes.get(i + 1));
+        let at = *began - first;
+        // A write too slow to be safe was dropped: the writer was late.
+        if let Some(e) = w.element {
+            assert!(*ended > e.earliest, "the kernel dropped an element early: read at {at:?} after {w:#?}");
+            let late = next.is_none_or(|n| n.start > e.earliest && n.start > n.due);
+            assert!(late, "the lease lapsed with the writer on time: read at {at:?} between {w:#?} and {next:#?}");
+        }
+        lapses_of_a_late_writer += 1;
+    }
+    eprintln!(
+        "{} reads while keep-alives came; {lapses_of_a_late_writer} found no lease (a late writer)",
+        during.len()
+    );
+    // After the last deadline (the kernel counts in ticks, 4 ms at HZ 250): never present.
+    let after = last_deadline + ironguard_dataplane::LEASE_APPLY_SLACK + Duration::from_millis(10);
+    let late: Vec<_> = samples.iter().filter(|(b, _, present)| *b > after && *present).collect();
+    assert!(late.is_empty(), "the lease outlived its deadline: {} reads after it found it", late.len());
+    assert!(samples.iter().any(|(b, _, _)| *b > after), "read after the deadline");
 }

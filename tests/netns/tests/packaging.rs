@@ -312,6 +312,8 @@ fn agent_unit_is_a_watched_notify_service_with_cap_net_admin_only() {
     assert!(!matches!(watchdog, "" | "0" | "infinity"), "WatchdogSec={watchdog}");
     u.assert_guard_install("ExecStartPre");
     assert_eq!(u.command("ExecStart"), [AGENT_EXE, "--config", AGENT_CONFIG, "run"]);
+    // After every exit, SIGKILL included: a backend nothing closes when the agent dies (dnsmasq-hostsdir) is closed.
+    u.assert_guard_install("ExecStopPost");
     u.assert_service("Restart", "always");
     u.assert_service("KillSignal", "SIGTERM");
     assert!(u.has("Service", "TimeoutStopSec"), "TimeoutStopSec= set");
