@@ -70,6 +70,19 @@ pub fn plan(cfg: &AgentConfig) -> Result<Option<Plan>, String> {
             "[dhcp_probe] needs the nftables backend (its rules let the probe in and count offers)".into(),
         );
     }
+    if dp.backends.contains(&ironguard_dataplane::Backend::DnsmasqHostsdir) {
+        return impossible(
+            "[dhcp_probe] cannot ask a dnsmasq that reads a hostsdir: it ignores every MAC the hostsdir does not list, \
+             the probe's too"
+                .into(),
+        );
+    }
+    if !dp.ports.contains(&67) {
+        return impossible(format!(
+            "[dhcp_probe] asks a DHCPv4 server on udp/67; this host filters ports {:?} only",
+            dp.ports
+        ));
+    }
     if !dp.hooks.contains(&ironguard_dataplane::HookKind::Input) && dp.egress_interfaces.is_empty() {
         return impossible(
             "[dhcp_probe] needs hooks = [\"input\"] (a server on this host) or egress_interfaces (a server on raw \
@@ -210,9 +223,11 @@ impl Prober {
     }
 }
 
-/// A BOOTP DHCPDISCOVER from `chaddr` with the broadcast flag, option 53 first, padded to BOOTP's 300 bytes.
+/// A BOOTP DHCPDISCOVER from `chaddr` with the broadcast flag, option 53 first, as a PXE ROM sends it (vendor
+/// class `PXEClient`, architecture and machine id: a proxyDHCP server answers only those), 320 bytes (BOOTP's
+/// minimum is 300).
 pub fn discover(chaddr: [u8; 6], xid: u32) -> Vec<u8> {
-    let mut p = vec![0u8; 300];
+    let mut p = vec![0u8; 320];
     p[0] = 1; // BOOTREQUEST
     p[1] = 1; // Ethernet
     p[2] = 6; // hardware address length
@@ -221,7 +236,19 @@ pub fn discover(chaddr: [u8; 6], xid: u32) -> Vec<u8> {
     p[28..34].copy_from_slice(&chaddr);
     p[236..240].copy_from_slice(&[99, 130, 83, 99]); // magic cookie
     p[240..243].copy_from_slice(&[53, 1, 1]); // DHCPDISCOVER, where the table's rule looks for it
-    p[243] = 255;
+    let mut at = 243;
+    let vendor = b"PXEClient:Arch:00000:UNDI:002001";
+    for (code, value) in [(60u8, &vendor[..]), (93, &[0, 0][..]), (94, &[1, 2, 1][..])] {
+        p[at] = code;
+        p[at + 1] = value.len() as u8;
+        p[at + 2..at + 2 + value.len()].copy_from_slice(value);
+        at += 2 + value.len();
+    }
+    // option 97: the machine id, type 0 and 16 bytes (the chaddr, then zeros)
+    p[at..at + 3].copy_from_slice(&[97, 17, 0]);
+    p[at + 3..at + 9].copy_from_slice(&chaddr);
+    at += 19;
+    p[at] = 255;
     p
 }
 
@@ -296,12 +323,16 @@ mod tests {
     #[test]
     fn the_discover_is_what_the_table_matches() {
         let p = discover([2, 0x49, 0x47, 1, 2, 3], 0xdead_beef);
-        assert_eq!(p.len(), 300);
+        assert_eq!(p.len(), 320);
         // chaddr at 28 (the table reads @th,288,48: 8 bytes of UDP header + 28)
         assert_eq!(&p[28..34], &[2, 0x49, 0x47, 1, 2, 3]);
         // option 53 = DISCOVER first after the cookie (@th,1984,24 = UDP header + 240)
         assert_eq!(&p[240..243], &[53, 1, 1]);
         assert_eq!(&p[4..8], &0xdead_beefu32.to_be_bytes());
+        // a PXE ROM's vendor class right after it, and the end option inside the packet
+        assert_eq!(&p[243..245], &[60, 32]);
+        assert_eq!(&p[245..254], b"PXEClient");
+        assert!(p[254..].contains(&255));
     }
 
     #[test]

@@ -144,6 +144,7 @@ mod tests {
         let agent = super::AgentLabel { agent: "pxe-1".into(), network: "n".into() };
         m.agent_mode.get_or_create(&agent).set(3);
         m.agent_lag.get_or_create(&agent).set(0);
+        m.agent_dhcp_healthy.get_or_create(&agent).set(1);
         m.updates.get_or_create(&super::ResultLabel { result: "ok" }).inc();
         let exported = m.encode();
         let missing = ironguard_testkit::metrics::missing_from(&exported, "ironguard_controlplane_");

@@ -174,11 +174,17 @@ impl Host {
     fn start() -> Self {
         let lan = PxeLan::new(1);
         let dataplane = "egress_interfaces = [\"br0\"]\n\n[guard]\nclaim = false\n";
-        let host = GuardedHost::start(&lan.pxe, &lan.dir, "br0", dataplane, "");
+        // The agent probes its dnsmasq (leadership confirmed by answers) as this identity: its rules are part of
+        // what it committed.
+        let probe = "02:49:47:0d:00:01";
+        let host = GuardedHost::start_with(&lan.pxe, &lan.dir, "br0", dataplane, "", |toml| {
+            format!("{toml}\n[dhcp_probe]\nmac = \"{probe}\"\n")
+        });
         host.filter(&lan.pxe, "allow", mac(ALLOWED));
         let config = RulesetConfig {
             interfaces: vec!["br0".into()],
             egress_interfaces: vec!["br0".into()],
+            probe: Some(mac(probe)),
             ..Default::default()
         };
         let h = Self { host, lan, config };
