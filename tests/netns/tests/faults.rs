@@ -36,8 +36,16 @@ fn matrix(faults: &[Fault]) {
     assert!(site.dhcp_refused(1, mac(UNKNOWN)).is_none(), "the unknown MAC is not");
 
     let watcher = Watcher::start(&site.hosts);
+    let offers = |site: &HaSite| {
+        site.hosts[leader].server.log_text().lines().filter(|l| l.contains("DHCPOFFER") && l.contains(KNOWN)).count()
+    };
+    let before = offers(&site);
     let known = site.spawn_probe(0, mac(KNOWN), 3600.0, 0.25, 0);
     let unknown = site.spawn_probe(1, mac(UNKNOWN), 3600.0, 0.5, 0);
+    // The probes run before the first fault (python and scapy take a while to start on a busy machine): the
+    // leader has answered the allowed probe at least once.
+    let started = wait_for(Duration::from_secs(60), || (offers(&site) > before + 2).then_some(()));
+    assert!(started.is_some(), "the allowed MAC's probe never got an offer before the faults");
     let mut report = Vec::new();
     let mut rounds_seen = Vec::new();
     for &fault in faults {

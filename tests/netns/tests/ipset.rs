@@ -133,7 +133,12 @@ fn the_ipset_lease_never_lapses_between_keep_alives_and_ends_by_its_deadline() {
     let samples = sampler.join().expect("sampler");
 
     // The schedule: each write is due before the element it follows ends, and each element ends by its deadline.
+    // A write that itself ran late (this thread descheduled on a busy machine) planned from a later start; the
+    // plan is judged for writes made on time.
     for w in writes.windows(2) {
+        if w[0].start.saturating_duration_since(w[0].due) > Duration::from_millis(20) {
+            continue;
+        }
         if let Some(e) = w[0].element {
             assert!(w[1].due < e.earliest, "a write planned after the lease it follows ends: {w:#?}");
         }
