@@ -124,7 +124,11 @@ fn ironguards_own_inspection_drives_ironics_power_and_boot_device() {
     site.ironic.drive_to(&other_uuid, "manageable");
     site.ctl_ok(&["inspect", "start", "node-ig"]);
     site.wait_inspection(&uuid, "waiting", Duration::from_secs(20));
-    assert_eq!(site.ironic.power_state(&uuid).as_deref(), Some("power on"), "ironguard powered the node on");
+    // Ironic answers a power change with 202 and its conductor applies it a moment later.
+    let on = wait_for(Duration::from_secs(30), || {
+        (site.ironic.power_state(&uuid).as_deref() == Some("power on")).then_some(())
+    });
+    assert!(on.is_some(), "ironguard powered the node on: {:?}", site.ironic.power_state(&uuid));
     // Ironic's own request log: the boot device was set to PXE before the power-on.
     let log = site.ironic.proc.log_text();
     let boot = log.find(&format!("PUT /v1/nodes/{uuid}/management/boot_device - 204"));
