@@ -424,7 +424,7 @@ pub enum Want {
 }
 
 /// DISCOVERs (1 s apart) a client that wants a lease sends before it gives up.
-pub const DHCP_TRIES: u32 = 5;
+pub const DHCP_TRIES: u32 = 10;
 /// How long a client that must get nothing ([`Want::Nothing`]) waits for an offer to its single DISCOVER.
 pub const REFUSED_WAIT_SECS: u32 = 1;
 
