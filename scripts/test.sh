@@ -33,7 +33,9 @@ bg_stage() {
   stage "$name: started in the background (target/ci/$id.log)"
   BG_NAME[$id]=$name
   BG_START[$id]=$(now)
-  "$@" >"$CI_DIR/$id.log" 2>&1 &
+  # In a session of its own, so that a run that stops early ends the whole stage (cargo, nextest, the test, its
+  # qemu guest), not only its first process.
+  setsid -w "$@" >"$CI_DIR/$id.log" 2>&1 &
   BG_PID[$id]=$!
 }
 await_stage() {
@@ -60,7 +62,15 @@ print_stages() {
 }
 finish() {
   local rc=$?
-  for id in "${!BG_PID[@]}"; do kill "${BG_PID[$id]}" 2>/dev/null || true; done
+  local id
+  for id in "${!BG_PID[@]}"; do
+    stage "stopping ${BG_NAME[$id]} (the run ended before it was awaited)"
+    kill -TERM -- "-${BG_PID[$id]}" 2>/dev/null || true
+  done
+  if [ "${#BG_PID[@]}" -gt 0 ]; then
+    sleep 5
+    for id in "${!BG_PID[@]}"; do kill -KILL -- "-${BG_PID[$id]}" 2>/dev/null || true; done
+  fi
   [ "${BUILD_ONLY:-0}" = 1 ] || print_stages
   exit "$rc"
 }

@@ -452,7 +452,10 @@ impl ProbeTask {
             match dhcp_probe::Prober::open(&self.plan) {
                 Ok(p) => self.prober = Some(p),
                 Err(e) => {
-                    self.tracker.sent(Err(format!("cannot open the probe socket on {}: {e}", self.plan.interface)));
+                    self.tracker.sent(
+                        Instant::now(),
+                        Err(format!("cannot open the probe socket on {}: {e}", self.plan.interface)),
+                    );
                     return;
                 }
             }
@@ -463,7 +466,7 @@ impl ProbeTask {
                 // a socket bound to a link that went away: open it again next round
                 self.prober = None;
             }
-            self.tracker.sent(sent);
+            self.tracker.sent(Instant::now(), sent);
         }
     }
 }

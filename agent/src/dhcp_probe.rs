@@ -122,7 +122,7 @@ pub enum Verdict {
     NotYet,
     /// No OFFER for longer than `silence`, with at least two probes sent in that time.
     Silent,
-    /// The counters cannot be read or the probe cannot be sent.
+    /// The counters could not be read, or the probe could not be sent, for longer than `silence`.
     Broken(String),
 }
 
@@ -134,12 +134,15 @@ pub struct Tracker {
     last_offer: Option<Instant>,
     /// Probes sent since the last OFFER (or since the start).
     unanswered: u32,
-    error: Option<String>,
+    /// The last failure to read the counters, and since when reads have failed.
+    read_error: Option<(String, Instant)>,
+    /// The last failure to send a probe, and since when sends have failed.
+    send_error: Option<(String, Instant)>,
 }
 
 impl Tracker {
     pub fn new(silence: Duration) -> Self {
-        Self { silence, last: None, last_offer: None, unanswered: 0, error: None }
+        Self { silence, last: None, last_offer: None, unanswered: 0, read_error: None, send_error: None }
     }
 
     /// New counter values. Offers that rose mean the server answered someone; counters that fell mean the table
@@ -147,7 +150,7 @@ impl Tracker {
     pub fn observe(&mut self, now: Instant, counts: Result<ProbeCounts, String>) {
         match counts {
             Ok(c) => {
-                self.error = None;
+                self.read_error = None;
                 if let Some(prev) = self.last {
                     if c.offers > prev.offers {
                         self.last_offer = Some(now);
@@ -156,21 +159,29 @@ impl Tracker {
                 }
                 self.last = Some(c);
             }
-            Err(e) => self.error = Some(format!("cannot read the probe counters: {e}")),
+            Err(e) => failing(&mut self.read_error, format!("cannot read the probe counters: {e}"), now),
         }
     }
 
-    /// A probe went out (`Err`: sending failed).
-    pub fn sent(&mut self, result: Result<(), String>) {
+    /// A probe went out at `now` (`Err`: sending failed).
+    pub fn sent(&mut self, now: Instant, result: Result<(), String>) {
         match result {
-            Ok(()) => self.unanswered = self.unanswered.saturating_add(1),
-            Err(e) => self.error = Some(format!("cannot send the probe: {e}")),
+            Ok(()) => {
+                self.send_error = None;
+                self.unanswered = self.unanswered.saturating_add(1)
+            }
+            Err(e) => failing(&mut self.send_error, format!("cannot send the probe: {e}"), now),
         }
     }
 
+    /// One failed read or send is not a verdict: a read interrupted by the ruleset changing under it (a leader
+    /// rewrites its lease several times a second) or a send refused once for lack of buffers says nothing about the
+    /// server. Failures that last `silence` are: the same bound as a server that stopped answering.
     pub fn verdict(&self, now: Instant) -> Verdict {
-        if let Some(e) = &self.error {
-            return Verdict::Broken(e.clone());
+        for (e, since) in [&self.read_error, &self.send_error].into_iter().flatten() {
+            if now.saturating_duration_since(*since) >= self.silence {
+                return Verdict::Broken(e.clone());
+            }
         }
         match self.last_offer {
             None => Verdict::NotYet,
@@ -178,6 +189,12 @@ impl Tracker {
             Some(_) => Verdict::Answering,
         }
     }
+}
+
+/// Records a failure: the newest reason, since the first of the run.
+fn failing(slot: &mut Option<(String, Instant)>, reason: String, now: Instant) {
+    let since = slot.as_ref().map_or(now, |(_, since)| *since);
+    *slot = Some((reason, since));
 }
 
 impl Plan {
@@ -267,13 +284,13 @@ mod tests {
         let mut t = Tracker::new(Duration::from_millis(1500));
         t.observe(t0, counts(0));
         assert_eq!(t.verdict(t0), Verdict::NotYet, "no offer seen yet: not answering, not silent");
-        t.sent(Ok(()));
+        t.sent(t0, Ok(()));
         t.observe(ms(500), counts(1));
         assert_eq!(t.verdict(ms(500)), Verdict::Answering);
         // the server stops answering: still answering within the silence, whatever was sent
-        t.sent(Ok(()));
+        t.sent(t0, Ok(()));
         t.observe(ms(1000), counts(1));
-        t.sent(Ok(()));
+        t.sent(t0, Ok(()));
         assert_eq!(t.verdict(ms(1900)), Verdict::Answering);
         t.observe(ms(2100), counts(1));
         assert_eq!(t.verdict(ms(2100)), Verdict::Silent);
@@ -288,10 +305,10 @@ mod tests {
         let mut t = Tracker::new(Duration::from_millis(1500));
         t.observe(t0, counts(3));
         t.observe(t0 + Duration::from_millis(10), counts(4));
-        t.sent(Ok(()));
+        t.sent(t0, Ok(()));
         // one probe unanswered for long: not enough (the probe may have been lost or the server busy once)
         assert_eq!(t.verdict(t0 + Duration::from_secs(10)), Verdict::Answering);
-        t.sent(Ok(()));
+        t.sent(t0, Ok(()));
         assert_eq!(t.verdict(t0 + Duration::from_secs(10)), Verdict::Silent);
     }
 
@@ -301,8 +318,8 @@ mod tests {
         let mut t = Tracker::new(Duration::from_millis(1000));
         t.observe(t0, counts(40));
         t.observe(t0, counts(41));
-        t.sent(Ok(()));
-        t.sent(Ok(()));
+        t.sent(t0, Ok(()));
+        t.sent(t0, Ok(()));
         t.observe(t0 + Duration::from_secs(2), counts(0));
         assert_eq!(t.verdict(t0 + Duration::from_secs(2)), Verdict::Silent);
         t.observe(t0 + Duration::from_secs(3), counts(1));
@@ -310,14 +327,35 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_a_verdict_with_their_reason() {
+    fn errors_that_last_the_silence_are_a_verdict_with_their_reason() {
         let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
         let mut t = Tracker::new(Duration::from_millis(1000));
-        t.observe(t0, Err("EPERM".into()));
-        assert!(matches!(t.verdict(t0), Verdict::Broken(e) if e.contains("EPERM")));
         t.observe(t0, counts(0));
-        t.sent(Err("ENETDOWN".into()));
-        assert!(matches!(t.verdict(t0), Verdict::Broken(e) if e.contains("ENETDOWN")));
+        t.sent(t0, Ok(()));
+        t.observe(ms(100), counts(1));
+        assert_eq!(t.verdict(ms(100)), Verdict::Answering);
+        // one interrupted read (the ruleset changed under it): no verdict of its own
+        t.observe(ms(200), Err("the ruleset kept changing".into()));
+        assert_eq!(t.verdict(ms(200)), Verdict::Answering);
+        // a read that works again clears it
+        t.observe(ms(300), counts(2));
+        assert_eq!(t.verdict(ms(1250)), Verdict::Answering);
+        // failures that go on for the silence are Broken, with the newest reason
+        t.observe(ms(400), Err("EINTR".into()));
+        t.observe(ms(900), Err("EPERM".into()));
+        assert_eq!(t.verdict(ms(1399)), Verdict::Answering);
+        assert!(matches!(t.verdict(ms(1400)), Verdict::Broken(e) if e.contains("EPERM")));
+        t.observe(ms(1500), counts(3));
+        assert_eq!(t.verdict(ms(1500)), Verdict::Answering);
+        // sending: the same
+        t.sent(ms(1600), Err("ENOBUFS".into()));
+        assert_eq!(t.verdict(ms(1600)), Verdict::Answering);
+        t.sent(ms(2000), Err("ENETDOWN".into()));
+        assert!(matches!(t.verdict(ms(2600)), Verdict::Broken(e) if e.contains("ENETDOWN")));
+        t.sent(ms(2700), Ok(()));
+        t.observe(ms(2700), counts(4));
+        assert_eq!(t.verdict(ms(2700)), Verdict::Answering);
     }
 
     #[test]

@@ -65,12 +65,13 @@ pub fn guard_flags() -> Result<u32, NftError> {
 /// The guard tables now in the kernel (flags and holder only), one per side at most.
 fn current() -> Result<Vec<ObservedTable>, NftError> {
     let sock = DumpSocket::open()?;
-    for _ in 0..5 {
+    let mut tries = observe::Tries::new();
+    while tries.another() {
         if let Some(tables) = observe::read_tables(&sock)? {
             return Ok(tables.into_iter().filter(|t| t.name == GUARD_TABLE).collect());
         }
     }
-    Err(NftError::Unstable(5))
+    Err(NftError::Unstable(tries.made))
 }
 
 /// The flags of each side's guard among `tables`.

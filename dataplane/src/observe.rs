@@ -440,8 +440,8 @@ impl Observed {
 /// Reads both tables. Retries when the ruleset changes during the read, so the result is one generation.
 pub fn observe(with_members: bool) -> Result<Observed, NftError> {
     let sock = DumpSocket::open()?;
-    const ATTEMPTS: u32 = 5;
-    for _ in 0..ATTEMPTS {
+    let mut tries = Tries::new();
+    while tries.another() {
         let before = sock.generation()?;
         let Some(tables) = read_tables(&sock)? else {
             continue;
@@ -470,7 +470,35 @@ pub fn observe(with_members: bool) -> Result<Observed, NftError> {
             return Ok(observed);
         }
     }
-    Err(NftError::Unstable(ATTEMPTS))
+    Err(NftError::Unstable(tries.made))
+}
+
+/// How long a reader keeps trying for one generation. A leader rewrites its kernel lease after every keep-alive (a
+/// few times a second, more when its writes land late), and each write is a new generation: on a starved host one
+/// read can span several writes, so a fixed count of attempts is not enough; a time budget with a floor is.
+pub(crate) struct Tries {
+    started: std::time::Instant,
+    pub(crate) made: u32,
+}
+
+impl Tries {
+    /// At least this many attempts, however slow each one is.
+    const FLOOR: u32 = 5;
+    /// Then more until this much time has passed.
+    const BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
+
+    pub(crate) fn new() -> Tries {
+        Tries { started: std::time::Instant::now(), made: 0 }
+    }
+
+    /// Whether to make another attempt (and count it).
+    pub(crate) fn another(&mut self) -> bool {
+        let go = self.made < Self::FLOOR || self.started.elapsed() < Self::BUDGET;
+        if go {
+            self.made += 1;
+        }
+        go
+    }
 }
 
 /// Whether this host's table currently lets DHCP through for someone: the whitelist's marking rules or the pass
@@ -490,6 +518,17 @@ pub fn leader_rules_present() -> Result<bool, NftError> {
 /// DISCOVERs from `probe` that were let through, and DHCPOFFERs sent. Rules are recognised by what they do.
 pub fn probe_counts(probe: MacAddr) -> Result<ProbeCounts, NftError> {
     let sock = DumpSocket::open()?;
+    let mut tries = Tries::new();
+    while tries.another() {
+        if let Some(counts) = probe_counts_once(&sock, probe)? {
+            return Ok(counts);
+        }
+    }
+    Err(NftError::Unstable(tries.made))
+}
+
+/// One read of [`probe_counts`]; `None` when a dump was interrupted by a change of the ruleset.
+fn probe_counts_once(sock: &DumpSocket, probe: MacAddr) -> Result<Option<ProbeCounts>, NftError> {
     let (mut discovers, mut offers) = (0u64, 0u64);
     for side in Side::ALL {
         let d = sock.dump(NFT_MSG_GETRULE, side.nfproto(), &[(1, OWNED_TABLE)], &mut |m| {
@@ -508,12 +547,12 @@ pub fn probe_counts(probe: MacAddr) -> Result<ProbeCounts, NftError> {
         });
         match d {
             Ok(Dumped::Complete) => {}
-            Ok(Dumped::Interrupted) => return Err(NftError::Unstable(1)),
+            Ok(Dumped::Interrupted) => return Ok(None),
             Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(ProbeCounts { discovers, offers })
+    Ok(Some(ProbeCounts { discovers, offers }))
 }
 
 /// [`leader_rules_present`] for the agent's table of one family.
