@@ -304,8 +304,15 @@ async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, to
     let coord_task = tokio::spawn(coordinate(cfg.etcd.clone(), candidacy, inputs, coord_tx, coord_stop.clone()));
     let (status, status_rx) = watch::channel(AgentStatus::default());
     let lease_wall = Arc::new(AtomicU64::new(0));
-    let report =
-        stream::report_loop(cfg.controlplane.clone(), status_rx, lease_wall.clone(), metrics.clone(), stop_rx.clone());
+    let seen = seen_source(dp.clone(), probe.as_ref().map(|p| p.mac));
+    let report = stream::report_loop(
+        cfg.controlplane.clone(),
+        status_rx,
+        lease_wall.clone(),
+        Some(seen),
+        metrics.clone(),
+        stop_rx.clone(),
+    );
     tokio::spawn(report);
     let (health, relink) = spawn_health(&cfg, probe.map(|p| (p, dp.clone())), stop_rx);
 
@@ -314,6 +321,14 @@ async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, to
     let stop = stop_tx;
     let shell = Shell { dp, applied, resync, want_lead, open, status, lease_wall, ready, why, stop, coord_stop };
     Ok((core, shell, Sources { stream, coord, health, guard, relink }, coord_task))
+}
+
+/// Reads what the kernel saw of recent boots for a report, leaving out the agent's own probe.
+fn seen_source(dp: SharedDataplane, probe: Option<ironguard_dataplane::MacAddr>) -> crate::seen::SeenSource {
+    Arc::new(move || {
+        let read = dp.lock().unwrap_or_else(|e| e.into_inner()).dhcp_seen();
+        crate::seen::report(read, probe, ironguard_proto::time::now_ms())
+    })
 }
 
 /// The guard, claimed by this process where the kernel allows, then the agent's table, Blocked; the guard

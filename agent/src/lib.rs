@@ -11,6 +11,7 @@
 //! - [`coordination`]: the session in etcd (or the local backend), party membership and the election.
 //! - [`dhcp_health`]: is the local DHCP service healthy?
 //! - [`dhcp_probe`]: does the local DHCP server answer? (the agent's own DISCOVERs through the real filter path)
+//! - [`seen`]: what the kernel saw of recent boots (per MAC: requests, let through, answered), for reports.
 //! - [`metrics`]: Prometheus metrics and the admin endpoint (`/metrics`, `/healthz`, `/readyz`).
 //! - [`notify`]: systemd's readiness and watchdog notifications, sent without ever waiting.
 //! - [`hold`]: `ironguard-agent hold`, which keeps a static filter state (for tests, demos and emergencies).
@@ -31,6 +32,7 @@ pub mod link;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod seen;
 pub mod stream;
 
 pub use config::AgentConfig;

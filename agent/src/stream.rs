@@ -179,6 +179,7 @@ pub async fn report_loop(
     cfg: ControlPlaneSection,
     mut status: watch::Receiver<AgentStatus>,
     lease: Arc<std::sync::atomic::AtomicU64>,
+    seen: Option<crate::seen::SeenSource>,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -194,6 +195,10 @@ pub async fn report_loop(
         }
         let mut s = status.borrow_and_update().clone();
         s.lease_until_unix_ms = lease.load(std::sync::atomic::Ordering::SeqCst);
+        if let Some(source) = &seen {
+            let r = read_seen(source.clone()).await;
+            (s.dhcp_seen_observed, s.dhcp_seen, s.dhcp_seen_error) = (r.observed, r.entries, r.error);
+        }
         let sent = tokio::select! {
             r = reporter.send(&s) => r,
             _ = shutdown.changed() => return,
@@ -213,6 +218,20 @@ pub async fn report_loop(
                 }
             }
         }
+    }
+}
+
+/// One read of what the kernel saw, on a blocking thread, within [`crate::seen::READ_BOUND`] (a dataplane busy
+/// with a long apply delays it; the report then goes without it).
+async fn read_seen(source: crate::seen::SeenSource) -> crate::seen::SeenReport {
+    let bound = crate::seen::READ_BOUND;
+    match tokio::time::timeout(bound, tokio::task::spawn_blocking(move || source())).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => crate::seen::SeenReport { error: format!("the read failed: {e}"), ..Default::default() },
+        Err(_) => crate::seen::SeenReport {
+            error: format!("the read took longer than {} ms; this report goes without it", bound.as_millis()),
+            ..Default::default()
+        },
     }
 }
 
@@ -391,6 +410,7 @@ mod tests {
             section(vec![a], MAX_WAIT_MS),
             status_rx,
             lease,
+            None,
             Arc::new(Metrics::new()),
             stop_rx,
         ));

@@ -105,12 +105,16 @@ fn host_verdict(
     let after = store.deltas_since(status.applied_revision);
     let at = state_at(current, after.as_deref(), mac, status.applied_revision);
     let (in_allow, in_deny, policy) = at.unwrap_or((false, false, UnknownMacPolicy::Deny));
+    let (seen, seen_note) = seen_of(&status, mac);
     let mut v = HostVerdict {
         agent: Some(info.clone()),
         in_allow,
         in_deny,
         membership_known: at.is_some(),
         unknown_mac_policy: policy_to_pb(policy) as i32,
+        seen_observed: status.dhcp_seen_observed,
+        seen,
+        seen_note,
         ..Default::default()
     };
     if info.stale {
@@ -156,6 +160,29 @@ fn host_verdict(
         _ => d.why,
     };
     v
+}
+
+/// This MAC's entry in what the host's kernel saw (as of the agent's last report), or why there is none.
+fn seen_of(status: &pb::AgentStatus, mac: MacAddr) -> (Option<pb::DhcpSeen>, String) {
+    if !status.dhcp_seen_observed {
+        let why = if status.dhcp_seen_error.is_empty() {
+            "the agent reports no observation of DHCP (an agent older than this control plane)".to_string()
+        } else {
+            status.dhcp_seen_error.clone()
+        };
+        return (None, why);
+    }
+    match status.dhcp_seen.iter().find(|d| d.mac.parse::<MacAddr>() == Ok(mac)) {
+        Some(d) => (Some(d.clone()), String::new()),
+        // The agent reports at most 128 MACs (served first, then the newest); its kernel keeps an hour.
+        None if status.dhcp_seen.len() >= 128 => (
+            None,
+            "not among the 128 MACs this host reported (served ones first, then the newest): many MACs sent DHCP \
+             here lately"
+                .to_string(),
+        ),
+        None => (None, "no DHCP request from this MAC reached this host in the last hour".to_string()),
+    }
 }
 
 /// What the filter decides for a MAC before any host's state.
@@ -299,6 +326,7 @@ pub async fn explain(store: &dyn FilterStore, agents: &AgentRegistry, engine: &E
         coordination: agents.coordination().to_string(),
         nodes: nodes(engine, &entry, mac).await,
         decision: decision(&entry, policy),
+        callbacks: engine.callbacks.of(mac),
     }
 }
 

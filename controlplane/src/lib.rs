@@ -157,6 +157,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         processing: config.processing.clone(),
         discovery: config.discovery.clone(),
         rules: stores.rules.clone(),
+        callbacks: Default::default(),
         #[cfg(feature = "test-hooks")]
         crash: CrashPoint::from_env(),
     });

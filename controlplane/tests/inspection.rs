@@ -97,6 +97,27 @@ async fn start_wait_continue_finish() {
         .unwrap()
         .into_inner();
     assert_eq!(c.node, N1);
+    // `explain --timeline` shows the callback under the MAC it named; a callback from a machine nobody inspects
+    // is shown refused, with the reason, under its MAC.
+    let explain = |mac: &'static str| {
+        let mut filters = s.filters();
+        async move {
+            filters
+                .explain_mac(ironguard_proto::v1::ExplainMacRequest { mac: mac.into() })
+                .await
+                .unwrap()
+                .into_inner()
+                .callbacks
+        }
+    };
+    let cb = explain(MAC1).await;
+    assert_eq!(cb.len(), 1, "{cb:?}");
+    assert!(cb[0].accepted && cb[0].node == N1 && cb[0].at_unix_ms > 0, "{cb:?}");
+    let stranger = "52:54:00:aa:00:77";
+    let refused = s.insp().r#continue(ContinueRequest { node_uuid: String::new(), data_json: data_for(stranger) }).await;
+    assert!(refused.is_err(), "data from a machine nobody inspects is refused");
+    let cb = explain(stranger).await;
+    assert!(cb.len() == 1 && !cb[0].accepted && !cb[0].detail.is_empty(), "{cb:?}");
     let (_, err) = s.wait_state(N1, "finished").await;
     assert_eq!(err, "");
     assert!(s.allow_reasons(MAC1).await.is_empty(), "the allow is removed at once");

@@ -143,6 +143,10 @@ pub enum Command {
         /// With --local: read the kernel of this named network namespace.
         #[arg(long, requires = "local")]
         netns: Option<String>,
+        /// Also show the boot as each host's kernel saw it (DHCP requests that reached the filter, let through,
+        /// answered by the local server) and the inspection callbacks, and name where a boot stops.
+        #[arg(long)]
+        timeline: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,

@@ -41,6 +41,37 @@ pub struct ExplainReport {
     /// Why the control plane's part is missing (it could not be asked).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub controlplane_error: Option<String>,
+    /// The last inspection callbacks that named this MAC, as the answering replica received them, newest first.
+    pub callbacks: Vec<CallbackReport>,
+    /// Where the boot stops, from what the hosts' kernels saw and the callbacks (None: no control plane answer).
+    pub diagnosis: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallbackReport {
+    pub at_unix_ms: u64,
+    pub accepted: bool,
+    pub node: String,
+    pub detail: String,
+}
+
+/// How many of one kind of DHCP packet a host's kernel saw for the MAC, and when the last was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CountReport {
+    pub count: u64,
+    /// Unix milliseconds (agent's clock); None: none seen.
+    pub last_unix_ms: Option<u64>,
+}
+
+/// The MAC's DHCP as one host's kernel saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SeenReport {
+    /// Requests that reached the filter.
+    pub requests: CountReport,
+    /// Requests the filter let through to the local server.
+    pub passed: CountReport,
+    /// Replies the local server sent to it.
+    pub answers: CountReport,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -72,6 +103,11 @@ pub struct HostReport {
     pub unknown_mac_policy: String,
     /// Unix milliseconds at which the agent's kernel lease ends, as of its last report (None: no lease).
     pub lease_until_unix_ms: Option<u64>,
+    /// What this host's kernel saw of the MAC (None: nothing seen, or not observed: see `seen_note`).
+    pub seen: Option<SeenReport>,
+    /// The host's backend observes DHCP and its agent could read it.
+    pub seen_observed: bool,
+    pub seen_note: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -125,9 +161,27 @@ impl ExplainReport {
                     in_deny: h.membership_known.then_some(h.in_deny),
                     unknown_mac_policy: policy_name(h.unknown_mac_policy),
                     lease_until_unix_ms: lease,
+                    seen: h.seen.map(|d| SeenReport {
+                        requests: count(d.requests),
+                        passed: count(d.passed),
+                        answers: count(d.answers),
+                    }),
+                    seen_observed: h.seen_observed,
+                    seen_note: h.seen_note,
                 }
             })
             .collect();
+        let callbacks: Vec<CallbackReport> = answer
+            .callbacks
+            .into_iter()
+            .map(|c| CallbackReport { at_unix_ms: c.at_unix_ms, accepted: c.accepted, node: c.node, detail: c.detail })
+            .collect();
+        let nodes: Vec<NodeReport> = answer
+            .nodes
+            .into_iter()
+            .map(|n| NodeReport { node: n.node, name: n.name, source: n.source, state: n.state, detail: n.detail })
+            .collect();
+        let diagnosis = Some(diagnose(&hosts, &callbacks, &nodes));
         Self {
             served_anywhere: Some(hosts.iter().any(|h| h.served)),
             mac: answer.mac,
@@ -137,11 +191,7 @@ impl ExplainReport {
             changed_revision: answer.changed_revision,
             allow: reasons(answer.allow),
             deny: reasons(answer.deny),
-            nodes: answer
-                .nodes
-                .into_iter()
-                .map(|n| NodeReport { node: n.node, name: n.name, source: n.source, state: n.state, detail: n.detail })
-                .collect(),
+            nodes,
             coordination: answer.coordination,
             leaders: answer
                 .leaders
@@ -151,6 +201,8 @@ impl ExplainReport {
             hosts,
             local,
             controlplane_error: None,
+            callbacks,
+            diagnosis,
         }
     }
 
@@ -171,6 +223,8 @@ impl ExplainReport {
             hosts: vec![],
             local: Some(local),
             controlplane_error: Some(error),
+            callbacks: vec![],
+            diagnosis: None,
         }
     }
 
@@ -283,6 +337,172 @@ impl ExplainReport {
     }
 }
 
+impl ExplainReport {
+    /// The boot as each host's kernel saw it, the callbacks, and where the boot stops.
+    pub fn render_timeline(&self) -> String {
+        let mut out = String::new();
+        if self.controlplane_error.is_some() {
+            let _ = writeln!(out, "boot timeline: not available without the control plane (it holds the hosts' reports)");
+            return out;
+        }
+        let _ = writeln!(out, "boot timeline (what each host's kernel saw, as of its agent's last report):");
+        if self.hosts.is_empty() {
+            let _ = writeln!(out, "  no agent has reported");
+        }
+        for h in &self.hosts {
+            let a = &h.agent;
+            let who = format!(
+                "{} (agent {}, {})",
+                if a.host.is_empty() { "-" } else { &a.host },
+                a.agent_id,
+                if a.stale { "STALE".to_string() } else { a.mode.to_string().to_uppercase() }
+            );
+            let line = match (&h.seen, h.seen_observed) {
+                (Some(s), _) => format!(
+                    "{} reached the filter; {} let through; {} from the local server",
+                    counted(s.requests, "DHCP request", "DHCP requests"),
+                    counted_bare(s.passed),
+                    counted(s.answers, "answer", "answers")
+                ),
+                (None, true) => format!("nothing seen: {}", h.seen_note),
+                (None, false) => format!("not observed: {}", h.seen_note),
+            };
+            let _ = writeln!(out, "  {who}: {line}");
+        }
+        if self.callbacks.is_empty() {
+            let _ = writeln!(out, "inspection callbacks naming this MAC (this control plane replica): none");
+        } else {
+            let _ = writeln!(out, "inspection callbacks naming this MAC (this control plane replica), newest first:");
+            for c in &self.callbacks {
+                let what = if c.accepted {
+                    format!("accepted for node {}", c.node)
+                } else {
+                    format!("REFUSED: {}", c.detail)
+                };
+                let _ = writeln!(out, "  {}: {what}", in_or_ago(c.at_unix_ms));
+            }
+        }
+        if let Some(d) = &self.diagnosis {
+            let _ = writeln!(out, "diagnosis: {d}");
+        }
+        out
+    }
+}
+
+fn count(c: Option<pb::SeenCount>) -> CountReport {
+    let c = c.unwrap_or_default();
+    CountReport { count: c.count, last_unix_ms: Some(c.last_unix_ms).filter(|t| *t != 0) }
+}
+
+/// "3 DHCP requests (last 12 s ago)", "no answer".
+fn counted(c: CountReport, one: &str, many: &str) -> String {
+    match (c.count, c.last_unix_ms) {
+        (0, _) => format!("no {one}"),
+        (1, Some(t)) => format!("1 {one} ({})", in_or_ago(t)),
+        (n, Some(t)) => format!("{n} {many} (last {})", in_or_ago(t)),
+        (1, None) => format!("1 {one}"),
+        (n, None) => format!("{n} {many}"),
+    }
+}
+
+/// "3 (last 12 s ago)", "none".
+fn counted_bare(c: CountReport) -> String {
+    match (c.count, c.last_unix_ms) {
+        (0, _) => "none".into(),
+        (n, Some(t)) => format!("{n} (last {})", in_or_ago(t)),
+        (n, None) => n.to_string(),
+    }
+}
+
+/// Packets this close to the last request count as its answer (a DISCOVER and its retries, the REQUEST).
+const SAME_EXCHANGE_MS: u64 = 5000;
+
+/// Where the boot stops, in words: no request reached a host, requests were dropped, the server did not answer,
+/// no callback came, or the callback was refused.
+pub fn diagnose(hosts: &[HostReport], callbacks: &[CallbackReport], nodes: &[NodeReport]) -> String {
+    let observed: Vec<&HostReport> = hosts.iter().filter(|h| h.seen_observed).collect();
+    if observed.is_empty() {
+        return if hosts.is_empty() {
+            "cannot tell: no agent has reported".into()
+        } else {
+            "cannot tell: no host observes DHCP (the ipset and hostsdir backends do not; nftables does)".into()
+        };
+    }
+    let last = |f: fn(&SeenReport) -> CountReport| -> Option<(u64, String)> {
+        observed.iter().filter_map(|h| h.seen.as_ref().and_then(|s| f(s).last_unix_ms).map(|t| (t, label(h)))).max()
+    };
+    let Some((request, _)) = &last(|s| s.requests) else {
+        return "no DHCP request from this MAC reached any PXE host: is the node powered on, set to boot from the                 network on this NIC, and on this network (VLAN, switch port)?"
+            .into();
+    };
+    let passed = last(|s| s.passed).filter(|(t, _)| t + SAME_EXCHANGE_MS >= *request);
+    let Some((passed_at, host)) = passed else {
+        let hosts: Vec<String> =
+            observed.iter().filter(|h| h.seen.is_some_and(|s| s.requests.count > 0)).map(|h| label(h)).collect();
+        let why = hosts_why(observed.as_slice());
+        return format!(
+            "its latest DHCP requests ({}) reached {} but no host let them through: {why}",
+            in_or_ago(*request),
+            hosts.join(", ")
+        );
+    };
+    let answered = last(|s| s.answers).filter(|(t, _)| t + SAME_EXCHANGE_MS >= passed_at);
+    let Some((answer_at, server)) = answered else {
+        return format!(
+            "let through on {host} ({}) but the local DHCP server there did not answer: check its log, its ranges              (an exhausted or missing range) and that it listens on that interface",
+            in_or_ago(passed_at)
+        );
+    };
+    let ironic_waits = nodes.iter().find(|n| n.source == "ironic" && n.state == "inspect wait");
+    match callbacks.iter().find(|c| c.at_unix_ms + SAME_EXCHANGE_MS >= answer_at) {
+        Some(c) if c.accepted => format!(
+            "booted: {server} answered ({}), and the ramdisk's callback was accepted for node {} ({})",
+            in_or_ago(answer_at),
+            c.node,
+            in_or_ago(c.at_unix_ms)
+        ),
+        Some(c) => format!(
+            "{server} answered ({}), but the ramdisk's callback was REFUSED ({}): {}",
+            in_or_ago(answer_at),
+            in_or_ago(c.at_unix_ms),
+            c.detail
+        ),
+        None => {
+            let ironic = match ironic_waits {
+                Some(n) => format!(
+                    "; Ironic still waits for it (node {} in inspect wait): the callback goes to Ironic",
+                    if n.name.is_empty() { &n.node } else { &n.name }
+                ),
+                None => String::new(),
+            };
+            format!(
+                "offered: {server} answered ({}), but no inspection callback naming this MAC came after it to this                  replica: the ramdisk did not boot (TFTP/HTTP, kernel arguments), cannot reach the callback URL, or                  posted to another replica{ironic}",
+                in_or_ago(answer_at)
+            )
+        }
+    }
+}
+
+/// A host in words: its name and its agent (hosts may share a name; agents do not).
+fn label(h: &HostReport) -> String {
+    match h.agent.host.as_str() {
+        "" => format!("agent {}", h.agent.agent_id),
+        host => format!("{host} (agent {})", h.agent.agent_id),
+    }
+}
+
+/// Why the hosts did not serve, from their verdicts (the leader's first).
+fn hosts_why(observed: &[&HostReport]) -> String {
+    if !observed.iter().any(|h| h.agent.elected && !h.agent.stale) {
+        return "no host leads (every host is closed): see `ironguardctl agents`".into();
+    }
+    observed
+        .iter()
+        .find(|h| h.agent.elected)
+        .map(|h| format!("on the leader {}: {}", label(h), h.why))
+        .unwrap_or_default()
+}
+
 /// "since 3 min ago" or "since: not recorded".
 fn since(at: Option<u64>) -> String {
     match at {
@@ -384,6 +604,7 @@ mod tests {
                     in_deny: true,
                     membership_known: true,
                     unknown_mac_policy: pb::UnknownMacPolicy::Deny as i32,
+                    ..Default::default()
                 },
                 HostVerdict {
                     agent: Some(agent("b", "pxe-b", pb::Mode::Follower, false)),
@@ -394,6 +615,7 @@ mod tests {
                     in_deny: false,
                     membership_known: false,
                     unknown_mac_policy: pb::UnknownMacPolicy::Deny as i32,
+                    ..Default::default()
                 },
             ],
             leaders: vec![NetworkLeader { network: "prov".into(), agent_id: "a".into() }],
@@ -406,6 +628,7 @@ mod tests {
                 detail: "inspect interface agent".into(),
             }],
             decision: "allowed (inspection:node-1) — also denied (ironic), but allow comes first".into(),
+            callbacks: vec![],
         }
     }
 
@@ -436,6 +659,86 @@ mod tests {
         assert_eq!(v["deny"][0]["since_unix_ms"], serde_json::Value::Null, "not recorded is not 1970");
         assert_eq!(v["hosts"][0]["agent"]["mode"], "leader");
         assert!(v.get("local").is_none());
+    }
+
+    fn seen(requests: (u64, u64), passed: (u64, u64), answers: (u64, u64)) -> Option<pb::DhcpSeen> {
+        let c = |(count, ago): (u64, u64)| {
+            Some(pb::SeenCount { count, last_unix_ms: if count == 0 { 0 } else { now_ms() - ago } })
+        };
+        Some(pb::DhcpSeen {
+            mac: "52:54:00:12:34:56".into(),
+            requests: c(requests),
+            passed: c(passed),
+            answers: c(answers),
+        })
+    }
+
+    /// The answer with what each host's kernel saw (leader a, follower b) and the callbacks.
+    fn observed(a: Option<pb::DhcpSeen>, b: Option<pb::DhcpSeen>, callbacks: Vec<pb::CallbackSeen>) -> ExplainReport {
+        let mut x = answer();
+        for (h, s) in x.hosts.iter_mut().zip([a, b]) {
+            h.seen_observed = true;
+            h.seen_note = if s.is_none() { "no DHCP request from this MAC reached this host in the last hour".into() } else { String::new() };
+            h.seen = s;
+        }
+        x.callbacks = callbacks;
+        ExplainReport::new(x, None)
+    }
+
+    #[test]
+    fn the_timeline_names_where_a_boot_stops() {
+        // nothing reached any host
+        let r = observed(None, None, vec![]);
+        assert!(r.diagnosis.as_deref().unwrap().starts_with("no DHCP request from this MAC reached any PXE host"));
+        // requests reached both, dropped everywhere: the leader's reason is given
+        let r = observed(seen((3, 2000), (0, 0), (0, 0)), seen((3, 2000), (0, 0), (0, 0)), vec![]);
+        let d = r.diagnosis.clone().unwrap();
+        assert!(d.contains("reached pxe-a (agent a), pxe-b (agent b) but no host let them through"), "{d}");
+        assert!(d.contains("on the leader pxe-a (agent a): allowed: in the allow set"), "{d}");
+        // let through an hour ago, dropped now: the latest requests count
+        let r = observed(seen((9, 1000), (4, 3_600_000), (4, 3_600_000)), None, vec![]);
+        assert!(r.diagnosis.unwrap().contains("no host let them through"));
+        // let through, no answer
+        let r = observed(seen((3, 1000), (3, 1000), (0, 0)), seen((3, 1000), (0, 0), (0, 0)), vec![]);
+        let d = r.diagnosis.unwrap();
+        assert!(d.starts_with("let through on pxe-a (agent a)") && d.contains("did not answer"), "{d}");
+        // answered, no callback; Ironic's node waits (the answer() has one in inspect wait)
+        let r = observed(seen((4, 9000), (4, 9000), (2, 8900)), seen((4, 9000), (0, 0), (0, 0)), vec![]);
+        let d = r.diagnosis.clone().unwrap();
+        assert!(d.starts_with("offered: pxe-a (agent a) answered") && d.contains("no inspection callback"), "{d}");
+        assert!(d.contains("Ironic still waits for it (node node-1 in inspect wait)"), "{d}");
+        // answered, the callback refused (an older accepted one does not count)
+        let cb = |ago: u64, accepted: bool| pb::CallbackSeen {
+            at_unix_ms: now_ms() - ago,
+            accepted,
+            node: if accepted { "uuid-1".into() } else { String::new() },
+            detail: if accepted { String::new() } else { "Could not find a node for attributes".into() },
+        };
+        let r = observed(seen((4, 9000), (4, 9000), (2, 8900)), None, vec![cb(3000, false), cb(600_000, true)]);
+        let d = r.diagnosis.clone().unwrap();
+        assert!(d.contains("callback was REFUSED") && d.contains("Could not find a node"), "{d}");
+        // and accepted
+        let r = observed(seen((4, 9000), (4, 9000), (2, 8900)), None, vec![cb(3000, true)]);
+        assert!(r.diagnosis.clone().unwrap().starts_with("booted: pxe-a (agent a) answered"));
+        let text = r.render_timeline();
+        assert!(text.contains("pxe-a (agent a, LEADER): 4 DHCP requests (last 9 s ago) reached the filter; 4 (last 9 s ago) let through; 2 answers (last 8 s ago) from the local server"), "{text}");
+        assert!(text.contains("pxe-b (agent b, FOLLOWER): nothing seen: no DHCP request"), "{text}");
+        assert!(text.contains("3 s ago: accepted for node uuid-1"), "{text}");
+        assert!(text.contains("diagnosis: booted"), "{text}");
+    }
+
+    #[test]
+    fn a_host_that_does_not_observe_says_so_and_no_observation_is_no_diagnosis() {
+        let mut x = answer();
+        for h in &mut x.hosts {
+            h.seen_note = "this host's backend does not observe DHCP (only nftables does)".into();
+        }
+        let r = ExplainReport::new(x, None);
+        assert!(r.diagnosis.as_deref().unwrap().starts_with("cannot tell: no host observes DHCP"));
+        assert!(r.render_timeline().contains("pxe-a (agent a, LEADER): not observed: this host's backend does not"));
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["hosts"][0]["seen"], serde_json::Value::Null);
+        assert_eq!(v["hosts"][0]["seen_observed"], false);
     }
 
     #[test]

@@ -57,10 +57,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Filters { command } => block_on(filters(target?, command)),
         Command::Agents { json } => block_on(agents(target?, json)),
-        Command::Explain { mac, local, netns, json } => {
+        Command::Explain { mac, local, netns, timeline, json } => {
             // The kernel first (no runtime, no socket yet); a failure to read it is an error of its own.
             let local = if local { Some(ironguardctl::explain::local(netns, mac)?) } else { None };
-            block_on(explain(target?, mac, local, json))
+            block_on(explain(target?, mac, local, timeline, json))
         }
         Command::Inspect { command } => block_on(inspect(target?, command)),
         Command::Rules { command } => block_on(rules(target?, command)),
@@ -106,6 +106,7 @@ async fn explain(
     target: Target,
     mac: ironguard_dataplane::MacAddr,
     local: Option<ironguardctl::explain::LocalReport>,
+    timeline: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let answer = match ControlPlane::connect(&target).await {
@@ -122,6 +123,9 @@ async fn explain(
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.render());
+        if timeline {
+            print!("{}", report.render_timeline());
+        }
     }
     Ok(code)
 }

@@ -210,6 +210,8 @@ pub struct Engine {
     /// `[discovery]`: what happens to data from a machine no inspection knows.
     pub discovery: DiscoveryConfig,
     pub rules: Arc<dyn RuleStore>,
+    /// The last callbacks by the MACs they named (this replica's, in memory).
+    pub callbacks: super::callbacks::CallbackLog,
     #[cfg(feature = "test-hooks")]
     pub crash: Option<CrashPoint>,
 }
@@ -279,6 +281,14 @@ impl Engine {
     /// Returns the node's UUID at once. Pre-processing failures fail the node's inspection, if one was found, and
     /// are returned.
     pub async fn continue_inspection(&self, data: Value, node_uuid: Option<String>) -> Result<String, ApiError> {
+        let macs = if data.is_object() { lookup_attributes(&data, None).macs } else { Vec::new() };
+        let r = self.continue_checked(data, node_uuid).await;
+        self.callbacks.record(&macs, now_ms(), r.as_deref().map_err(|e| e.to_string()));
+        r
+    }
+
+    /// [`Engine::continue_inspection`] without the record of its outcome.
+    async fn continue_checked(&self, data: Value, node_uuid: Option<String>) -> Result<String, ApiError> {
         if !data.is_object() {
             return Err(ApiError::BadData("expected a JSON object".into()));
         }

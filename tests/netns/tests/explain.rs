@@ -145,3 +145,73 @@ fn explain_answers_per_host_and_matches_the_kernel_and_real_dhcp() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("52:54:00:zz:00:01"));
 }
+
+/// The first host's line of what its kernel saw, or Null.
+fn seen(j: &Value, i: usize) -> Value {
+    host(j, i)["seen"].clone()
+}
+
+fn count(v: &Value, kind: &str) -> u64 {
+    v[kind]["count"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn explain_timeline_follows_a_real_boot_to_where_it_stops() {
+    const BOOT_MAC: &str = "52:54:00:45:00:02";
+    let site = HaSite::with_options(HaOptions { policy: "deny", ..Default::default() });
+    let (leader, _) = site.wait_leader(None, DEADLINE).expect("a leader is elected");
+    let timeline = |what: &str, ready: &dyn Fn(&Value) -> bool| {
+        let ask = || {
+            let out = run_ok(ctl_cmd(&site.mgmt).args(["--controlplane", CP, "explain", BOOT_MAC, "--json"]));
+            serde_json::from_slice::<Value>(&out.stdout).expect("json")
+        };
+        wait_for(DEADLINE, || Some(ask()).filter(|j| ready(j)))
+            .unwrap_or_else(|| panic!("{what}; last answer: {:#}", ask()))
+    };
+
+    // Before the node sends anything: every host observes, nothing seen anywhere.
+    let j = timeline("three agents report their observation", &|j| {
+        j["hosts"].as_array().is_some_and(|h| h.len() == 3 && h.iter().all(|h| h["seen_observed"] == true))
+    });
+    assert!(j["diagnosis"].as_str().unwrap().starts_with("no DHCP request from this MAC reached any PXE host"), "{j:#}");
+
+    // Unknown MAC, policy deny: its DISCOVERs reach every host (broadcast on one segment) and none lets them through.
+    assert!(site.dhcp_refused(0, mac(BOOT_MAC)).is_none(), "no lease for an unknown MAC");
+    let j = timeline("every host saw the requests", &|j| (0..3).all(|i| count(&seen(j, i), "requests") > 0));
+    for i in 0..3 {
+        assert_eq!(count(&seen(&j, i), "passed"), 0, "nothing let through on pxe-{i}: {j:#}");
+        assert_eq!(count(&seen(&j, i), "answers"), 0, "no answer on pxe-{i}: {j:#}");
+    }
+    let d = j["diagnosis"].as_str().unwrap();
+    assert!(d.contains("no host let them through") && d.contains("on the leader "), "{d}");
+    assert!(d.contains(&format!("(agent pxe-{leader}): ")), "the leader's verdict: {d}");
+
+    // Allowed: the leader lets it through and its dnsmasq answers; the followers only saw it.
+    ctl_ok(&site, &["filters", "allow", BOOT_MAC]);
+    wait_for(DEADLINE, || site.hosts.iter().any(|h| crate_served(h, BOOT_MAC)).then_some(()))
+        .expect("a host serves the allowed MAC");
+    let lease = site.dhcp(0, mac(BOOT_MAC)).expect("the allowed MAC gets a lease");
+    let server = site.hosts.iter().position(|h| h.ip == lease.server_id).expect("the lease names a host");
+    let j = timeline("the serving host saw the exchange", &|j| count(&seen(j, server), "answers") > 0);
+    let s = seen(&j, server);
+    assert!(count(&s, "passed") > 0 && count(&s, "requests") >= count(&s, "passed"), "{j:#}");
+    for i in (0..3).filter(|i| *i != server) {
+        assert_eq!(count(&seen(&j, i), "passed"), 0, "only the server's host let it through: {j:#}");
+        assert_eq!(count(&seen(&j, i), "answers"), 0, "only the server's host answered: {j:#}");
+    }
+    let d = j["diagnosis"].as_str().unwrap();
+    assert!(d.starts_with("offered: ") && d.contains(&format!("(agent pxe-{server}) answered")), "{d}");
+    assert!(d.contains("no inspection callback"), "{d}");
+    // The text an operator reads.
+    let out = run_ok(ctl_cmd(&site.mgmt).args(["--controlplane", CP, "explain", BOOT_MAC, "--timeline"]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(text.contains("boot timeline") && text.contains("diagnosis: offered"), "{text}");
+    let line = text.lines().find(|l| l.contains(&format!("(agent pxe-{server}, "))).expect("the server's line");
+    assert!(line.contains("reached the filter") && line.contains("from the local server"), "{line}");
+}
+
+/// Whether host `h`'s kernel serves `mac` now.
+fn crate_served(h: &PxeHost, m: &str) -> bool {
+    ironguard_netns_tests::kernel_decision(&h.ns, mac(m)).served
+}
