@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::NftError;
 use crate::model::{Delta, DesiredState, Mode, RulesetConfig, UnknownMacPolicy};
+use crate::{MacSeen, NftError};
 
 /// The counters of the probe rules (cumulative packets since the table was created).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -108,6 +108,11 @@ pub trait Dataplane: Send {
 
     /// What the probe rules counted (None: this backend has no probe rules, or no probe identity is configured).
     fn probe_counts(&self) -> Result<Option<ProbeCounts>, NftError> {
+        Ok(None)
+    }
+
+    /// What the kernel saw of each MAC's DHCP lately (None: this backend does not observe).
+    fn dhcp_seen(&self) -> Result<Option<Vec<MacSeen>>, NftError> {
         Ok(None)
     }
 
