@@ -115,6 +115,16 @@ impl Dataplane for Combined {
         Ok(None)
     }
 
+    /// The first part that observes (nftables, the only one that does).
+    fn dhcp_seen(&self) -> Result<Option<Vec<crate::MacSeen>>, NftError> {
+        for p in &self.parts {
+            if let Some(seen) = p.dhcp_seen()? {
+                return Ok(Some(seen));
+            }
+        }
+        Ok(None)
+    }
+
     fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
         let mut out = vec![];
         for p in &self.parts {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::NftError;
 use crate::model::{Delta, DesiredState, Mode, RulesetConfig, UnknownMacPolicy};
+use crate::{MacSeen, NftError};
 
 /// How often, and how long ago last, the kernel saw one kind of DHCP packet for a MAC.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ use crate::dataplane::{ApplyReport, Dataplane};
 use crate::model::{Delta, DesiredState, Mode, UnknownMacPolicy};
 use crate::observe::{Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable};
 use crate::rule::Stmt;
-use crate::ruleset::{BuiltChain, GUARD_TABLE, OWNED_TABLE, Side, guard_rules, owned_rules};
+use crate::ruleset::{BuiltChain, GUARD_TABLE, OWNED_TABLE, SeenKind, Side, guard_rules, owned_rules};
 
 /// Shared, inspectable state of a fake (clone the handle to look inside from a test).
 #[derive(Debug, Default)]
@@ -29,6 +29,8 @@ pub struct FakeState {
     pub fail_reads: u32,
     /// What [`Dataplane::probe_counts`] reports while the committed state has a probe identity.
     pub probe_counts: crate::ProbeCounts,
+    /// What [`Dataplane::dhcp_seen`] reports, as a test sets it.
+    pub seen: Vec<crate::MacSeen>,
 }
 
 /// An in-memory dataplane.
@@ -72,6 +74,10 @@ impl Dataplane for FakeDataplane {
     fn probe_counts(&self) -> Result<Option<crate::ProbeCounts>, NftError> {
         let st = self.lock();
         Ok(st.committed.as_ref().and_then(|c| c.config.probe).map(|_| st.probe_counts))
+    }
+
+    fn dhcp_seen(&self) -> Result<Option<Vec<crate::MacSeen>>, NftError> {
+        Ok(Some(self.lock().seen.clone()))
     }
 
     fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError> {
@@ -249,6 +255,16 @@ fn synthesize(side: Side, d: &DesiredState, with_members: bool, lease_until: Opt
                 expires_in_ms: left.map(|l| l.as_millis() as u64),
             }
         }))
+        .chain(SeenKind::ALL.into_iter().filter(|_| side == Side::Requests).map(|k| ObservedSet {
+            name: k.set_name().into(),
+            key_type: 4,
+            key_len: 6,
+            size: Some(crate::ruleset::SEEN_SIZE),
+            elements: 0,
+            members: None,
+            invalid_members: 0,
+            expires_in_ms: None,
+        }))
         .collect();
     ObservedTable {
         name: OWNED_TABLE.into(),
@@ -289,6 +305,20 @@ mod tests {
         assert!(f.apply_delta(&Delta { deny_add: vec![mac(2)], ..Default::default() }).is_err());
         assert_eq!(f.committed().cloned(), before);
         assert_eq!(f.state.lock().unwrap().transactions, 4, "apply, mode, lease, delta");
+    }
+
+    #[test]
+    fn what_the_fake_saw_is_what_a_test_set() {
+        let f = FakeDataplane::new();
+        assert_eq!(f.dhcp_seen().unwrap(), Some(vec![]));
+        let seen = crate::MacSeen {
+            mac: mac(1),
+            requests: crate::Seen { count: 2, last_ms_ago: Some(5) },
+            passed: crate::Seen::default(),
+            answers: crate::Seen::default(),
+        };
+        f.state.lock().unwrap().seen.push(seen.clone());
+        assert_eq!(f.dhcp_seen().unwrap(), Some(vec![seen]));
     }
 
     #[test]

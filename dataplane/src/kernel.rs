@@ -183,6 +183,15 @@ impl Dataplane for KernelDataplane {
         }
     }
 
+    /// The observation sets exist in the request side's table: none without it (a configuration with egress
+    /// hooks only).
+    fn dhcp_seen(&self) -> Result<Option<Vec<crate::MacSeen>>, NftError> {
+        if self.committed.as_ref().is_some_and(|c| !c.config.uses_inet()) {
+            return Ok(None);
+        }
+        crate::observe::dhcp_seen().map(Some)
+    }
+
     fn apply(&mut self, desired: &DesiredState) -> Result<ApplyReport, NftError> {
         let at = Instant::now();
         let tx = ruleset::full_owned(desired, remaining_ms(self.lease_until, at))?;

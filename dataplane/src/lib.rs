@@ -12,7 +12,8 @@
 //! - [`ipset`]: [`IpsetDataplane`], iptables-legacy and `hash:mac` ipsets for hosts without nftables.
 //! - [`guard`]: install / remove / status of the guard table (`owner, persist` where the kernel has it).
 //! - [`monitor`]: nf_tables change notifications, so a tampered guard is repaired at once.
-//! - [`observe`]: read-back of both tables, the verdict line and drift detection.
+//! - [`observe`]: read-back of both tables, the verdict line and drift detection; what the kernel saw of each
+//!   MAC's DHCP ([`dhcp_seen`]).
 //! - `fake`: [`FakeDataplane`], the in-memory implementation for unit tests elsewhere.
 //! - [`script`]: the same ruleset as `nft -f` text (for benchmarks and for people).
 //! - `ruleset` builds netlink messages with rustables; `netlink` sends them through a netlink-sys socket and parses
@@ -53,7 +54,7 @@ pub use model::{
     UnknownMacPolicy,
 };
 pub use observe::{
-    MacDecision, MacInputs, Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Verdict, decide,
-    leader_rules_present, observe, set_members,
+    MacDecision, MacInputs, MacSeen, Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Seen, Verdict,
+    decide, dhcp_seen, leader_rules_present, observe, set_members,
 };
 pub use ruleset::{GUARD_TABLE, LEASE_SET, OWNED_TABLE};

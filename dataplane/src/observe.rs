@@ -14,8 +14,8 @@ use crate::netlink::{
 };
 use crate::rule::{self, DhcpMessage, Stmt};
 use crate::ruleset::{
-    BuiltChain, EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, SetKind, Side, comments, guard_rules, owned_rules,
-    parse_comment,
+    BuiltChain, EGRESS_CHAIN, GUARD_TABLE, LEASE_SET, OWNED_TABLE, SEEN_SIZE, SEEN_TIMEOUT_MS, SeenKind, SetKind, Side,
+    comments, guard_rules, owned_rules, parse_comment,
 };
 use crate::{MacAddr, NftError};
 
@@ -411,6 +411,15 @@ impl Observed {
         if t.set(LEASE_SET).is_none() {
             out.push(format!("{fam}: set {LEASE_SET} is missing"));
         }
+        if side == Side::Requests {
+            // The observation sets decide nothing, but the chains that add to them need them: a missing one is
+            // drift like any other, repaired by rebuilding the table.
+            for k in SeenKind::ALL {
+                if t.set(k.set_name()).is_none() {
+                    out.push(format!("{fam}: set {} is missing", k.set_name()));
+                }
+            }
+        }
         for k in side.set_kinds(&desired.config) {
             let want = if k.is_allow() { &desired.allow } else { &desired.deny };
             match t.set(k.name()) {
@@ -591,6 +600,179 @@ fn side_open(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
         Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// How often, and how long ago last, the kernel saw one kind of DHCP packet for a MAC.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seen {
+    pub count: u64,
+    pub last_ms_ago: Option<u64>,
+}
+
+/// One MAC's DHCP as this host's kernel saw it: requests that reached the filter, requests it let through,
+/// replies the local server sent to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MacSeen {
+    pub mac: MacAddr,
+    pub requests: Seen,
+    pub passed: Seen,
+    pub answers: Seen,
+}
+
+impl MacSeen {
+    fn get_mut(&mut self, kind: SeenKind) -> &mut Seen {
+        match kind {
+            SeenKind::Requests => &mut self.requests,
+            SeenKind::Passed => &mut self.passed,
+            SeenKind::Answers => &mut self.answers,
+        }
+    }
+
+    /// How long ago the kernel last saw any of the three (`None`: never, as far as the sets remember).
+    pub fn last_ms_ago(&self) -> Option<u64> {
+        [self.requests, self.passed, self.answers].iter().filter_map(|s| s.last_ms_ago).min()
+    }
+}
+
+/// One element of an observation set, decoded from an `NFT_MSG_GETSETELEM` dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SeenElement {
+    /// The chaddr, as the packet carried it (not necessarily a node's address).
+    pub(crate) key: [u8; 6],
+    /// The element's counter: packets that added or refreshed it.
+    pub(crate) packets: u64,
+    /// The element's timeout (`None`: not listed, the set's own).
+    pub(crate) timeout_ms: Option<u64>,
+    /// Milliseconds until it expires.
+    pub(crate) expires_ms: Option<u64>,
+}
+
+impl SeenElement {
+    /// How long ago the last packet refreshed it: its timeout minus what is left of it.
+    pub(crate) fn last_ms_ago(&self) -> Option<u64> {
+        self.expires_ms.map(|left| self.timeout_ms.unwrap_or(SEEN_TIMEOUT_MS).saturating_sub(left))
+    }
+}
+
+/// Decodes one `NFTA_LIST_ELEM` of a set-element dump of an observation set: its 6-byte key, its timeout and
+/// expiration, and the packets of its counter (`NFTA_SET_ELEM_EXPR`, or the counter among
+/// `NFTA_SET_ELEM_EXPRESSIONS`). `None` for an element without a 6-byte key.
+pub(crate) fn decode_seen_element(elem: &[u8]) -> Result<Option<SeenElement>, NftError> {
+    let mut key = None;
+    let (mut packets, mut timeout_ms, mut expires_ms) = (0, None, None);
+    for a in Attrs::new(elem) {
+        let (ty, v) = a?;
+        match ty {
+            1 => {
+                for k in Attrs::new(v) {
+                    let (kty, kv) = k?;
+                    if kty == 1 {
+                        key = kv.get(..6).and_then(|b| <[u8; 6]>::try_from(b).ok());
+                    }
+                }
+            }
+            4 => timeout_ms = be_u64(v),
+            5 => expires_ms = be_u64(v),
+            7 => packets += counter_packets(v)?,
+            10 => {
+                for e in Attrs::new(v) {
+                    let (_, ev) = e?;
+                    packets += counter_packets(ev)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(key.map(|key| SeenElement { key, packets, timeout_ms, expires_ms }))
+}
+
+/// The packets of one expression (`NFTA_EXPR_NAME`, `NFTA_EXPR_DATA`) if it is a counter, else 0.
+fn counter_packets(expr: &[u8]) -> Result<u64, NftError> {
+    let (mut is_counter, mut packets) = (false, 0);
+    for a in Attrs::new(expr) {
+        let (ty, v) = a?;
+        match ty {
+            1 => is_counter = netlink::string(v) == "counter",
+            2 => {
+                for c in Attrs::new(v) {
+                    let (cty, cv) = c?;
+                    if cty == 2 {
+                        packets = be_u64(cv).unwrap_or(0);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(if is_counter { packets } else { 0 })
+}
+
+/// Merges the elements of the three observation sets into one entry per MAC, newest first (by the most recent of
+/// the three; then by address). Keys that are not a node's address (zero, broadcast, multicast) are left out.
+pub(crate) fn merge_seen(elements: &[(SeenKind, SeenElement)]) -> Vec<MacSeen> {
+    let mut by_mac: std::collections::BTreeMap<MacAddr, MacSeen> = std::collections::BTreeMap::new();
+    for (kind, e) in elements {
+        let Ok(mac) = MacAddr::from_octets(e.key) else { continue };
+        let entry = by_mac.entry(mac).or_insert_with(|| MacSeen {
+            mac,
+            requests: Seen::default(),
+            passed: Seen::default(),
+            answers: Seen::default(),
+        });
+        *entry.get_mut(*kind) = Seen { count: e.packets, last_ms_ago: e.last_ms_ago() };
+    }
+    let mut out: Vec<MacSeen> = by_mac.into_values().collect();
+    out.sort_by_key(|m| (m.last_ms_ago().unwrap_or(u64::MAX), m.mac));
+    out
+}
+
+/// What the kernel saw of each MAC's DHCP lately, from the observation sets of the agent's table
+/// ([`SeenKind`]): empty when the table is absent. Retries a dump the ruleset changed under. A set that is full
+/// (it records no new address until some expire) is logged.
+pub fn dhcp_seen() -> Result<Vec<MacSeen>, NftError> {
+    let sock = DumpSocket::open()?;
+    let mut tries = Tries::new();
+    while tries.another() {
+        if let Some(elements) = dhcp_seen_once(&sock)? {
+            return Ok(merge_seen(&elements));
+        }
+    }
+    Err(NftError::Unstable(tries.made))
+}
+
+/// One read of the three sets; `None` when a dump was interrupted by a change of the ruleset.
+fn dhcp_seen_once(sock: &DumpSocket) -> Result<Option<Vec<(SeenKind, SeenElement)>>, NftError> {
+    let mut out = Vec::new();
+    for kind in SeenKind::ALL {
+        let mut n = 0usize;
+        let d = sock.dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &[(1, OWNED_TABLE), (2, kind.set_name())], &mut |m| {
+            for a in m.nft_attrs()? {
+                let (ty, v) = a?;
+                if ty != 3 {
+                    continue;
+                }
+                for elem in Attrs::new(v) {
+                    let (_, ev) = elem?;
+                    n += 1;
+                    if let Some(e) = decode_seen_element(ev)? {
+                        out.push((kind, e));
+                    }
+                }
+            }
+            Ok(())
+        });
+        match d {
+            Ok(Dumped::Complete) => {}
+            Ok(Dumped::Interrupted) => return Ok(None),
+            // No table (or an older one without the set): nothing seen.
+            Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => {}
+            Err(e) => return Err(e),
+        }
+        if n >= SEEN_SIZE as usize {
+            tracing::warn!(set = kind.set_name(), elements = n, "observation set full: new addresses go unrecorded");
+        }
+    }
+    Ok(Some(out))
 }
 
 /// The members of one set of the agent's table (cheap compared with [`observe`]: one dump of one set).
@@ -852,7 +1034,10 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
     interrupted |= matches!(d, Dumped::Interrupted);
     for s in &mut sets {
         let mut tally = ElementTally::default();
-        let keys = with_members && s.name != LEASE_SET;
+        // The observation sets hold whatever chaddrs the network sent (not node MACs): counted, never listed here
+        // (`dhcp_seen` reads them).
+        let seen = SeenKind::ALL.iter().any(|k| k.set_name() == s.name);
+        let keys = with_members && s.name != LEASE_SET && !seen;
         let d = sock.dump(NFT_MSG_GETSETELEM, family, &[(1, table.as_str()), (2, s.name.as_str())], &mut |m| {
             tally.add(m, keys)
         })?;
@@ -860,7 +1045,7 @@ fn read_contents(sock: &DumpSocket, t: &mut ObservedTable, with_members: bool) -
         s.elements = tally.count;
         s.invalid_members = tally.invalid;
         s.expires_in_ms = tally.expires;
-        if with_members {
+        if with_members && !seen {
             s.members = Some(tally.members);
         }
     }
@@ -1230,6 +1415,78 @@ mod rule_tests {
         assert_eq!(other.statements, vec![Stmt::Unknown("log".into()), Stmt::Accept]);
         let ipv4 = decode(&[meta(1), cmp(0, &0x0800u16.to_be_bytes())]);
         assert_eq!(ipv4.statements, vec![Stmt::ProtocolIp]);
+    }
+
+    fn dynset(set: &str, timeout_ms: u64, flags: u32) -> Vec<u8> {
+        // as the kernel dumps it: key register, op, set name, timeout (0: the set's own), flags
+        expr("dynset", &[u32a(4, 1), u32a(3, 1), name(1, set), nla(6, &timeout_ms.to_be_bytes()), u32a(9, flags)])
+    }
+
+    #[test]
+    fn an_observation_rule_decodes_by_what_it_does() {
+        let mut ifname = [0u8; 16];
+        ifname[..3].copy_from_slice(b"br0");
+        let seen = |timeout_ms: u64, flags: u32| {
+            let mut e = vec![meta(6), cmp(0, &ifname), meta(15), cmp(0, &[2])];
+            e.extend(udp_dport(67));
+            e.extend([expr("payload", &[u32a(1, 1), u32a(2, 2), u32a(3, 36), u32a(4, 6)])]);
+            e.push(dynset("seen_requests", timeout_ms, flags));
+            decode(&e)
+        };
+        let r = seen(0, 0);
+        assert_eq!(
+            r.text(),
+            "iifname \"br0\" meta nfproto ipv4 meta l4proto udp th dport 67 update @seen_requests { @th,288,48 }"
+        );
+        let config = RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
+        let built = crate::ruleset::seen_chains(&config);
+        assert_eq!(r.statements, built[0].rules[0].stmts, "what ironguard builds");
+        assert!(rule::verdict(&r.statements).is_none() && !rule::marks(&r.statements));
+        // an update with a timeout or expression of its own is not the statement ironguard builds
+        assert!(matches!(seen(5000, 0).statements.last(), Some(Stmt::Unknown(_))));
+        assert!(matches!(seen(0, 1).statements.last(), Some(Stmt::Unknown(_))));
+    }
+
+    /// One element of an observation set as the kernel dumps it.
+    fn seen_element(key: [u8; 6], packets: u64, timeout_ms: Option<u64>, expires_ms: u64, list: bool) -> Vec<u8> {
+        let mut attrs = vec![nested(1, &[nla(1, &key)])];
+        attrs.extend(timeout_ms.map(|t| nla(4, &t.to_be_bytes())));
+        attrs.push(nla(5, &expires_ms.to_be_bytes()));
+        let c = nested(2, &[nla(1, &(packets * 342).to_be_bytes()), nla(2, &packets.to_be_bytes())]);
+        let counter = [name(1, "counter"), c];
+        attrs.push(if list { nested(10, &[nested(1, &counter)]) } else { nested(7, &counter) });
+        nested(1, &attrs)
+    }
+
+    fn decode_one(elem: &[u8]) -> crate::observe::SeenElement {
+        let (_, v) = Attrs::new(elem).next().unwrap().unwrap();
+        decode_seen_element(v).unwrap().unwrap()
+    }
+
+    #[test]
+    fn observation_elements_decode_and_merge_newest_first() {
+        let a = [0x52, 0x54, 0, 0xaa, 0, 1];
+        let e = decode_one(&seen_element(a, 7, Some(3_600_000), 3_599_000, false));
+        assert_eq!((e.key, e.packets, e.last_ms_ago()), (a, 7, Some(1000)));
+        // the counter among NFTA_SET_ELEM_EXPRESSIONS; no timeout listed: the set's own
+        let e2 = decode_one(&seen_element(a, 2, None, 3_000_000, true));
+        assert_eq!((e2.packets, e2.last_ms_ago()), (2, Some(600_000)));
+        let b = [0x52, 0x54, 0, 0xbb, 0, 2];
+        let multicast = [0x01, 0, 0x5e, 0, 0, 1];
+        let elems = [
+            (SeenKind::Requests, e),
+            (SeenKind::Passed, decode_one(&seen_element(a, 3, None, 3_590_000, false))),
+            (SeenKind::Requests, decode_one(&seen_element(b, 1, None, 3_599_990, false))),
+            (SeenKind::Requests, decode_one(&seen_element(multicast, 9, None, 3_599_999, false))),
+        ];
+        let seen = merge_seen(&elems);
+        let macs: Vec<String> = seen.iter().map(|m| m.mac.to_string()).collect();
+        assert_eq!(macs, ["52:54:00:bb:00:02", "52:54:00:aa:00:01"], "newest first; no multicast key");
+        assert_eq!(seen[1].requests, Seen { count: 7, last_ms_ago: Some(1000) });
+        assert_eq!(seen[1].passed, Seen { count: 3, last_ms_ago: Some(10_000) });
+        assert_eq!(seen[1].answers, Seen::default());
+        // a mangled element is an error or nothing, never a panic
+        assert!(decode_seen_element(&[1, 2, 3]).is_err() || decode_seen_element(&[1, 2, 3]).unwrap().is_none());
     }
 
     fn mac(n: u8) -> MacAddr {

@@ -79,6 +79,9 @@ pub enum Stmt {
     /// `meta mark set meta mark & KEEP ^ XOR` [meta mark; bitwise; meta set mark]: sets the bits of ironguard's
     /// mark (`KEEP` = !mask, `XOR` = mark) or clears them (`XOR` = 0).
     SetMark { keep: u32, xor: u32 },
+    /// `update @SET { @th,288,48 }`: adds the BOOTP chaddr to a dynamic set, or refreshes its timeout and counter
+    /// [payload transport 36..42; dynset update]. Records, decides nothing: a full set skips the rest of the rule.
+    ChaddrUpdate { set: String },
     /// `counter`.
     Counter,
     /// `accept`.
@@ -144,7 +147,7 @@ impl Stmt {
 
     /// Whether this statement only matches packets (no side effect, no verdict).
     pub fn is_match(&self) -> bool {
-        !matches!(self, Stmt::SetMark { .. } | Stmt::Counter) && !self.is_verdict()
+        !matches!(self, Stmt::SetMark { .. } | Stmt::Counter | Stmt::ChaddrUpdate { .. }) && !self.is_verdict()
     }
 }
 
@@ -165,6 +168,7 @@ impl fmt::Display for Stmt {
             Stmt::Chaddr(mac) => write!(f, "@th,288,48 {mac}"),
             Stmt::DhcpType(t) => write!(f, "@th,1984,24 {:#08x} (DHCP {t})", t.option_bytes_u32()),
             Stmt::SetMark { keep, xor } => write!(f, "meta mark set meta mark & {keep:#010x} ^ {xor:#010x}"),
+            Stmt::ChaddrUpdate { set } => write!(f, "update @{set} {{ @th,288,48 }}"),
             Stmt::Counter => f.write_str("counter"),
             Stmt::Accept => f.write_str("accept"),
             Stmt::Drop => f.write_str("drop"),
@@ -229,17 +233,63 @@ const IFNAMSIZ: usize = 16;
 const NF_DROP: i32 = 0;
 const NF_ACCEPT: i32 = 1;
 const NFT_JUMP: i32 = -3;
+/// `NFT_DYNSET_OP_UPDATE`: add the key, or refresh the timeout of an element that has it.
+pub(crate) const NFT_DYNSET_OP_UPDATE: u32 = 1;
+pub(crate) const NFTA_DYNSET_SET_NAME: u16 = 1;
+pub(crate) const NFTA_DYNSET_SET_ID: u16 = 2;
+pub(crate) const NFTA_DYNSET_OP: u16 = 3;
+pub(crate) const NFTA_DYNSET_SREG_KEY: u16 = 4;
+pub(crate) const NFTA_DYNSET_TIMEOUT: u16 = 6;
+const NFTA_DYNSET_PAD: u16 = 8;
+pub(crate) const NFTA_DYNSET_FLAGS: u16 = 9;
 
 /// One kernel expression, decoded far enough to recognise ironguard's statements.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Expr {
-    Meta { key: u32, dreg: Option<u32>, sreg: Option<u32> },
-    Cmp { sreg: u32, op: u32, data: Vec<u8> },
-    Payload { dreg: Option<u32>, base: u32, offset: u32, len: u32, other: bool },
-    Bitwise { sreg: u32, dreg: u32, len: u32, mask: Vec<u8>, xor: Vec<u8>, op: u32 },
-    Lookup { set: String, sreg: u32, dreg: Option<u32>, flags: u32 },
+    Meta {
+        key: u32,
+        dreg: Option<u32>,
+        sreg: Option<u32>,
+    },
+    Cmp {
+        sreg: u32,
+        op: u32,
+        data: Vec<u8>,
+    },
+    Payload {
+        dreg: Option<u32>,
+        base: u32,
+        offset: u32,
+        len: u32,
+        other: bool,
+    },
+    Bitwise {
+        sreg: u32,
+        dreg: u32,
+        len: u32,
+        mask: Vec<u8>,
+        xor: Vec<u8>,
+        op: u32,
+    },
+    Lookup {
+        set: String,
+        sreg: u32,
+        dreg: Option<u32>,
+        flags: u32,
+    },
+    /// A dynset: `op` (0 add, 1 update, 2 delete), the key's register, and whether it carries anything more than a
+    /// key update with the set's own timeout (a data register, its own timeout, expressions of its own, flags).
+    Dynset {
+        set: String,
+        op: u32,
+        sreg_key: u32,
+        more: bool,
+    },
     Counter,
-    Verdict { code: i32, chain: Option<String> },
+    Verdict {
+        code: i32,
+        chain: Option<String>,
+    },
     Other(String),
 }
 
@@ -253,6 +303,9 @@ impl fmt::Display for Expr {
             }
             Expr::Bitwise { mask, xor, op, .. } => write!(f, "bitwise op {op} mask {} xor {}", hex(mask), hex(xor)),
             Expr::Lookup { set, flags, dreg, .. } => write!(f, "lookup @{set} flags {flags} dreg {dreg:?}"),
+            Expr::Dynset { set, op, more, .. } => {
+                write!(f, "dynset op {op} @{set}{}", if *more { " (more)" } else { "" })
+            }
             Expr::Counter => f.write_str("counter"),
             Expr::Verdict { code, chain } => write!(f, "verdict {code} {}", chain.as_deref().unwrap_or("")),
             Expr::Other(name) => write!(f, "{name}"),
@@ -365,6 +418,23 @@ fn decode_expression(ev: &[u8]) -> Result<(Expr, Option<Counts>), NftError> {
                 }
             }
             Expr::Lookup { set, sreg, dreg, flags }
+        }
+        "dynset" => {
+            let (mut set, mut op, mut sreg_key, mut more) = (String::new(), u32::MAX, u32::MAX, false);
+            for a in Attrs::new(data) {
+                let (ty, v) = a?;
+                match ty {
+                    NFTA_DYNSET_SET_NAME => set = netlink::string(v),
+                    NFTA_DYNSET_OP => op = u32_of(v),
+                    NFTA_DYNSET_SREG_KEY => sreg_key = u32_of(v),
+                    // the kernel lists the timeout always: 0 is the set's own
+                    NFTA_DYNSET_TIMEOUT => more |= netlink::be_u64(v) != Some(0),
+                    NFTA_DYNSET_FLAGS => more |= be_u32(v) != Some(0),
+                    NFTA_DYNSET_SET_ID | NFTA_DYNSET_PAD => {}
+                    _ => more = true,
+                }
+            }
+            Expr::Dynset { set, op, sreg_key, more }
         }
         "counter" => {
             let (mut bytes, mut packets) = (0, 0);
@@ -534,6 +604,17 @@ fn statement(exprs: &[Expr]) -> Option<(Stmt, usize)> {
             };
             Some((stmt, 2))
         }
+        [
+            Payload {
+                dreg: Some(r),
+                base: NFT_PAYLOAD_TRANSPORT_HEADER,
+                offset: CHADDR_OFFSET_BYTES,
+                len: 6,
+                other: false,
+            },
+            Dynset { set, op: NFT_DYNSET_OP_UPDATE, sreg_key, more: false },
+            ..,
+        ] if sreg_key == r => Some((Stmt::ChaddrUpdate { set: set.clone() }, 2)),
         [Counter, ..] => Some((Stmt::Counter, 1)),
         [Verdict { code, chain }, ..] => {
             let stmt = match (*code, chain) {

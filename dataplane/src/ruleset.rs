@@ -23,6 +23,25 @@
 //! every DHCPOFFER the local server sends (`udp sport 67 @th,1984,24 OFFER counter`). On the reply side, `pxe`
 //! starts with `@th,288,48 PROBE @th,1984,24 OFFER counter mark accept` (an offer to the probe, never an ack).
 //!
+//! What the kernel saw of a boot ([`SeenKind`], request side only, every mode): three dynamic sets keyed by the
+//! BOOTP chaddr, each element with a counter and an expiry that every packet refreshes, filled by base chains
+//! without a verdict that cannot change what the chains above decide:
+//!
+//! ```text
+//! table inet ironguard {
+//!   set seen_requests, seen_passed, seen_answers { typeof @th,288,48; size 4096; flags dynamic,timeout;
+//!                                                  counter; timeout 1h }
+//!   chain seen { type filter hook input priority -20; policy accept;          # before the agent's chains
+//!     [iifname IF] meta nfproto ipv4 udp dport 67|4011 update @seen_requests { @th,288,48 } }
+//!   chain passed { type filter hook input priority 0; policy accept;          # after them, before the guard
+//!     [iifname IF] meta nfproto ipv4 udp dport 67|4011 meta mark & MASK == MARK update @seen_passed { … } }
+//!   chain answers { type filter hook output priority -20; policy accept;      # the local server's replies
+//!     meta nfproto ipv4 udp sport 67|4011 update @seen_answers { @th,288,48 } }
+//! }
+//! ```
+//!
+//! (On the forward hook: `seen_forward`, which also records replies, and `passed_forward`.)
+//!
 //! With `egress_interfaces` configured, the same two tables also exist in the `netdev` family for the server's
 //! replies ([`Side::Replies`]): a base chain `egress` bound to those devices matching `udp sport PORT` (clearing
 //! ironguard's mark bits first), chaddr sets only, `udp sport @lease`. Every transaction below covers every side.
@@ -71,8 +90,56 @@ pub const LEASE_SET: &str = "lease";
 /// keeps a mistake (an element added without one) from opening the fence for ever.
 pub const LEASE_DEFAULT_TIMEOUT_MS: u64 = 1000;
 const NFT_SET_TIMEOUT: u32 = 0x10;
+/// `flags dynamic`: the packet path may add elements (`NFT_SET_EVAL`).
+const NFT_SET_EVAL: u32 = 0x20;
 const NFT_TYPE_INET_SERVICE: u32 = 13;
 const LEASE_SET_ID: u32 = 16;
+
+/// Capacity of each observation set ([`SeenKind`]): the PXE network is hostile, and a flood of made-up client
+/// addresses fills a set, never the host's memory. A full set records no new address; it decides nothing.
+pub const SEEN_SIZE: u32 = 4096;
+/// How long an observation set keeps an address after the last packet that carried it (each packet refreshes it).
+pub const SEEN_TIMEOUT_MS: u64 = 3_600_000;
+/// Priority of the base chains that record requests (`seen`): before the agent's chains, so every request that
+/// reaches the filter is recorded whatever the filter does with it.
+pub const SEEN_PRIORITY: i32 = OWNED_PRIORITY - 10;
+/// Priority of the base chains that record requests let through (`passed`): after the agent's chains (a packet
+/// they dropped never gets here) and before the guard.
+pub const PASSED_PRIORITY: i32 = 0;
+/// The base chain on the output hook that records the local server's replies.
+pub const ANSWERS_CHAIN: &str = "answers";
+/// The DHCP ports whose packets the observation sets record: a BOOTP chaddr is at the same offset in a DHCP and
+/// a proxyDHCP (PXE, 4011) message. DHCPv6 (547) has no chaddr.
+const SEEN_PORTS: [u16; 2] = [67, 4011];
+
+/// The observation sets of the agent's table (request side only): which client addresses' DHCP reached this
+/// host, was let through, and was answered, each with a per-element counter and an expiry the packets refresh.
+/// They record, and decide nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SeenKind {
+    /// Requests that reached the filter (`seen` base chains, before the agent's chains).
+    Requests,
+    /// Requests the filter let through: they carry ironguard's mark after the agent's chains (`passed`).
+    Passed,
+    /// Replies the local server sent, keyed by the client's chaddr (`answers`, output hook).
+    Answers,
+}
+
+impl SeenKind {
+    pub const ALL: [SeenKind; 3] = [SeenKind::Requests, SeenKind::Passed, SeenKind::Answers];
+
+    pub fn set_name(self) -> &'static str {
+        match self {
+            SeenKind::Requests => "seen_requests",
+            SeenKind::Passed => "seen_passed",
+            SeenKind::Answers => "seen_answers",
+        }
+    }
+
+    fn id(self) -> u32 {
+        LEASE_SET_ID + 1 + self as u32
+    }
+}
 
 /// Rule comments. They make `nft list ruleset` readable and name each rule's role (in `ironguardctl chains` and
 /// `explain`); the read-back judges a rule by its expressions, never by its comment.
@@ -90,6 +157,9 @@ pub mod comments {
     pub const PROBE: &str = "ironguard:probe";
     pub const PROBE_OFFERS: &str = "ironguard:offers";
     pub const GUARD_DROP: &str = "ironguard-guard:drop-unmarked";
+    pub const SEEN: &str = "ironguard:seen";
+    pub const PASSED: &str = "ironguard:passed";
+    pub const ANSWERED: &str = "ironguard:answered";
 }
 
 /// The four sets of the agent's table.
@@ -232,6 +302,10 @@ const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFTA_SET_DESC: u16 = 9;
 const NFTA_SET_DESC_SIZE: u16 = 1;
+const NFTA_SET_EXPR: u16 = 17;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NLA_F_NESTED: u16 = 0x8000;
 
 /// The 20-byte batch begin/end message.
@@ -295,20 +369,35 @@ impl Tx {
         }
     }
 
+    /// Adds a rule with `exprs` (encoded expressions rustables cannot build) appended to its own.
+    pub(crate) fn rule_with_expressions(
+        &mut self,
+        rule: &Rule,
+        exprs: &[u8],
+        description: impl Into<String>,
+    ) -> Result<(), NftError> {
+        let mut one = Batch::new();
+        one.add(rule, MsgType::Add);
+        let msg = append_expressions(inner_messages(&one.finalize()), exprs)?;
+        self.raw(msg, description);
+        Ok(())
+    }
+
     /// Adds a set with a size hint. rustables' `Set` has no `NFTA_SET_DESC`, so the attribute is appended to the
     /// message rustables wrote. With a size the kernel picks its fixed-size hash, which loads about twice as fast
     /// as the resizable one; adding beyond the size fails with ENFILE, so callers rebuild with a larger size first.
     pub(crate) fn set_with_size(&mut self, set: &Set, size: u32, description: impl Into<String>) {
+        self.set_with_attrs(set, &set_size_attr(size), description);
+    }
+
+    /// Adds a set with `attrs` (encoded attributes rustables' `Set` does not have) appended to its message.
+    pub(crate) fn set_with_attrs(&mut self, set: &Set, attrs: &[u8], description: impl Into<String>) {
         self.flush();
         let mut one = Batch::new();
         one.add(set, MsgType::Add);
         let bytes = one.finalize();
         let mut msg = inner_messages(&bytes).to_vec();
-        msg.extend_from_slice(&12u16.to_ne_bytes());
-        msg.extend_from_slice(&(NFTA_SET_DESC | NLA_F_NESTED).to_ne_bytes());
-        msg.extend_from_slice(&8u16.to_ne_bytes());
-        msg.extend_from_slice(&NFTA_SET_DESC_SIZE.to_ne_bytes());
-        msg.extend_from_slice(&size.to_be_bytes());
+        msg.extend_from_slice(attrs);
         let len = msg.len() as u32;
         msg[0..4].copy_from_slice(&len.to_ne_bytes());
         self.descriptions.push(description.into());
@@ -329,6 +418,26 @@ impl Tx {
         bytes.extend_from_slice(&batch_marker(NFNL_MSG_BATCH_END, end_seq));
         Finished { bytes, descriptions: self.descriptions, elements: self.elements }
     }
+}
+
+/// `NFTA_SET_DESC { NFTA_SET_DESC_SIZE size }`: the set's capacity.
+fn set_size_attr(size: u32) -> Vec<u8> {
+    let mut desc = Vec::new();
+    nla(&mut desc, NFTA_SET_DESC_SIZE, &size.to_be_bytes());
+    let mut out = Vec::new();
+    nla(&mut out, NFTA_SET_DESC | NLA_F_NESTED, &desc);
+    out
+}
+
+/// `NFTA_SET_EXPR { counter }`: every element of the set counts the packets that added or refreshed it (what
+/// `nft` sends for a set declared with `counter`).
+fn set_counter_attr() -> Vec<u8> {
+    let mut expr = Vec::new();
+    nla_str(&mut expr, NFTA_EXPR_NAME, "counter");
+    nla(&mut expr, NFTA_EXPR_DATA | NLA_F_NESTED, &[]);
+    let mut out = Vec::new();
+    nla(&mut out, NFTA_SET_EXPR | NLA_F_NESTED, &expr);
+    out
 }
 
 /// The size given to a set holding `n` elements: room to double, at least [`MIN_SET_CAPACITY`].
@@ -447,21 +556,6 @@ fn table(side: Side, name: &str) -> Table {
 
 fn owned_table(side: Side) -> Table {
     table(side, OWNED_TABLE).with_flags(NFT_TABLE_F_OWNER)
-}
-
-fn hook_class(h: HookKind) -> HookClass {
-    match h {
-        HookKind::Input => HookClass::In,
-        HookKind::Forward => HookClass::Forward,
-    }
-}
-
-fn base_chain(t: &Table, h: HookKind, priority: i32) -> Chain {
-    Chain::new(t)
-        .with_name(h.chain_name())
-        .with_hook(Hook::new(hook_class(h), priority))
-        .with_type(ChainType::Filter)
-        .with_policy(ChainPolicy::Accept)
 }
 
 /// `add chain netdev TABLE egress { type filter hook egress devices = { DEV, ... } priority P; policy accept; }`.
@@ -594,7 +688,85 @@ pub fn owned_rules(side: Side, config: &RulesetConfig, mode: Mode, policy: Unkno
     if side == Side::Requests && config.probe.is_some() {
         chains.push(offers_chain());
     }
+    if side == Side::Requests {
+        chains.extend(seen_chains(config));
+    }
     chains
+}
+
+/// The name of the chain of hook `h` that records with `kind` (`seen`, `passed` on the input hook; with a suffix
+/// on the forward hook).
+pub fn seen_chain_name(kind: SeenKind, h: HookKind) -> &'static str {
+    match (kind, h) {
+        (SeenKind::Requests, HookKind::Input) => "seen",
+        (SeenKind::Requests, HookKind::Forward) => "seen_forward",
+        (SeenKind::Passed, HookKind::Input) => "passed",
+        (SeenKind::Passed, HookKind::Forward) => "passed_forward",
+        (SeenKind::Answers, _) => ANSWERS_CHAIN,
+    }
+}
+
+/// The observation chains of the request side, in every mode: they add to the [`SeenKind`] sets and have no
+/// verdict (policy accept), so what they do cannot change what the agent's chains and the guard decide. A set
+/// that is full, or an update that fails, ends the rule and nothing else.
+///
+/// * `seen` (each hook, [`SEEN_PRIORITY`]): `[iifname IF] meta nfproto ipv4 udp dport P update @seen_requests`.
+/// * `passed` (each hook, [`PASSED_PRIORITY`]): the same match and `meta mark & MASK == MARK`, into
+///   `seen_passed`. The agent's own probe carries the mark too: it is recorded like any client (its chaddr is the
+///   agent's probe identity, which readers leave out).
+/// * `answers` (output hook; and the forward hook's `seen` chain, for a server in a container):
+///   `meta nfproto ipv4 udp sport P update @seen_answers`.
+///
+/// IPv4 only: a DHCPv6 message has no chaddr (`@th,288,48` there is whatever option sits at that offset).
+pub(crate) fn seen_chains(config: &RulesetConfig) -> Vec<BuiltChain> {
+    let ports: Vec<u16> = config.ports.iter().copied().filter(|p| SEEN_PORTS.contains(p)).collect();
+    let ifaces: Vec<Option<&str>> = if config.interfaces.is_empty() {
+        vec![None]
+    } else {
+        config.interfaces.iter().map(|s| Some(s.as_str())).collect()
+    };
+    let rule = |comment: &'static str, stmts: Vec<Stmt>| BuiltRule { comment, what: crate::rule::text(&stmts), stmts };
+    let update = |kind: SeenKind| Stmt::ChaddrUpdate { set: kind.set_name().to_string() };
+    let answers = |port: u16| {
+        let stmts =
+            vec![Stmt::NfprotoIpv4, Stmt::Udp, Stmt::Port { field: PortField::Sport, port }, update(SeenKind::Answers)];
+        rule(comments::ANSWERED, stmts)
+    };
+    let requests = |then: &[Stmt], comment| {
+        let mut rules = Vec::new();
+        for iface in &ifaces {
+            for &port in &ports {
+                let mut stmts = Vec::new();
+                stmts.extend(iface.map(|i| Stmt::IifName(i.to_string())));
+                stmts.extend([Stmt::NfprotoIpv4, Stmt::Udp, Stmt::Port { field: PortField::Dport, port }]);
+                stmts.extend_from_slice(then);
+                rules.push(rule(comment, stmts));
+            }
+        }
+        rules
+    };
+    let mut seen = Vec::new();
+    let mut passed = Vec::new();
+    for &h in &config.hooks {
+        let mut rules = requests(&[update(SeenKind::Requests)], comments::SEEN);
+        if h == HookKind::Forward {
+            rules.extend(ports.iter().map(|&p| answers(p)));
+        }
+        let name = seen_chain_name(SeenKind::Requests, h);
+        seen.push(BuiltChain { name, hook: Some((h.chain_name(), SEEN_PRIORITY)), rules });
+        let mark = Stmt::MarkIs { mask: config.mask, mark: config.mark };
+        let name = seen_chain_name(SeenKind::Passed, h);
+        let rules = requests(&[mark, update(SeenKind::Passed)], comments::PASSED);
+        passed.push(BuiltChain { name, hook: Some((h.chain_name(), PASSED_PRIORITY)), rules });
+    }
+    let out = BuiltChain {
+        name: ANSWERS_CHAIN,
+        hook: Some(("output", SEEN_PRIORITY)),
+        rules: ports.iter().map(|&p| answers(p)).collect(),
+    };
+    seen.extend(passed);
+    seen.push(out);
+    seen
 }
 
 /// The rules of `whitelist`, `blacklist` and `pxe` for a mode and policy. These are the only rules a mode switch
@@ -682,10 +854,15 @@ fn offers_chain() -> BuiltChain {
     }
 }
 
-/// The kernel expressions of one rule, in chain `chain`.
-fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
+/// The kernel expressions of one rule, in chain `chain`, and the encoded expressions rustables cannot build that
+/// follow them (a `dynset`: see [`dynset_update_expr`]; empty for most rules). Such a statement must be the last.
+fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<(Rule, Vec<u8>), NftError> {
     let mut rule = Rule::new(chain)?;
+    let mut tail = Vec::new();
     for s in &r.stmts {
+        if !tail.is_empty() {
+            return Err(NftError::Decode(format!("`{}`: nothing may follow a set update", r.what)));
+        }
         rule = match s {
             Stmt::IifName(name) => {
                 let mut bytes = [0u8; 16];
@@ -731,6 +908,10 @@ fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
             Stmt::DhcpType(t) => rule
                 .with_expr(transport_bytes(FIRST_OPTION_OFFSET_BYTES, 3))
                 .with_expr(Cmp::new(CmpOp::Eq, t.option_bytes().to_vec())),
+            Stmt::ChaddrUpdate { set } => {
+                tail = dynset_update_expr(set, REG1);
+                rule.with_expr(transport_bytes(CHADDR_OFFSET_BYTES, 6))
+            }
             Stmt::Counter => rule.with_expr(Counter::default()),
             Stmt::Accept => rule.with_expr(Immediate::new_verdict(VerdictKind::Accept)),
             Stmt::Drop => rule.with_expr(Immediate::new_verdict(VerdictKind::Drop)),
@@ -740,7 +921,58 @@ fn build_rule(chain: &Chain, r: &BuiltRule) -> Result<Rule, NftError> {
             }
         };
     }
-    Ok(rule.with_userdata(comment_udata(r.comment)))
+    Ok((rule.with_userdata(comment_udata(r.comment)), tail))
+}
+
+/// rustables' `Register::Reg1` as the kernel numbers it (`NFT_REG_1`, a 16-byte register).
+const REG1: u32 = 1;
+
+/// One `dynset` expression, as an element of a rule's `NFTA_RULE_EXPRESSIONS`: `update @SET { <key in sreg> }`
+/// with the set's own timeout (none given) and no expression of its own (the set's `counter` applies). What
+/// `nft` 1.0.6 sends for `update @s { @th,288,48 }`, without the set id: the kernel finds a set of the same
+/// transaction by name. rustables 0.9 has no dynset expression, so it is written here.
+pub(crate) fn dynset_update_expr(set: &str, sreg: u32) -> Vec<u8> {
+    let mut data = Vec::new();
+    nla_str(&mut data, crate::rule::NFTA_DYNSET_SET_NAME, set);
+    nla(&mut data, crate::rule::NFTA_DYNSET_OP, &crate::rule::NFT_DYNSET_OP_UPDATE.to_be_bytes());
+    nla(&mut data, crate::rule::NFTA_DYNSET_SREG_KEY, &sreg.to_be_bytes());
+    let mut expr = Vec::new();
+    nla_str(&mut expr, NFTA_EXPR_NAME, "dynset");
+    nla(&mut expr, NFTA_EXPR_DATA | NLA_F_NESTED, &data);
+    let mut elem = Vec::new();
+    nla(&mut elem, NFTA_LIST_ELEM | NLA_F_NESTED, &expr);
+    elem
+}
+
+/// `msg` (one `NFT_MSG_NEWRULE` as rustables wrote it) with `exprs` (encoded list elements) appended to its
+/// expressions.
+fn append_expressions(msg: &[u8], exprs: &[u8]) -> Result<Vec<u8>, NftError> {
+    const HEADERS: usize = 16 + 4; // nlmsghdr, nfgenmsg
+    let head = msg.get(..HEADERS).ok_or_else(|| NftError::Decode("a rule message without headers".into()))?;
+    let mut out = head.to_vec();
+    let mut appended = false;
+    let mut rest = &msg[HEADERS..];
+    // Attributes are copied with their type bits as they are (nested, byte order).
+    while rest.len() >= 4 {
+        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+        let ty = u16::from_ne_bytes([rest[2], rest[3]]);
+        let v = rest.get(4..len).ok_or_else(|| NftError::Decode(format!("rule attribute length {len}")))?;
+        if ty & !NLA_F_NESTED == NFTA_RULE_EXPRESSIONS {
+            let mut all = v.to_vec();
+            all.extend_from_slice(exprs);
+            nla(&mut out, ty | NLA_F_NESTED, &all);
+            appended = true;
+        } else {
+            nla(&mut out, ty, v);
+        }
+        rest = rest.get(crate::netlink::align4(len)..).unwrap_or_default();
+    }
+    if !appended {
+        nla(&mut out, NFTA_RULE_EXPRESSIONS | NLA_F_NESTED, exprs);
+    }
+    let len = out.len() as u32;
+    out[0..4].copy_from_slice(&len.to_ne_bytes());
+    Ok(out)
 }
 
 /// `len` bytes of the transport header from `offset` into register 1.
@@ -772,11 +1004,13 @@ fn add_rules(tx: &mut Tx, side: Side, t: &Table, chains: &[BuiltChain]) -> Resul
     for c in chains {
         let chain = regular_chain(t, c.name);
         for r in &c.rules {
-            tx.rule(
-                &build_rule(&chain, r)?,
-                MsgType::Add,
-                format!("rule \"{}\" in chain {fam} {name} {}", r.what, c.name),
-            );
+            let (rule, tail) = build_rule(&chain, r)?;
+            let desc = format!("rule \"{}\" in chain {fam} {name} {}", r.what, c.name);
+            if tail.is_empty() {
+                tx.rule(&rule, MsgType::Add, desc);
+            } else {
+                tx.rule_with_expressions(&rule, &tail, desc)?;
+            }
         }
     }
     Ok(())
@@ -795,22 +1029,20 @@ fn add_base_chains(
     for c in chains {
         let Some((_, priority)) = c.hook else { continue };
         match side {
-            Side::Requests if c.name == OFFERS_CHAIN => {
+            Side::Requests => {
+                let hook = c.hook.map(|(h, _)| h).unwrap_or_default();
+                let class = match hook {
+                    "input" => HookClass::In,
+                    "forward" => HookClass::Forward,
+                    "output" => HookClass::Out,
+                    other => return Err(NftError::Decode(format!("base chain {}: no hook {other}", c.name))),
+                };
                 let chain = Chain::new(t)
-                    .with_name(OFFERS_CHAIN)
-                    .with_hook(Hook::new(HookClass::Out, priority))
+                    .with_name(c.name)
+                    .with_hook(Hook::new(class, priority))
                     .with_type(ChainType::Filter)
                     .with_policy(ChainPolicy::Accept);
-                tx.chain(&chain, MsgType::Add, format!("base chain {fam} {name} {OFFERS_CHAIN} (hook output)"));
-            }
-            Side::Requests => {
-                let h = config
-                    .hooks
-                    .iter()
-                    .copied()
-                    .find(|h| h.chain_name() == c.name)
-                    .ok_or_else(|| NftError::Decode(format!("no hook for base chain {}", c.name)))?;
-                tx.chain(&base_chain(t, h, priority), MsgType::Add, format!("base chain {fam} {name} {}", c.name));
+                tx.chain(&chain, MsgType::Add, format!("base chain {fam} {name} {} (hook {hook})", c.name));
             }
             Side::Replies => tx.raw(
                 egress_chain_message(&name, &config.egress_interfaces, priority),
@@ -841,6 +1073,22 @@ fn set_object(side: Side, kind: SetKind, with_id: bool) -> Set {
     } else {
         s.with_key_type(NFT_TYPE_ETHERADDR).with_userdata(UDATA_KEY_BIG_ENDIAN.to_vec())
     }
+}
+
+/// `set SEEN { typeof @th,288,48; flags dynamic,timeout; timeout 1h; }` (size and counter are appended to the
+/// message: see [`Tx::set_with_attrs`]).
+fn seen_set_object(kind: SeenKind) -> Set {
+    let s = Set { family: Side::Requests.family(), ..Set::default() };
+    let mut s = s
+        .with_table(OWNED_TABLE)
+        .with_name(kind.set_name())
+        .with_flags(NFT_SET_TIMEOUT | NFT_SET_EVAL)
+        .with_timeout(SEEN_TIMEOUT_MS)
+        .with_key_type(NFT_TYPE_INTEGER)
+        .with_key_len(6u32)
+        .with_userdata(UDATA_TYPEOF_CHADDR.to_vec());
+    s.set_id(Side::Requests.set_id_base() + kind.id());
+    s
 }
 
 fn lease_set_object(side: Side, with_id: bool) -> Set {
@@ -937,6 +1185,15 @@ fn full_owned_side(tx: &mut Tx, side: Side, s: &DesiredState, lease_ms: u64) -> 
     tx.set(&lease_set_object(side, true), MsgType::Add, format!("set {fam} {OWNED_TABLE} {LEASE_SET}"));
     if lease_ms > 0 {
         lease_add(tx, side, &s.config.ports, lease_ms);
+    }
+    if side == Side::Requests {
+        let mut attrs = set_size_attr(SEEN_SIZE);
+        attrs.extend(set_counter_attr());
+        for k in SeenKind::ALL {
+            let desc =
+                format!("set {fam} {OWNED_TABLE} {} (dynamic, timeout, size {SEEN_SIZE}, counter)", k.set_name());
+            tx.set_with_attrs(&seen_set_object(k), &attrs, desc);
+        }
     }
     let chains = owned_rules(side, &s.config, s.mode, s.unknown_mac_policy);
     for c in chains.iter().filter(|c| c.hook.is_none()) {
@@ -1282,6 +1539,101 @@ mod tests {
         let f = switch_mode(&c, Mode::Leader, UnknownMacPolicy::Allow).unwrap().finish();
         assert_eq!(f.elements, 0);
         assert!(f.descriptions.iter().all(|d| !d.contains("element") && !d.contains("set ")), "{:#?}", f.descriptions);
+    }
+
+    #[test]
+    fn the_dynset_update_is_what_nft_sends() {
+        // `update @seen_requests { @th,288,48 }` as nftables 1.0.6 sends it (`nft --debug=mnl`), without the set id.
+        let mut want: Vec<u8> = vec![];
+        want.extend([56, 0, 1, 0x80]); // NFTA_LIST_ELEM, nested
+        want.extend([11, 0, 1, 0]); //   NFTA_EXPR_NAME
+        want.extend(b"dynset\0\0");
+        want.extend([40, 0, 2, 0x80]); //   NFTA_EXPR_DATA, nested
+        want.extend([18, 0, 1, 0]); //     NFTA_DYNSET_SET_NAME
+        want.extend(b"seen_requests\0\0\0");
+        want.extend([8, 0, 3, 0, 0, 0, 0, 1]); //     NFTA_DYNSET_OP = NFT_DYNSET_OP_UPDATE (big endian)
+        want.extend([8, 0, 4, 0, 0, 0, 0, 1]); //     NFTA_DYNSET_SREG_KEY = NFT_REG_1
+        assert_eq!(dynset_update_expr("seen_requests", REG1), want);
+        // and the read-back decodes it, after the chaddr load, into the statement it was built from
+        let mut data = vec![];
+        for (ty, v) in [(1u16, REG1), (2, NFT_PAYLOAD_TRANSPORT_HEADER), (3, CHADDR_OFFSET_BYTES), (4, 6)] {
+            nla(&mut data, ty, &v.to_be_bytes());
+        }
+        let mut payload = vec![];
+        nla_str(&mut payload, NFTA_EXPR_NAME, "payload");
+        nla(&mut payload, NFTA_EXPR_DATA | NLA_F_NESTED, &data);
+        let mut exprs = vec![];
+        nla(&mut exprs, NFTA_LIST_ELEM | NLA_F_NESTED, &payload);
+        exprs.extend(dynset_update_expr("seen_requests", REG1));
+        let (stmts, counts) = crate::rule::decode_expressions(&exprs).unwrap();
+        assert_eq!(stmts, [Stmt::ChaddrUpdate { set: "seen_requests".into() }]);
+        assert_eq!(counts, None);
+    }
+
+    #[test]
+    fn an_update_rule_carries_the_dynset_after_rustables_expressions() {
+        let c = RulesetConfig { interfaces: vec!["br0".into()], ports: vec![67, 547, 4011], ..Default::default() };
+        let chains = seen_chains(&c);
+        let names: Vec<&str> = chains.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["seen", "passed", ANSWERS_CHAIN]);
+        // 547 (DHCPv6, no chaddr) is never recorded
+        assert!(chains.iter().all(|c| c.rules.len() == 2), "{chains:#?}");
+        assert!(chains.iter().flat_map(|c| &c.rules).all(|r| !r.stmts.iter().any(Stmt::is_verdict)));
+        let passed = &chains[1].rules[0];
+        assert_eq!(
+            crate::rule::text(&passed.stmts),
+            "iifname \"br0\" meta nfproto ipv4 meta l4proto udp th dport 67 meta mark & 0x00100000 == 0x00100000 \
+             update @seen_passed { @th,288,48 }"
+        );
+        let f = full_owned(&DesiredState::blocked(c), 0).unwrap().finish();
+        let msgs: Vec<_> = Messages::new(&f.bytes).map(Result::unwrap).collect();
+        let mut found = 0;
+        for (i, m) in msgs.iter().enumerate() {
+            if m.nft_op() != Some(6) || !f.describe(i as u32).contains("seen_passed") {
+                continue;
+            }
+            found += 1;
+            let (_, exprs) = m.nft_attrs().unwrap().map(Result::unwrap).find(|(t, _)| *t == 4).unwrap();
+            let (stmts, _) = crate::rule::decode_expressions(exprs).unwrap();
+            assert_eq!(stmts, passed.stmts, "the rule as sent decodes to what was built");
+            // the comment is still there after the splice
+            let (_, udata) = m.nft_attrs().unwrap().map(Result::unwrap).find(|(t, _)| *t == 7).unwrap();
+            assert_eq!(parse_comment(udata).as_deref(), Some(comments::PASSED));
+            break;
+        }
+        assert_eq!(found, 1);
+        // nothing may follow an update (it would be silently dropped otherwise)
+        let bad = BuiltRule {
+            comment: comments::SEEN,
+            what: "bad".into(),
+            stmts: vec![Stmt::ChaddrUpdate { set: "seen_requests".into() }, Stmt::Accept],
+        };
+        let t = owned_table(Side::Requests);
+        assert!(build_rule(&regular_chain(&t, "seen"), &bad).is_err());
+    }
+
+    #[test]
+    fn the_observation_sets_are_sized_counted_and_expire() {
+        let f = full_owned(&DesiredState::default(), 0).unwrap().finish();
+        let msgs: Vec<_> = Messages::new(&f.bytes).map(Result::unwrap).collect();
+        let mut names = vec![];
+        for m in msgs.iter().filter(|m| m.nft_op() == Some(9)) {
+            let attrs: Vec<(u16, Vec<u8>)> =
+                m.nft_attrs().unwrap().map(Result::unwrap).map(|(t, v)| (t, v.to_vec())).collect();
+            let get = |t: u16| attrs.iter().find(|(ty, _)| *ty == t).map(|(_, v)| v.clone());
+            let name = crate::netlink::string(&get(2).unwrap());
+            if !name.starts_with("seen_") {
+                continue;
+            }
+            names.push(name);
+            assert_eq!(crate::netlink::be_u32(&get(3).unwrap()), Some(NFT_SET_TIMEOUT | NFT_SET_EVAL));
+            assert_eq!(crate::netlink::be_u64(&get(11).unwrap()), Some(SEEN_TIMEOUT_MS));
+            assert_eq!(get(9).unwrap(), [8, 0, 1, 0, 0, 0, 0x10, 0], "size 4096");
+            let expr = get(NFTA_SET_EXPR).unwrap();
+            let (_, n) = Attrs::new(&expr).next().unwrap().unwrap();
+            assert_eq!(crate::netlink::string(n), "counter");
+        }
+        assert_eq!(names, ["seen_requests", "seen_passed", "seen_answers"]);
     }
 
     #[test]

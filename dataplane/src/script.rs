@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use crate::MacAddr;
 use crate::model::{DesiredState, HookKind, Mode, RulesetConfig, UnknownMacPolicy};
 use crate::ruleset::{
-    EGRESS_CHAIN, GUARD_PRIORITY, LEASE_DEFAULT_TIMEOUT_MS, LEASE_SET, OWNED_PRIORITY, SetKind, Side, comments,
+    EGRESS_CHAIN, GUARD_PRIORITY, LEASE_DEFAULT_TIMEOUT_MS, LEASE_SET, OWNED_PRIORITY, SEEN_SIZE, SEEN_TIMEOUT_MS,
+    SeenKind, SetKind, Side, comments, seen_chains,
 };
 
 fn dhcp_matches(side: Side, config: &RulesetConfig) -> Vec<String> {
@@ -126,6 +127,16 @@ fn owned_side_script(out: &mut String, side: Side, table: &str, s: &DesiredState
         "\tset {LEASE_SET} {{\n\t\ttype inet_service\n\t\tflags timeout\n\t\ttimeout {}ms\n\t}}",
         LEASE_DEFAULT_TIMEOUT_MS
     );
+    if side == Side::Requests {
+        for k in SeenKind::ALL {
+            let _ = writeln!(
+                out,
+                "\tset {} {{\n\t\ttypeof @th,288,48\n\t\tsize {SEEN_SIZE}\n\t\tflags dynamic,timeout\n\t\tcounter\n\t\t\
+                 timeout {SEEN_TIMEOUT_MS}ms\n\t}}",
+                k.set_name()
+            );
+        }
+    }
     let _ = writeln!(out, "\tchain whitelist {{");
     if s.mode == Mode::Leader {
         for k in side.set_kinds(c).into_iter().filter(|k| k.is_allow()) {
@@ -161,6 +172,20 @@ fn owned_side_script(out: &mut String, side: Side, table: &str, s: &DesiredState
         Side::Replies => format!("meta mark set meta mark & 0x{:08x} ", !c.mask),
     };
     base_chains(out, side, c, OWNED_PRIORITY, &format!("counter {clear}jump pxe comment \"{}\"", comments::DHCP_JUMP));
+    if side == Side::Requests {
+        for chain in seen_chains(c) {
+            let Some((hook, priority)) = chain.hook else { continue };
+            let _ = writeln!(
+                out,
+                "\tchain {} {{\n\t\ttype filter hook {hook} priority {priority}; policy accept;",
+                chain.name
+            );
+            for r in &chain.rules {
+                let _ = writeln!(out, "\t\t{} comment \"{}\"", crate::rule::text(&r.stmts), r.comment);
+            }
+            out.push_str("\t}\n");
+        }
+    }
     out.push_str("}\n");
 }
 

@@ -244,12 +244,12 @@ fn hundred_thousand_elements_are_all_in_the_kernel() {
             .unwrap()
             .sets
             .iter()
-            .filter(|s| s.name != ironguard_dataplane::ruleset::LEASE_SET)
+            .filter(|s| ironguard_dataplane::ruleset::SetKind::ALL.iter().any(|k| k.name() == s.name))
             .map(|s| (s.name.clone(), s.elements, s.members.as_ref().unwrap().len()))
             .collect();
         (counts, dp.drift(true).unwrap())
     });
-    assert_eq!(counts.len(), 4, "the four MAC sets (and the lease set beside them)");
+    assert_eq!(counts.len(), 4, "the four MAC sets (and the lease and observation sets beside them)");
     for (name, n, members) in counts {
         assert_eq!(n, 100_000, "set {name} must hold exactly 100000 elements");
         assert_eq!(members, 100_000, "set {name}: every element read back is a distinct valid MAC");
@@ -710,4 +710,101 @@ fn a_claimed_guard_survives_flush_ruleset_and_its_holder() {
         (dp.owner_portid(), ironguard_dataplane::guard::status(&cfg).unwrap().held_by)
     });
     assert_eq!(again.1, Some(again.0), "a new holder claims it again");
+}
+
+/// What the kernel of `pxe` saw of each MAC's DHCP (the agent's observation sets), read as `ironguardctl explain
+/// --timeline` reads it through the agent.
+fn dhcp_seen(pxe: &Netns) -> Vec<ironguard_dataplane::MacSeen> {
+    in_netns(pxe, || ironguard_dataplane::dhcp_seen().expect("read the observation sets"))
+}
+
+fn seen_of(seen: &[ironguard_dataplane::MacSeen], m: &str) -> ironguard_dataplane::MacSeen {
+    let m = mac(m);
+    seen.iter().find(|s| s.mac == m).cloned().unwrap_or_else(|| panic!("the kernel saw nothing of {m}: {seen:#?}"))
+}
+
+/// Generous: what was seen during this test was seen seconds ago, not the set's hour.
+const RECENT_MS: u64 = 600_000;
+
+#[test]
+fn the_kernel_records_requests_let_through_and_answered_per_mac() {
+    let lan = PxeLan::new(2);
+    let args = hold_args("leader", "deny");
+    let _agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(dhcp_seen(&lan.pxe).is_empty(), "nothing seen before any client ran");
+    let r = lan.dhcp_all(&[(0, mac(ALLOWED), Want::Lease), (1, mac(DENIED), Want::Nothing)]);
+    assert!(r[0].is_some() && r[1].is_none(), "{r:?}");
+    let seen = dhcp_seen(&lan.pxe);
+    let allowed = seen_of(&seen, ALLOWED);
+    for (what, s) in [("requests", allowed.requests), ("passed", allowed.passed), ("answers", allowed.answers)] {
+        assert!(s.count > 0, "allowed MAC: no {what}: {allowed:?}");
+        assert!(s.last_ms_ago.is_some_and(|ms| ms < RECENT_MS), "allowed MAC: {what} not recent: {allowed:?}");
+    }
+    // DISCOVER and REQUEST both reached the filter and were let through
+    assert!(allowed.requests.count >= 2 && allowed.passed.count >= 2, "{allowed:?}");
+    let denied = seen_of(&seen, DENIED);
+    assert!(denied.requests.count > 0, "{denied:?}");
+    assert_eq!((denied.passed, denied.answers), Default::default(), "denied: dropped before `passed`, never answered");
+    assert!(seen.iter().all(|s| s.mac == mac(ALLOWED) || s.mac == mac(DENIED)), "only the two clients: {seen:#?}");
+    // newest first
+    let last: Vec<u64> = seen.iter().map(|s| s.last_ms_ago().unwrap()).collect();
+    assert!(last.windows(2).all(|w| w[0] <= w[1]), "{seen:#?}");
+}
+
+#[test]
+fn a_follower_sees_requests_and_lets_none_through() {
+    let lan = PxeLan::new(1);
+    let args = hold_args("follower", "allow");
+    let _agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(verdict(&lan.pxe), "FOLLOWER");
+    assert_eq!(lan.dhcp_all(&[(0, mac(ALLOWED), Want::Nothing)]), vec![None]);
+    let allowed = seen_of(&dhcp_seen(&lan.pxe), ALLOWED);
+    assert!(allowed.requests.count > 0, "{allowed:?}");
+    assert_eq!((allowed.passed, allowed.answers), Default::default(), "a follower lets nothing through");
+}
+
+/// 5000 DISCOVERs with made-up chaddrs (5000 different ones, from one node that is not allowed), paced so the
+/// receiving side drops none, made with scapy. (The Ethernet source is given: scapy cannot find one for a
+/// broadcast without a route, and a bridge drops a frame from 00:00:00:00:00:00.)
+const FLOOD: &str = r#"
+import sys, time
+from scapy.all import BOOTP, DHCP, IP, UDP, Ether, conf, sendp
+conf.verb = 0
+iface, src, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pkts = []
+for i in range(n):
+    chaddr = bytes([0x02, 0x5e, (i >> 16) & 255, (i >> 8) & 255, i & 255, 0x77]) + b"\0" * 10
+    pkts.append(Ether(src=src, dst="ff:ff:ff:ff:ff:ff") / IP(src="0.0.0.0", dst="255.255.255.255") / UDP(sport=68, dport=67)
+                / BOOTP(chaddr=chaddr, xid=i) / DHCP(options=[("message-type", "discover"), "end"]))
+for k in range(0, n, 200):
+    sendp(pkts[k:k + 200], iface=iface)
+    time.sleep(0.05)
+print(n)
+"#;
+
+#[test]
+fn a_flood_of_made_up_macs_fills_the_observation_set_and_changes_no_verdict() {
+    ironguard_netns_tests::shapes::require_scapy();
+    let lan = PxeLan::new(2);
+    let args = hold_args("leader", "deny");
+    let _agent = start_hold(&lan.pxe, &lan.dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    set_mac_up(&lan.nodes[1], "eth0", mac(UNKNOWN));
+    let out = run_ok(lan.nodes[1].cmd("/usr/bin/python3").args(["-c", FLOOD, "eth0", UNKNOWN, "5000"]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "5000");
+    let size = ironguard_dataplane::ruleset::SEEN_SIZE as usize;
+    let elements = |name: &'static str| {
+        in_netns(&lan.pxe, move || {
+            let o = ironguard_dataplane::observe(false).expect("read back");
+            o.owned.and_then(|t| t.set(name).map(|s| s.elements)).expect("the set exists")
+        })
+    };
+    let requests = elements("seen_requests");
+    assert!(requests <= size, "the set holds {requests} elements, more than its size {size}");
+    assert_eq!(requests, size, "5000 different chaddrs reached the filter: the set is full");
+    assert_eq!(elements("seen_passed"), 0, "none of them was let through");
+    // Observation never decides: the allowed MAC gets its lease with the set full.
+    assert!(dhcp(&lan.nodes[0], "eth0", mac(ALLOWED)).is_some(), "the allowed MAC gets a lease after the flood");
+    let allowed = seen_of(&dhcp_seen(&lan.pxe), ALLOWED);
+    assert!(allowed.passed.count > 0 && allowed.answers.count > 0, "{allowed:?}");
+    assert_eq!(elements("seen_requests"), size, "a full set records no new address");
 }

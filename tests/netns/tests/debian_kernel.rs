@@ -9,6 +9,8 @@
 //!   chain to a device, not to its name, so a provisioning bridge deleted and created again is left unfiltered
 //!   unless the agent binds it again, which it does on the link notification. ISC dhcpd on raw sockets, udhcpc,
 //!   the agent's hold, guard and run commands with a control plane.
+//! * The observation sets (`seen_guest.sh`): the dynamic sets with a per-element counter and the `update` rules of
+//!   the agent's table load in Linux 6.1 and record requests, requests let through and answers per MAC.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use ironguard_netns_tests::shapes::require_tools;
@@ -100,5 +102,27 @@ const EGRESS_CHECKS: &[&str] = &[
 fn the_egress_dataplane_in_a_debian_6_1_kernel() {
     require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
     let console = ironguard_netns_tests::guest::run_checks_in_debian_kernel("egress_guest.sh", EGRESS_CHECKS);
+    assert!(console.contains("guest: kernel 6.1."), "the guest runs Debian 12's 6.1 kernel");
+}
+
+/// Every check of `seen_guest.sh`.
+const SEEN_CHECKS: &[&str] = &[
+    "control-no-firewall",
+    "table-loaded",
+    "leader-allowed",
+    "leader-denied",
+    "allowed-requests",
+    "allowed-passed",
+    "allowed-answers",
+    "denied-requests",
+    "denied-not-passed",
+    "denied-not-answered",
+];
+
+/// What the kernel saw of a boot, in Linux 6.1: a leader's table with its observation sets loads, and a real
+/// dnsmasq and udhcpc leave an allowed MAC in all three sets and a denied one in `seen_requests` only.
+#[test]
+fn the_observation_sets_in_a_debian_6_1_kernel() {
+    let console = ironguard_netns_tests::guest::run_checks_in_debian_kernel("seen_guest.sh", SEEN_CHECKS);
     assert!(console.contains("guest: kernel 6.1."), "the guest runs Debian 12's 6.1 kernel");
 }
