@@ -24,6 +24,8 @@ pub struct SeenReport {
     pub entries: Vec<DhcpSeen>,
     /// Why it could not be read, if it could not.
     pub error: String,
+    /// The kernel's set of requests is full: new MACs are not recorded until old ones expire.
+    pub full: bool,
 }
 
 /// Reads the kernel's observation (blocking: the report loop runs it on a blocking thread).
@@ -37,16 +39,22 @@ pub fn report<E: std::fmt::Display>(
     now_unix_ms: u64,
 ) -> SeenReport {
     match read {
-        Ok(Some(all)) => SeenReport { observed: true, entries: select(all, exclude, now_unix_ms), error: String::new() },
+        Ok(Some(all)) => {
+            let requested = all.iter().filter(|m| m.requests.count > 0).count();
+            let full = requested >= ironguard_dataplane::ruleset::SEEN_SIZE as usize;
+            SeenReport { observed: true, entries: select(all, exclude, now_unix_ms), error: String::new(), full }
+        }
         Ok(None) => SeenReport {
             observed: false,
             entries: Vec::new(),
             error: "this host's backend does not observe DHCP (only nftables does)".into(),
+            full: false,
         },
         Err(e) => SeenReport {
             observed: false,
             entries: Vec::new(),
             error: format!("cannot read what the kernel saw: {e}"),
+            full: false,
         },
     }
 }
@@ -105,11 +113,11 @@ mod tests {
     #[test]
     fn served_macs_come_first_then_the_newest_and_the_probe_is_left_out() {
         let all = vec![
-            m(1, (3, 50), (0, 0), (0, 0)),       // dropped, recent
+            m(1, (3, 50), (0, 0), (0, 0)),         // dropped, recent
             m(2, (2, 9000), (2, 9000), (2, 8990)), // served, old
-            m(3, (1, 10), (0, 0), (0, 0)),       // dropped, newest
-            m(4, (4, 400), (4, 400), (3, 390)),  // served, newer
-            m(9, (100, 1), (100, 1), (100, 1)),  // the probe
+            m(3, (1, 10), (0, 0), (0, 0)),         // dropped, newest
+            m(4, (4, 400), (4, 400), (3, 390)),    // served, newer
+            m(9, (100, 1), (100, 1), (100, 1)),    // the probe
         ];
         let out = select(all, Some(mac(9)), 1_000_000);
         let order: Vec<_> = out.iter().map(|d| d.mac.clone()).collect();
@@ -142,7 +150,16 @@ mod tests {
         let r = report(Err("EPERM"), None, 1);
         assert!(!r.observed && r.error.contains("EPERM"));
         let r = report::<String>(Ok(Some(vec![m(1, (1, 5), (0, 0), (0, 0))])), None, 100);
-        assert!(r.observed && r.error.is_empty());
+        assert!(r.observed && r.error.is_empty() && !r.full);
         assert_eq!(r.entries[0].requests.unwrap().last_unix_ms, 95);
+        let size = ironguard_dataplane::ruleset::SEEN_SIZE as usize;
+        let flood: Vec<_> = (0..size)
+            .map(|i| {
+                let [a, b] = (i as u16).to_be_bytes();
+                MacSeen { mac: MacAddr::from_octets([2, 0, 0, 0, a, b]).unwrap(), ..m(1, (1, 5), (0, 0), (0, 0)) }
+            })
+            .collect();
+        let r = report::<String>(Ok(Some(flood)), None, 100);
+        assert!(r.full && r.entries.len() == REPORTED, "a full set is reported as full");
     }
 }

@@ -197,7 +197,8 @@ pub async fn report_loop(
         s.lease_until_unix_ms = lease.load(std::sync::atomic::Ordering::SeqCst);
         if let Some(source) = &seen {
             let r = read_seen(source.clone()).await;
-            (s.dhcp_seen_observed, s.dhcp_seen, s.dhcp_seen_error) = (r.observed, r.entries, r.error);
+            (s.dhcp_seen_observed, s.dhcp_seen, s.dhcp_seen_error, s.dhcp_seen_full) =
+                (r.observed, r.entries, r.error, r.full);
         }
         let sent = tokio::select! {
             r = reporter.send(&s) => r,

@@ -113,6 +113,7 @@ fn host_verdict(
         membership_known: at.is_some(),
         unknown_mac_policy: policy_to_pb(policy) as i32,
         seen_observed: status.dhcp_seen_observed,
+        seen_full: status.dhcp_seen_full,
         seen,
         seen_note,
         ..Default::default()
@@ -175,6 +176,12 @@ fn seen_of(status: &pb::AgentStatus, mac: MacAddr) -> (Option<pb::DhcpSeen>, Str
     match status.dhcp_seen.iter().find(|d| d.mac.parse::<MacAddr>() == Ok(mac)) {
         Some(d) => (Some(d.clone()), String::new()),
         // The agent reports at most 128 MACs (served first, then the newest); its kernel keeps an hour.
+        None if status.dhcp_seen_full => (
+            None,
+            "not seen, but this host's kernel recorded as many MACs in the last hour as it holds (4096: a flood of \
+             made-up addresses?): this MAC's requests may have been missed"
+                .to_string(),
+        ),
         None if status.dhcp_seen.len() >= 128 => (
             None,
             "not among the 128 MACs this host reported (served ones first, then the newest): many MACs sent DHCP \

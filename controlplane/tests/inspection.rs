@@ -114,7 +114,8 @@ async fn start_wait_continue_finish() {
     assert_eq!(cb.len(), 1, "{cb:?}");
     assert!(cb[0].accepted && cb[0].node == N1 && cb[0].at_unix_ms > 0, "{cb:?}");
     let stranger = "52:54:00:aa:00:77";
-    let refused = s.insp().r#continue(ContinueRequest { node_uuid: String::new(), data_json: data_for(stranger) }).await;
+    let refused =
+        s.insp().r#continue(ContinueRequest { node_uuid: String::new(), data_json: data_for(stranger) }).await;
     assert!(refused.is_err(), "data from a machine nobody inspects is refused");
     let cb = explain(stranger).await;
     assert!(cb.len() == 1 && !cb[0].accepted && !cb[0].detail.is_empty(), "{cb:?}");

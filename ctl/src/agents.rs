@@ -240,6 +240,7 @@ mod tests {
                         snapshots_applied: 1,
                         resumes: 0,
                         lease_until_unix_ms: 0,
+                        ..Default::default()
                     }),
                     lag: 0,
                     last_seen_ms: 1_234,
@@ -262,6 +263,7 @@ mod tests {
                         snapshots_applied: 2,
                         resumes: 3,
                         lease_until_unix_ms: 0,
+                        ..Default::default()
                     }),
                     lag: 2,
                     last_seen_ms: 95_020,

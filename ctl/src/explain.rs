@@ -107,6 +107,8 @@ pub struct HostReport {
     pub seen: Option<SeenReport>,
     /// The host's backend observes DHCP and its agent could read it.
     pub seen_observed: bool,
+    /// Its kernel's observation is full (a flood?): a MAC not seen there may have been missed.
+    pub seen_full: bool,
     pub seen_note: String,
 }
 
@@ -167,6 +169,7 @@ impl ExplainReport {
                         answers: count(d.answers),
                     }),
                     seen_observed: h.seen_observed,
+                    seen_full: h.seen_full,
                     seen_note: h.seen_note,
                 }
             })
@@ -342,7 +345,8 @@ impl ExplainReport {
     pub fn render_timeline(&self) -> String {
         let mut out = String::new();
         if self.controlplane_error.is_some() {
-            let _ = writeln!(out, "boot timeline: not available without the control plane (it holds the hosts' reports)");
+            let _ =
+                writeln!(out, "boot timeline: not available without the control plane (it holds the hosts' reports)");
             return out;
         }
         let _ = writeln!(out, "boot timeline (what each host's kernel saw, as of its agent's last report):");
@@ -374,11 +378,8 @@ impl ExplainReport {
         } else {
             let _ = writeln!(out, "inspection callbacks naming this MAC (this control plane replica), newest first:");
             for c in &self.callbacks {
-                let what = if c.accepted {
-                    format!("accepted for node {}", c.node)
-                } else {
-                    format!("REFUSED: {}", c.detail)
-                };
+                let what =
+                    if c.accepted { format!("accepted for node {}", c.node) } else { format!("REFUSED: {}", c.detail) };
                 let _ = writeln!(out, "  {}: {what}", in_or_ago(c.at_unix_ms));
             }
         }
@@ -432,6 +433,12 @@ pub fn diagnose(hosts: &[HostReport], callbacks: &[CallbackReport], nodes: &[Nod
         observed.iter().filter_map(|h| h.seen.as_ref().and_then(|s| f(s).last_unix_ms).map(|t| (t, label(h)))).max()
     };
     let Some((request, _)) = &last(|s| s.requests) else {
+        if observed.iter().any(|h| h.seen_full) {
+            return "no DHCP request from this MAC was recorded, but some hosts' observation is full (a flood of \
+                    made-up addresses?): it may have been missed there; run `ironguardctl explain --local` on the \
+                    host, and look for the flood's source"
+                .into();
+        }
         return "no DHCP request from this MAC reached any PXE host: is the node powered on, set to boot from the                 network on this NIC, and on this network (VLAN, switch port)?"
             .into();
     };
@@ -678,7 +685,11 @@ mod tests {
         let mut x = answer();
         for (h, s) in x.hosts.iter_mut().zip([a, b]) {
             h.seen_observed = true;
-            h.seen_note = if s.is_none() { "no DHCP request from this MAC reached this host in the last hour".into() } else { String::new() };
+            h.seen_note = if s.is_none() {
+                "no DHCP request from this MAC reached this host in the last hour".into()
+            } else {
+                String::new()
+            };
             h.seen = s;
         }
         x.callbacks = callbacks;
@@ -690,6 +701,14 @@ mod tests {
         // nothing reached any host
         let r = observed(None, None, vec![]);
         assert!(r.diagnosis.as_deref().unwrap().starts_with("no DHCP request from this MAC reached any PXE host"));
+        // ... unless a host's observation is full: then it may have been missed
+        let mut x = answer();
+        for h in &mut x.hosts {
+            h.seen_observed = true;
+        }
+        x.hosts[1].seen_full = true;
+        let d = ExplainReport::new(x, None).diagnosis.unwrap();
+        assert!(d.contains("may have been missed"), "{d}");
         // requests reached both, dropped everywhere: the leader's reason is given
         let r = observed(seen((3, 2000), (0, 0), (0, 0)), seen((3, 2000), (0, 0), (0, 0)), vec![]);
         let d = r.diagnosis.clone().unwrap();

@@ -6,27 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use crate::NftError;
 use crate::model::{Delta, DesiredState, Mode, RulesetConfig, UnknownMacPolicy};
-use crate::{MacSeen, NftError};
-
-/// How often, and how long ago last, the kernel saw one kind of DHCP packet for a MAC.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Seen {
-    pub count: u64,
-    pub last_ms_ago: Option<u64>,
-}
-
-/// One MAC's DHCP as this host's kernel saw it: requests that reached the filter, requests it let through,
-/// replies the local server sent to it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MacSeen {
-    pub mac: MacAddr,
-    pub requests: Seen,
-    pub passed: Seen,
-    pub answers: Seen,
-}
 
 /// The counters of the probe rules (cumulative packets since the table was created).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -129,7 +112,7 @@ pub trait Dataplane: Send {
     }
 
     /// What the kernel saw of each MAC's DHCP lately (None: this backend does not observe).
-    fn dhcp_seen(&self) -> Result<Option<Vec<MacSeen>>, NftError> {
+    fn dhcp_seen(&self) -> Result<Option<Vec<crate::MacSeen>>, NftError> {
         Ok(None)
     }
 

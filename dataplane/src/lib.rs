@@ -42,7 +42,7 @@ pub mod rule;
 pub mod ruleset;
 pub mod script;
 
-pub use dataplane::{ApplyReport, Dataplane, MacSeen, ProbeCounts, Seen};
+pub use dataplane::{ApplyReport, Dataplane, ProbeCounts};
 pub use error::NftError;
 pub use fake::{FakeDataplane, FakeState};
 pub use hostsdir::HostsdirDataplane;

@@ -553,8 +553,9 @@ impl Core {
             snapshots_applied: self.snapshots,
             resumes: self.resumes,
             // Filled in by the report loop when it sends, from the lease as last written: a keep-alive is not a
-            // change of status.
+            // change of status; and what the kernel saw, read then.
             lease_until_unix_ms: 0,
+            ..Default::default()
         }
     }
 

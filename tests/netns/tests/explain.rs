@@ -173,7 +173,10 @@ fn explain_timeline_follows_a_real_boot_to_where_it_stops() {
     let j = timeline("three agents report their observation", &|j| {
         j["hosts"].as_array().is_some_and(|h| h.len() == 3 && h.iter().all(|h| h["seen_observed"] == true))
     });
-    assert!(j["diagnosis"].as_str().unwrap().starts_with("no DHCP request from this MAC reached any PXE host"), "{j:#}");
+    assert!(
+        j["diagnosis"].as_str().unwrap().starts_with("no DHCP request from this MAC reached any PXE host"),
+        "{j:#}"
+    );
 
     // Unknown MAC, policy deny: its DISCOVERs reach every host (broadcast on one segment) and none lets them through.
     assert!(site.dhcp_refused(0, mac(BOOT_MAC)).is_none(), "no lease for an unknown MAC");
