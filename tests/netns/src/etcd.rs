@@ -140,8 +140,26 @@ impl EtcdProcess {
 
     /// Freezes etcd (SIGSTOP): its listening sockets stay open and the kernel still accepts connections, but
     /// nothing answers — a wedged etcd, unlike a stopped one, which refuses at once.
+    /// Returns once every thread of etcd has stopped: a signal is only queued when `kill` returns, and on a busy
+    /// machine a thread still running could answer a request sent after this.
     pub fn freeze(&self) {
         self.signal(nix::sys::signal::Signal::SIGSTOP);
+        let pid = self.child.as_ref().expect("etcd runs").id();
+        let stopped = || -> Option<bool> {
+            let mut all = true;
+            for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+                let stat = std::fs::read_to_string(t.ok()?.path().join("stat")).ok()?;
+                // "pid (comm) S ...": the state follows the last ')'.
+                let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+                all &= matches!(state, 'T' | 't');
+            }
+            Some(all)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while stopped() != Some(true) {
+            assert!(std::time::Instant::now() < deadline, "etcd (pid {pid}) did not stop on SIGSTOP");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     /// Lets a frozen etcd run again (SIGCONT).
