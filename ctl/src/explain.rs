@@ -439,7 +439,8 @@ pub fn diagnose(hosts: &[HostReport], callbacks: &[CallbackReport], nodes: &[Nod
                     host, and look for the flood's source"
                 .into();
         }
-        return "no DHCP request from this MAC reached any PXE host: is the node powered on, set to boot from the                 network on this NIC, and on this network (VLAN, switch port)?"
+        return "no DHCP request from this MAC reached any PXE host: is the node powered on, set to boot from the \
+         network on this NIC, and on this network (VLAN, switch port)?"
             .into();
     };
     let passed = last(|s| s.passed).filter(|(t, _)| t + SAME_EXCHANGE_MS >= *request);
@@ -456,7 +457,8 @@ pub fn diagnose(hosts: &[HostReport], callbacks: &[CallbackReport], nodes: &[Nod
     let answered = last(|s| s.answers).filter(|(t, _)| t + SAME_EXCHANGE_MS >= passed_at);
     let Some((answer_at, server)) = answered else {
         return format!(
-            "let through on {host} ({}) but the local DHCP server there did not answer: check its log, its ranges              (an exhausted or missing range) and that it listens on that interface",
+            "let through on {host} ({}) but the local DHCP server there did not answer: check its log, its ranges \
+             (an exhausted or missing range) and that it listens on that interface",
             in_or_ago(passed_at)
         );
     };
@@ -483,7 +485,9 @@ pub fn diagnose(hosts: &[HostReport], callbacks: &[CallbackReport], nodes: &[Nod
                 None => String::new(),
             };
             format!(
-                "offered: {server} answered ({}), but no inspection callback naming this MAC came after it to this                  replica: the ramdisk did not boot (TFTP/HTTP, kernel arguments), cannot reach the callback URL, or                  posted to another replica{ironic}",
+                "offered: {server} answered ({}), but no inspection callback naming this MAC came after it to this \
+                 replica: the ramdisk did not boot (TFTP/HTTP, kernel arguments), cannot reach the callback URL, or \
+                 posted to another replica{ironic}",
                 in_or_ago(answer_at)
             )
         }

@@ -608,8 +608,10 @@ mod tests {
         if std::time::Instant::now() < taken + lease {
             assert!(again.is_none(), "lease not over yet");
         }
-        tokio::time::sleep((took + lease + Duration::from_millis(100)).saturating_duration_since(std::time::Instant::now()))
-            .await;
+        tokio::time::sleep(
+            (took + lease + Duration::from_millis(100)).saturating_duration_since(std::time::Instant::now()),
+        )
+        .await;
         let t = match again {
             Some(t) => t,
             None => s.take("w3", Duration::from_secs(1)).await.unwrap().expect("delivered again after the lease"),
