@@ -63,13 +63,14 @@ print_stages() {
 finish() {
   local rc=$?
   local id
+  # Every process of the stage's session: `timeout` (the guest's) puts its child in a process group of its own.
   for id in "${!BG_PID[@]}"; do
     stage "stopping ${BG_NAME[$id]} (the run ended before it was awaited)"
-    kill -TERM -- "-${BG_PID[$id]}" 2>/dev/null || true
+    pkill -TERM -s "${BG_PID[$id]}" 2>/dev/null || true
   done
   if [ "${#BG_PID[@]}" -gt 0 ]; then
     sleep 5
-    for id in "${!BG_PID[@]}"; do kill -KILL -- "-${BG_PID[$id]}" 2>/dev/null || true; done
+    for id in "${!BG_PID[@]}"; do pkill -KILL -s "${BG_PID[$id]}" 2>/dev/null || true; done
   fi
   [ "${BUILD_ONLY:-0}" = 1 ] || print_stages
   exit "$rc"
