@@ -114,8 +114,10 @@ async fn start_wait_continue_finish() {
     assert_eq!(cb.len(), 1, "{cb:?}");
     assert!(cb[0].accepted && cb[0].node == N1 && cb[0].at_unix_ms > 0, "{cb:?}");
     let stranger = "52:54:00:aa:00:77";
-    let refused =
-        s.insp().r#continue(ContinueRequest { node_uuid: String::new(), data_json: data_for(stranger) }).await;
+    // Its own BMC address too: data_for gives every machine N1's, by which the lookup would find N1 (still waiting
+    // until a worker takes its data).
+    let data_json = data_for(stranger).replace("10.0.0.1", "10.9.9.9");
+    let refused = s.insp().r#continue(ContinueRequest { node_uuid: String::new(), data_json }).await;
     assert!(refused.is_err(), "data from a machine nobody inspects is refused");
     let cb = explain(stranger).await;
     assert!(cb.len() == 1 && !cb[0].accepted && !cb[0].detail.is_empty(), "{cb:?}");
