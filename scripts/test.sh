@@ -62,15 +62,16 @@ print_stages() {
 }
 finish() {
   local rc=$?
-  local id
+  # The stages still running (an empty associative array cannot be counted under `set -u`; its keys can).
+  local id ids=("${!BG_PID[@]}")
   # Every process of the stage's session: `timeout` (the guest's) puts its child in a process group of its own.
-  for id in "${!BG_PID[@]}"; do
+  for id in "${ids[@]}"; do
     stage "stopping ${BG_NAME[$id]} (the run ended before it was awaited)"
     pkill -TERM -s "${BG_PID[$id]}" 2>/dev/null || true
   done
-  if [ "${#BG_PID[@]}" -gt 0 ]; then
+  if [ "${#ids[@]}" -gt 0 ]; then
     sleep 5
-    for id in "${!BG_PID[@]}"; do pkill -KILL -s "${BG_PID[$id]}" 2>/dev/null || true; done
+    for id in "${ids[@]}"; do pkill -KILL -s "${BG_PID[$id]}" 2>/dev/null || true; done
   fi
   [ "${BUILD_ONLY:-0}" = 1 ] || print_stages
   exit "$rc"
