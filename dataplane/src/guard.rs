@@ -93,13 +93,24 @@ fn held_by_other(tables: &[ObservedTable], own: Option<u32>) -> Option<(String, 
 
 /// Installs (or replaces, atomically) the guards through `sock` with `flags`. A guard held by another live
 /// process is refused with [`NftError::OwnedByOther`]; the holder must be stopped first.
+///
+/// Several installers can run at the same moment (the guard unit's ExecStart=, the agent's ExecStartPre= and
+/// ExecStopPost=, the agent's own claim), so what was read can be stale by the time the batch arrives: another
+/// installer took the table (EPERM: it holds it until it exits), created it (EEXIST: ours is exclusive) or deleted
+/// it (ENOENT). The kernel then refused the whole batch and nothing changed; it is built again from a fresh read.
 pub(crate) fn install_with(sock: &mut NetlinkSocket, config: &RulesetConfig, flags: u32) -> Result<(), NftError> {
-    let existing = current()?;
-    if let Some((table, portid)) = held_by_other(&existing, Some(sock.portid())) {
-        return Err(NftError::OwnedByOther { table, portid });
+    let mut tries = observe::Tries::new();
+    loop {
+        let existing = current()?;
+        if let Some((table, portid)) = held_by_other(&existing, Some(sock.portid())) {
+            return Err(NftError::OwnedByOther { table, portid });
+        }
+        let f = ruleset::guard_install(config, flags, flags_of(&existing))?.finish();
+        match sock.send_batch(&f.bytes, f.last_seq(), &|seq| f.describe(seq)) {
+            Err(NftError::Rejected { errno: Errno::EPERM | Errno::EEXIST | Errno::ENOENT, .. }) if tries.another() => {}
+            done => return done,
+        }
     }
-    let f = ruleset::guard_install(config, flags, flags_of(&existing))?.finish();
-    sock.send_batch(&f.bytes, f.last_seq(), &|seq| f.describe(seq))
 }
 
 /// What [`install`] did.
@@ -118,22 +129,32 @@ pub enum Installed {
 /// ([`Installed::HeldAsConfigured`]); if not, [`NftError::HeldDiffers`] says what differs and to restart the agent.
 pub fn install(config: &RulesetConfig) -> Result<Installed, NftError> {
     let flags = guard_flags()?;
-    match install_with(&mut NetlinkSocket::open()?, config, flags) {
-        Ok(()) => Ok(Installed::Installed),
-        Err(NftError::OwnedByOther { table, portid }) => {
-            let observed = observe::observe(false)?;
-            let held =
-                [&observed.guard, &observed.egress_guard].into_iter().flatten().any(|t| t.owner_portid == Some(portid));
-            if !held {
-                // The holder went away between the two reads, or something else changed: say so as it was.
-                return Err(NftError::OwnedByOther { table, portid });
+    let mut sock = NetlinkSocket::open()?;
+    let mut tries = observe::Tries::new();
+    loop {
+        let last = !tries.another();
+        match install_with(&mut sock, config, flags) {
+            Ok(()) => return Ok(Installed::Installed),
+            Err(NftError::OwnedByOther { table, portid }) => {
+                let observed = observe::observe(false)?;
+                let held = [&observed.guard, &observed.egress_guard]
+                    .into_iter()
+                    .flatten()
+                    .any(|t| t.owner_portid == Some(portid));
+                if !held {
+                    if !last {
+                        // The holder (another installer) exited between the two reads: it is orphaned now.
+                        continue;
+                    }
+                    return Err(NftError::OwnedByOther { table, portid });
+                }
+                return match observed.guard_problems(config) {
+                    problems if problems.is_empty() => Ok(Installed::HeldAsConfigured { portid }),
+                    problems => Err(NftError::HeldDiffers { portid, problems: problems.join("; ") }),
+                };
             }
-            match observed.guard_problems(config) {
-                problems if problems.is_empty() => Ok(Installed::HeldAsConfigured { portid }),
-                problems => Err(NftError::HeldDiffers { portid, problems: problems.join("; ") }),
-            }
+            Err(e) => return Err(e),
         }
-        Err(e) => Err(e),
     }
 }
 

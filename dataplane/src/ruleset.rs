@@ -336,6 +336,18 @@ impl Tx {
     tx_add!(rule, Rule);
     tx_add!(set, Set);
 
+    /// Creates a table that must not exist yet (`NLM_F_EXCL`): the batch fails with EEXIST if another process
+    /// created it since we looked, instead of adding our objects to the other process's table.
+    pub(crate) fn table_exclusive(&mut self, obj: &Table, description: impl Into<String>) {
+        let mut batch = Batch::new();
+        batch.add(obj, MsgType::Add);
+        let bytes = batch.finalize();
+        let mut msg = inner_messages(&bytes).to_vec();
+        let flags = u16::from_ne_bytes([msg[6], msg[7]]) | NLM_F_EXCL;
+        msg[6..8].copy_from_slice(&flags.to_ne_bytes());
+        self.raw(msg, description);
+    }
+
     /// Appends one message written by hand (sequence number assigned here).
     pub(crate) fn raw(&mut self, msg: Vec<u8>, description: impl Into<String>) {
         self.flush();
@@ -1293,6 +1305,7 @@ const NFT_MSG_DELSETELEM: u16 = 14;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_EXCL: u16 = 0x200;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -1387,7 +1400,9 @@ pub(crate) fn guard_install(config: &RulesetConfig, flags: u32, existing: GuardF
             continue;
         }
         let t = table(side, GUARD_TABLE).with_flags(flags);
-        tx.table(&t, MsgType::Add, format!("table {fam} {GUARD_TABLE} (flags {flags:#x})"));
+        // Exclusive: if another installer created the guard after `existing` was read, this batch fails as a
+        // whole (EEXIST) and is retried from a fresh read, rather than appending a second set of rules to it.
+        tx.table_exclusive(&t, format!("table {fam} {GUARD_TABLE} (flags {flags:#x})"));
         add_base_chains(&mut tx, side, &t, config, &guard_rules(side, config))?;
     }
     Ok(tx)

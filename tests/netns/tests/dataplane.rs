@@ -387,6 +387,42 @@ fn guard_install_is_idempotent_and_status_reports_it() {
     assert_eq!(verdict(&ns), "UNGUARDED");
 }
 
+/// The guard unit's ExecStart= and the agent's ExecStartPre=/ExecStopPost= are all `guard install`, and systemd can
+/// run them at the same moment (a restart of the agent while the guard unit restarts). On a kernel with `persist`
+/// the table is owned by whichever installer's batch went last until it exits, so another installer's batch can
+/// be refused (EPERM) between its read and its write. Every one of them must still succeed: the guard is in
+/// place as configured either way.
+#[test]
+fn concurrent_guard_installs_all_succeed() {
+    let ns = Netns::new("guardrace");
+    let agent = bin("ironguard-agent");
+    for round in 0..4 {
+        let children: Vec<_> = (0..6)
+            .map(|_| {
+                ns.cmd(&agent)
+                    .args(["guard", "install", "--port", "67", "--port", "4011"])
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for (i, c) in children.into_iter().enumerate() {
+            let out = c.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "round {round}, installer {i}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let out =
+            ns.cmd(&agent).args(["guard", "status", "--json", "--port", "67", "--port", "4011"]).output().unwrap();
+        assert!(out.status.success(), "round {round}: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    assert_eq!(verdict(&ns), "CLOSED", "the guard alone: DHCP closed");
+}
+
 #[test]
 fn works_as_a_non_root_user_with_only_cap_net_admin() {
     let lan = PxeLan::new(2);
