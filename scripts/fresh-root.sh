@@ -15,7 +15,7 @@
 # system is done again in the root:
 #   - every crate whose build runs a system tool (a C compiler, libclang through bindgen, protoc: found from
 #     `cargo metadata`, e.g. ring, rustables, etcd-client, ironguard-proto) has its build script run from scratch
-#     (`cargo check` in a second overlay), so a missing -dev package or compiler fails here;
+#     (`cargo build` in a second overlay), so a missing -dev package or compiler fails here;
 #   - every binary of the workspace is compiled and linked again in the root (its C library, its linker);
 #   - the Python environment of the real Ironic is made in the root (pip's download cache is shared).
 # The checkout is copied (as a clean clone would hold it) to the same absolute path in the root as here, so the
@@ -150,11 +150,12 @@ done
 echo "== [fresh root] crates with native build steps, built from scratch: "$native
 export CARGO_TARGET_DIR=/root/native-target
 cargo clean --locked "${deps[@]}" "${own[@]}"
-# `cargo check` runs their build scripts in full (the C compiler, bindgen with libclang, protoc); linking is proven
-# by the binaries below. Dependencies and workspace members in separate runs: cargo resolves `-p` of a member
-# within that member alone.
-[ "${#deps[@]}" = 0 ] || cargo check --locked "${deps[@]}"
-[ "${#own[@]}" = 0 ] || cargo check --locked "${own[@]}"
+# `cargo build` runs their build scripts in full (the C compiler, bindgen with libclang, protoc) and compiles them;
+# their own dependencies are fresh in the overlay. (`cargo check` would check every dependency from scratch: it
+# has no check artifacts to reuse, and took twice as long.) Dependencies and workspace members in separate runs:
+# cargo resolves `-p` of a member within that member alone.
+[ "${#deps[@]}" = 0 ] || cargo build --locked "${deps[@]}"
+[ "${#own[@]}" = 0 ] || cargo build --locked "${own[@]}"
 unset CARGO_TARGET_DIR
 echo "== [fresh root] native build steps done ($(($(date +%s) - t)) s)"
 # Every binary of the workspace compiled and linked again here.

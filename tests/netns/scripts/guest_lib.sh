@@ -5,7 +5,12 @@ load_modules() {
     modprobe -d "${GUEST_KERNEL:?}" "$m" || echo "RESULT modprobe-$m FAIL"
   done
 }
-result() { echo "RESULT $1 $2 ${3:-}"; }
+# result NAME PASS|FAIL [DETAIL]: one line for the test (tests/netns/src/guest.rs), with the guest's uptime at the
+# end (read without starting a process: under the emulated CPU a process start is expensive).
+result() {
+  read -r up _ </proc/uptime
+  echo "RESULT $1 $2 ${3:-}(at ${up} s)"
+}
 # check NAME yes|no COMMAND...: the command succeeding means "yes".
 check() {
   name=$1 want=$2
