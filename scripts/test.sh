@@ -114,24 +114,13 @@ if [ "$BUILD_ONLY" = 1 ]; then
   stage "build only: done"
   exit 0
 fi
-if [ "$fresh_root" = 1 ]; then
-  # The qemu guests are the longest stage (an emulated CPU): they start as soon as what they run is built (the
-  # binaries and their own test binary), beside the rest of the build and the tests, two guests at a time (each
-  # keeps about one core busy).
-  guest_tests() {
-    cargo build --workspace --bins --test debian_kernel --locked --message-format json-render-diagnostics |
-      jq -r 'select(.reason == "compiler-artifact" and .target.name == "debian_kernel") | .executable' \
-        >"$CI_DIR/guest-tests"
-    [ -x "$(cat "$CI_DIR/guest-tests")" ]
-  }
-  run_stage "build (binaries and the qemu guests' tests, clippy's lints as errors)" guest_tests
-  bg_stage guest "Debian 12 kernel under qemu: ipset backend, egress before Linux 6.16, observation sets" \
-    "$(cat "$CI_DIR/guest-tests")" --test-threads 2 --nocapture
-fi
 run_stage "build (all targets, clippy's lints as errors)" cargo build --workspace --all-targets --locked
 await_stage venv
 
 if [ "$fresh_root" = 1 ]; then
+  # Both wait on timers and processes more than they compute: beside the tests.
+  bg_stage guest "Debian 12 kernel under qemu: ipset backend, egress before Linux 6.16, observation sets" \
+    cargo nextest run --profile ci --workspace --locked -E 'binary(debian_kernel)'
   await_stage fresh-bootstrap
   bg_stage fresh-run "fresh Debian 12 root: the README's commands, the packages under systemd" \
     scripts/fresh-root.sh --suite bookworm run "$FRESH"
