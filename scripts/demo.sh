@@ -7,7 +7,8 @@
 # ig-demo-stranger) run real DHCP clients. The demo then shows, checking every outcome and exiting non-zero on any
 # surprise:
 #   1. Nobody gets DHCP: Ironic's ports are denied, a stranger is unknown; ironguardctl without the operator's
-#      certificate cannot open DHCP (gRPC is TLS with client certificates made by scripts/make-certs.sh).
+#      certificate cannot open DHCP (gRPC is TLS with client certificates made by scripts/make-certs.sh), and the
+#      stranger cannot start an inspection through the inspector API (http_basic: 401 without the password).
 #   2. `ironguardctl inspect start node1`: ironguard sets PXE and powers node1 on through Ironic; only node1 gets a
 #      lease; the ramdisk's data (posted with ironic-python-agent's own code from node1) is processed with
 #      ironic-inspector's default hooks: node1's cpus, memory_mb, cpu_arch, local_gb and capabilities are set in
@@ -175,6 +176,12 @@ for cert in "ca" "server controlplane.demo IP:127.0.0.1" "client demo-pxe-host" 
   # shellcheck disable=SC2086
   scripts/make-certs.sh "$WORK/tls" $cert | sed 's/^/   /'
 done
+# The inspector API listens on the PXE network, where any machine can reach it: operator calls need a password
+# (http_basic, a bcrypt htpasswd file as `htpasswd -B` writes it); the ramdisk's /v1/continue needs none.
+OPERATOR_PASSWORD=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
+"$VENV/bin/python" -c 'import bcrypt, sys; print("operator:" + bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(10)).decode())' \
+  "$OPERATOR_PASSWORD" >"$WORK/htpasswd"
+echo "   inspector API operators: $WORK/htpasswd (user operator, bcrypt)"
 cat >"$WORK/controlplane.toml" <<T
 [server]
 grpc_listen = "127.0.0.1:9100"
@@ -185,6 +192,9 @@ tls_cert_file = "$WORK/tls/controlplane.demo.pem"
 tls_key_file = "$WORK/tls/controlplane.demo.key"
 client_ca_file = "$WORK/tls/ca.pem"
 operator_names = ["operator"]
+[inspector_api]                       # noauth on a network address is refused unless insecure = true
+auth_strategy = "http_basic"
+http_basic_auth_user_file = "$WORK/htpasswd"
 [store]
 data_dir = "$WORK/controlplane"
 [filter]
@@ -240,6 +250,16 @@ if in_pxe env IRONGUARD_CTL_CONFIG=/dev/null "$BIN/ironguardctl" --controlplane 
 fi
 sed 's/^/   /' "$WORK/refused.txt"
 grep -q "without valid credentials" "$WORK/refused.txt" || fail "unexpected refusal: $(cat "$WORK/refused.txt")"
+echo "   from the stranger, on the PXE network: starting an inspection through the inspector API without the"
+echo "   operator's password is refused (401), and with a wrong one too:"
+ip netns exec "${NODES[3]}" ip addr add 10.77.0.14/24 dev eth0
+for auth in "" "-u operator:wrong"; do
+  # shellcheck disable=SC2086
+  code=$(ip netns exec "${NODES[3]}" curl -s -o /dev/null -w '%{http_code}' $auth -X POST "$INSPECTOR/v1/introspection/node1")
+  echo "   POST $INSPECTOR/v1/introspection/node1 ${auth:+($auth) }-> $code"
+  [ "$code" = 401 ] || fail "the inspector API answered $code to an unauthenticated start"
+done
+ip netns exec "${NODES[3]}" ip addr flush dev eth0
 dhcp_expect 3:no
 
 echo

@@ -259,7 +259,7 @@ pub struct HoldArgs {
     /// Mode (overrides the state file).
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
-    /// What the leader does with unknown MACs (overrides the state file).
+    /// What the leader does with unknown MACs (overrides the state file; default: deny).
     #[arg(long, value_enum)]
     pub unknown_mac_policy: Option<PolicyArg>,
     /// MAC to allow (repeat).

@@ -51,6 +51,10 @@ pub struct Cli {
     /// Serve the ironic-inspector v1 REST API on this address (server.inspector_listen), e.g. 0.0.0.0:5050.
     #[arg(long, env = "IRONGUARD_CP_INSPECTOR_LISTEN")]
     pub inspector_listen: Option<SocketAddr>,
+    /// Serve the inspector API without authentication on a network address (inspector_api.insecure). Logged as a
+    /// warning at every start.
+    #[arg(long, env = "IRONGUARD_CP_INSPECTOR_INSECURE")]
+    pub inspector_insecure: bool,
     /// Ironic API endpoint (ironic.url), e.g. http://127.0.0.1:6385.
     #[arg(long, env = "IRONGUARD_IRONIC_URL")]
     pub ironic_url: Option<String>,
@@ -105,6 +109,9 @@ impl Cli {
         }
         if let Some(a) = self.inspector_listen {
             c.server.inspector_listen = Some(a);
+        }
+        if self.inspector_insecure {
+            c.inspector_api.insecure = true;
         }
         if let Some(u) = &self.ironic_url {
             c.ironic.url = u.clone();

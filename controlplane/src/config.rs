@@ -111,7 +111,7 @@ impl Default for StoreConfig {
 
 impl Default for FilterConfig {
     fn default() -> Self {
-        Self { unknown_mac_policy: PolicySetting::Allow }
+        Self { unknown_mac_policy: PolicySetting::Deny }
     }
 }
 
@@ -167,8 +167,9 @@ impl ControlPlaneConfig {
         self.processing.validate().map_err(|e| anyhow::anyhow!("[processing]: {e}"))?;
         self.discovery.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         // Its files are read only where the inspector API is served.
-        if self.server.inspector_listen.is_some() {
+        if let Some(addr) = self.server.inspector_listen {
             self.inspector_api.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+            self.inspector_api.validate_exposure(addr).map_err(|e| anyhow::anyhow!("{e}"))?;
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             anyhow::bail!("log.format must be \"text\" or \"json\", not {:?}", self.log.format);

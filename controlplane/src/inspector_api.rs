@@ -167,6 +167,7 @@ impl InspectorListener {
         if strategy == AuthStrategy::Noauth {
             warn!(
                 addr = %self.local,
+                loopback = self.local.ip().is_loopback(),
                 "ironic-inspector API with auth_strategy = noauth: anyone who can reach it may start, abort and read \
                  inspections and change introspection rules; set [inspector_api] auth_strategy"
             );

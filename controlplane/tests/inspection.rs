@@ -574,7 +574,21 @@ async fn the_ironic_inspector_v1_rest_api() {
     assert_eq!(r.status(), 400, "no node has that MAC: a pre-processing failure, as in ironic-inspector");
     let msg = r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().to_string();
     assert!(msg.contains("Look up error: Could not find a node for attributes"), "{msg}");
-    // (A stranger's: pre-processing failures of a node that is found end its inspection, as ironic-inspector.)
+    // Junk naming the waiting node's MAC (anyone on the PXE network hears it in the node's DHCP broadcasts), and a
+    // forged ramdisk error: refused, and the node keeps waiting for its real data (ironic-inspector would end its
+    // inspection).
+    let junk = serde_json::json!({"inventory": "junk", "macs": [MAC1]});
+    let mut forged: serde_json::Value = serde_json::from_str(&data_for(MAC1)).unwrap();
+    forged["error"] = "the ramdisk failed (forged)".into();
+    for body in [junk, forged] {
+        let r = http.post(u("/v1/continue")).body(body.to_string()).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let msg = r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains("pre-processing"), "{msg}");
+        assert_eq!(s.state(N1).await.0, "waiting", "a refused callback ended N1's inspection: {body}");
+    }
+    // (Had either queued an end of N1's inspection, the worker would run it before the real data below, which
+    // would then be refused: N1 finishing with its own data is the proof.)
     let no_ip =
         serde_json::json!({"inventory": {"interfaces": [{"name": "eth0", "mac_address": "52:54:00:99:99:98"}]}});
     let r = http.post(u("/v1/continue")).body(no_ip.to_string()).send().await.unwrap();

@@ -804,6 +804,30 @@ async fn bad_configurations_are_refused_at_start() {
     assert!(e.contains("tls_key_file"), "{e}");
     let e = refused(&|c| c.inspector_api.continue_max_bytes = 0);
     assert!(e.contains("continue_max_bytes"), "{e}");
+    // noauth on a network address is refused, unless the operator wrote insecure = true (loopback, as in `base`,
+    // is not refused); http_basic there is fine.
+    let e = refused(&|c| c.server.inspector_listen = Some("0.0.0.0:0".parse().unwrap()));
+    assert!(e.contains("without authentication") && e.contains("insecure = true"), "{e}");
+    let e = refused(&|c| c.server.inspector_listen = Some("[::]:0".parse().unwrap()));
+    assert!(e.contains("without authentication"), "{e}");
+    let mut c = ControlPlaneConfig::default();
+    base(&mut c);
+    c.server.inspector_listen = Some("0.0.0.0:0".parse().unwrap());
+    c.inspector_api.insecure = true;
+    c.validate().unwrap();
+    c.inspector_api.insecure = false;
+    let good = dir.join("good-htpasswd");
+    std::fs::write(&good, format!("ok:{}\n", bcrypt::hash("x", 4).unwrap())).unwrap();
+    c.inspector_api.auth_strategy = AuthStrategy::HttpBasic;
+    c.inspector_api.http_basic_auth_user_file = good.display().to_string();
+    c.validate().unwrap();
+    // serve() refuses it too, before binding anything.
+    let mut c = ControlPlaneConfig::default();
+    base(&mut c);
+    c.store.data_dir = dir.join("store-noauth");
+    c.server.inspector_listen = Some("0.0.0.0:0".parse().unwrap());
+    let e = format!("{:#}", ironguard_controlplane::serve(&c).await.unwrap_err());
+    assert!(e.contains("without authentication"), "{e}");
     // Without the inspector API, its section is not read.
     let mut c = ControlPlaneConfig::default();
     base(&mut c);

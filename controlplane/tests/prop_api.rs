@@ -15,9 +15,9 @@
 //! 5xx, or a gRPC code but INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION and ALREADY_EXISTS: the fake Ironic is
 //! up and the store is local. Every REST refusal is ironic-inspector's JSON `{"error": {"message": "..."}}`
 //! (checked apart for raw path pieces). A refused call changes nothing: the filter state (GetFilterState), the
-//! inspections (records, stored data, queue), the rules and the fake Ironic's nodes and ports are as before, with
-//! one exception, ironic-inspector's own: data whose pre-processing fails for a node that is waiting ends that
-//! node's inspection (it may go from `waiting` to `error`, losing its allow and being powered off, nothing else).
+//! inspections (records, stored data, queue), the rules and the fake Ironic's nodes and ports are as before —
+//! including data whose pre-processing fails for a node that is waiting (ironic-inspector would end that
+//! inspection; anyone on the PXE network can post such data, so ironguard leaves the node waiting).
 //! `UpdatePxeFilters` is accepted exactly when the request is valid, and then changes only the MACs it names.
 //!
 //! Case count: `IRONGUARD_PROPTEST_NET_CASES` (default below; every call runs between two snapshots of the whole
@@ -61,8 +61,6 @@ const MAC2: &str = "52:54:00:aa:00:02";
 const UNKNOWN: &str = "99999999-9999-9999-9999-999999999999";
 /// The rule every case starts with.
 const R1: &str = "0f4c1a54-7d0a-4a4e-9d4c-0a4f8a1c2b3d";
-/// How ironic-inspector's (and ironguard's) pre-processing failures begin.
-const PRE_PROCESSING: &str = "The following failures happened during running pre-processing hooks";
 
 fn cases() -> u32 {
     ironguard_testkit::prop::cases("IRONGUARD_PROPTEST_NET_CASES", DEFAULT_CASES)
@@ -270,10 +268,8 @@ fn setup() -> BoxedStrategy<Setup> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Outcome {
     Accepted,
-    /// Refused; `may_end_waiting`: pre-processing failed, which ends a waiting inspection it names (see the top).
-    Refused {
-        may_end_waiting: bool,
-    },
+    /// Refused: nothing may change.
+    Refused,
 }
 
 /// After a call: a refusal left the site as it was; an acceptance may change anything, and its work is let finish.
@@ -283,82 +279,15 @@ async fn after_call(site: &Site, what: &str, before: &Snapshot, outcome: &Outcom
             site.settle().await;
             Ok(())
         }
-        Outcome::Refused { may_end_waiting: false } => {
+        Outcome::Refused => {
+            // Let anything a refusal might have queued run before looking.
+            site.settle().await;
             let after = site.snapshot().await;
             let d = before.differences(&after);
             prop_assert!(d.is_empty(), "{what} was refused but changed\n{}", d.join("\n"));
             Ok(())
         }
-        Outcome::Refused { may_end_waiting: true } => {
-            site.settle().await;
-            let after = site.snapshot().await;
-            ended_waiting_only(what, before, &after)
-        }
     }
-}
-
-/// `after` differs from `before` only by inspections that went from `waiting` to `error` (their allow removed,
-/// their node powered off, their data kept apart).
-fn ended_waiting_only(what: &str, before: &Snapshot, after: &Snapshot) -> Result<(), TestCaseError> {
-    let old: BTreeMap<&str, &NodeRecord> = before.inspections.iter().map(|r| (r.uuid.as_str(), r)).collect();
-    let new: BTreeMap<&str, &NodeRecord> = after.inspections.iter().map(|r| (r.uuid.as_str(), r)).collect();
-    prop_assert_eq!(
-        old.keys().collect::<Vec<_>>(),
-        new.keys().collect::<Vec<_>>(),
-        "{}: inspections came or went",
-        what
-    );
-    let mut ended = BTreeSet::new();
-    for (uuid, b) in &old {
-        let a = new[uuid];
-        if a != *b {
-            prop_assert!(
-                b.state == State::Waiting && a.state == State::Error,
-                "{what}: refused pre-processing changed inspection {b:?} into {a:?}"
-            );
-            ended.insert(*uuid);
-        }
-    }
-    let kept = |d: &[(String, Option<Value>)]| {
-        d.iter().filter(|(u, _)| !ended.contains(u.as_str())).cloned().collect::<Vec<_>>()
-    };
-    prop_assert_eq!(kept(&before.data), kept(&after.data), "{}: stored data of other nodes changed", what);
-    prop_assert!(after.queue.is_empty());
-    prop_assert_eq!(&before.rules, &after.rules, "{}: rules changed", what);
-    prop_assert_eq!(&before.ports, &after.ports, "{}: Ironic ports changed", what);
-    // Ironic: only the ended nodes' power (and what records it) may differ.
-    let ironic = |nodes: &[Node]| {
-        nodes
-            .iter()
-            .map(|n| {
-                let mut n = n.clone();
-                if ended.contains(n.uuid.as_str()) {
-                    n.power_state.clear();
-                    n.updated_at = None;
-                }
-                n
-            })
-            .collect::<Vec<_>>()
-    };
-    prop_assert_eq!(ironic(&before.nodes), ironic(&after.nodes), "{}: Ironic nodes changed", what);
-    // Filters: only the ended inspections' allow reasons may be gone.
-    let entries = |s: &FilterState| {
-        s.entries
-            .iter()
-            .map(|e| {
-                let allow: Vec<&String> = e
-                    .allow_reasons
-                    .iter()
-                    .filter(|r| !ended.iter().any(|u| r.as_str() == format!("inspection:{u}")))
-                    .collect();
-                (e.mac.clone(), allow.into_iter().cloned().collect::<Vec<_>>(), e.deny_reasons.clone())
-            })
-            .filter(|(_, a, d)| !a.is_empty() || !d.is_empty())
-            .collect::<Vec<_>>()
-    };
-    prop_assert_eq!(entries(&before.filters), entries(&after.filters), "{}: filter entries changed", what);
-    prop_assert_eq!(before.filters.unknown_mac_policy, after.filters.unknown_mac_policy);
-    Ok(())
 }
 
 /// `v`'s `Debug` for a failure message: runs of one character (the long strings) shortened, at most 2000
@@ -716,8 +645,7 @@ fn rest_outcome(call: &Rest, r: &fake_ironic::client::Response, json_errors: boo
             r.header("content-type")
         );
     }
-    let continues = matches!(call, Rest::Continue { .. });
-    Ok(Outcome::Refused { may_end_waiting: continues && r.status == 400 && message.starts_with(PRE_PROCESSING) })
+    Ok(Outcome::Refused)
 }
 
 async fn send_rest(site: &Site, call: &Rest) -> Result<fake_ironic::client::Response, TestCaseError> {
@@ -944,10 +872,7 @@ async fn run_rpcs(site: &Site, setup: Setup, rpcs: &[Rpc]) -> Result<(), TestCas
                     e.message()
                 );
                 prop_assert!(!e.message().is_empty(), "{what} failed without a message");
-                let pre = matches!(rpc, Rpc::Continue { .. })
-                    && e.code() == Code::InvalidArgument
-                    && e.message().starts_with(PRE_PROCESSING);
-                Outcome::Refused { may_end_waiting: pre }
+                Outcome::Refused
             }
         };
         after_call(site, &what, &before, &outcome).await?;

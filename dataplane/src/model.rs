@@ -64,9 +64,9 @@ impl MatchMode {
 #[serde(rename_all = "lowercase")]
 pub enum UnknownMacPolicy {
     /// Unknown MACs reach the pass rule (discovery of nodes Ironic does not know yet).
-    #[default]
     Allow,
-    /// Only allowed MACs get DHCP; there is no pass rule.
+    /// Only allowed MACs get DHCP; there is no pass rule. The default: serving strangers is an explicit choice.
+    #[default]
     Deny,
 }
 

@@ -770,7 +770,9 @@ impl Core {
                 return self.apply_failed(dp, now, "snapshot", &e, fx);
             }
         };
-        let policy = policy_from_pb(s.unknown_mac_policy).unwrap_or(self.policy);
+        // A snapshot is the whole state: a policy it does not name (the protocol's zero value) is deny, never
+        // what an earlier snapshot said.
+        let policy = policy_from_pb(s.unknown_mac_policy).unwrap_or(UnknownMacPolicy::Deny);
         // Decide the mode as if the state were in place (it will be, or we fail closed).
         let before = std::mem::replace(&mut self.sync, FilterSync::Applied { rev: s.revision });
         let (mode, reason) = decide(&self.inputs(now));

@@ -346,6 +346,19 @@ fn a_burst_of_deltas_is_one_transaction_and_a_policy_change_rewrites_the_mode_ru
     assert_eq!(h.core.mode(), Mode::Leader);
 }
 
+/// A snapshot that names no policy (the protocol's zero value, e.g. from an older control plane) means deny, even
+/// after one that said allow.
+#[test]
+fn a_snapshot_without_a_policy_denies_unknown_macs() {
+    let mut h = Host::leader(&[1], 10);
+    h.send(vec![snapshot(11, &[1], &[], pb::UnknownMacPolicy::Allow)]);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Allow);
+    h.send(vec![snapshot(12, &[1], &[], pb::UnknownMacPolicy::Unspecified)]);
+    assert_eq!(h.core.sync(), &FilterSync::Applied { rev: 12 });
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Deny);
+    assert_eq!(h.core.mode(), Mode::Leader);
+}
+
 #[test]
 fn a_failed_kernel_batch_blocks_and_resyncs_and_a_failed_mode_switch_is_fatal() {
     let mut h = Host::leader(&[1], 10);

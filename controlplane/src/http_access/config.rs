@@ -36,8 +36,13 @@ impl AuthStrategy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct InspectorApiConfig {
-    /// `noauth` (the default, for compatibility), `http_basic` or `keystone`.
+    /// `noauth` (the default), `http_basic` or `keystone`. `noauth` is refused on a listener that is not a
+    /// loopback address unless `insecure = true`.
     pub auth_strategy: AuthStrategy,
+    /// Serve the API without authentication on a network address (`auth_strategy = noauth` and an
+    /// `inspector_listen` that is not loopback): anyone who can reach it may start and abort inspections and change
+    /// introspection rules. ironic-inspector's behaviour; logged as a warning at every start.
+    pub insecure: bool,
     /// `http_basic`: the Apache htpasswd file (`user:$2y$...` bcrypt lines, e.g. made with `htpasswd -B`). Read at
     /// start (an invalid file stops the start) and again whenever its modification time, size or inode changes; a
     /// file that becomes unreadable or invalid refuses every operator call until it is fixed.
@@ -90,6 +95,7 @@ impl Default for InspectorApiConfig {
     fn default() -> Self {
         Self {
             auth_strategy: AuthStrategy::Noauth,
+            insecure: false,
             http_basic_auth_user_file: "/etc/ironguard/htpasswd".into(),
             keystone_url: String::new(),
             keystone_ca_file: String::new(),
@@ -116,6 +122,21 @@ impl InspectorApiConfig {
     /// True when the listener serves HTTPS.
     pub fn tls(&self) -> bool {
         !self.tls_cert_file.is_empty()
+    }
+
+    /// Refuses `noauth` on a listener that other machines can reach (anything but a loopback address) unless the
+    /// operator wrote `insecure = true`: the API starts, aborts and reads inspections and changes rules.
+    pub fn validate_exposure(&self, listen: std::net::SocketAddr) -> Result<(), String> {
+        if self.auth_strategy == AuthStrategy::Noauth && !listen.ip().is_loopback() && !self.insecure {
+            return Err(format!(
+                "[inspector_api] the ironic-inspector API would listen on {listen} without authentication: anyone \
+                 who can reach that address (a machine on the PXE network) could start and abort inspections and \
+                 change introspection rules. Set auth_strategy = \"http_basic\" (with http_basic_auth_user_file) or \
+                 \"keystone\", listen on a loopback address, or set insecure = true to serve it unauthenticated \
+                 anyway (see docs/security.md)"
+            ));
+        }
+        Ok(())
     }
 
     /// Rejects settings that cannot work, reading the files they name (the htpasswd file is parsed).

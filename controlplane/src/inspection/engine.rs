@@ -316,9 +316,11 @@ impl Engine {
             }
         };
         if !failures.is_empty() {
-            // ironic-inspector marks the node's inspection failed; the worker cleans up (allow, power).
-            let id = self.store.enqueue(&node, Kind::Process, serde_json::json!({"failed": failed})).await?;
-            warn!(node = %node, request = id, failures = %failed, "pre-processing failed");
+            // ironic-inspector ends the node's inspection here. Not ironguard: anyone on the PXE network can post a
+            // body naming a waiting node's MAC (it is in the node's DHCP broadcasts), and junk, or a forged ramdisk
+            // `error`, would end another machine's inspection. The refusal changes nothing: the node keeps waiting
+            // for its real data, or times out; the refusal is in the callback log (`explain --timeline`).
+            warn!(node = %node, failures = %failed, "pre-processing failed: refused, the inspection is unchanged");
             return Err(ApiError::PreProcessing(failed));
         }
         let state = match records.iter().find(|r| r.uuid == node) {

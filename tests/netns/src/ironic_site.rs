@@ -160,7 +160,8 @@ fn merge(into: &mut toml::Table, over: toml::Table) {
 
 fn base_config(ironic_url: &str, page_size: u32) -> String {
     format!(
-        "[server]\ninspector_listen = \"10.77.0.1:5050\"\n\n[filter]\nunknown_mac_policy = \"deny\"\n\n\
+        "[server]\ninspector_listen = \"10.77.0.1:5050\"\n\n[inspector_api]\ninsecure = true\n\n\
+         [filter]\nunknown_mac_policy = \"deny\"\n\n\
          [ironic]\nurl = \"{ironic_url}\"\nretries = 3\nretry_backoff_ms = 100\npage_size = {page_size}\n\n\
          [inspection]\nworkers = 2\ntake_timeout_ms = 200\nallow_timeout_secs = 15\n\n\
          [sync]\nironic_sync_secs = 1\nironic_inspection = true\nironic_inspection_period_ms = 300\n\

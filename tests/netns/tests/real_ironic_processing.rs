@@ -143,18 +143,25 @@ fn default_hooks_fill_the_node_as_ironic_inspector_does() {
     assert!(st["error"].as_str().unwrap().contains("No disks satisfied root device hints"), "{st}");
     assert_eq!(props(&site, &uuid)["local_gb"], "99", "nothing written");
 
-    // A ramdisk error: IPA is told so (400), the inspection fails with the ramdisk's words, nothing is written.
+    // A ramdisk error: IPA is told so (400) and nothing is written. Unlike ironic-inspector, the inspection is not
+    // ended: anyone on the PXE network can post an `error` naming this node's MAC (it is in the node's DHCP
+    // broadcasts), so a callback never ends an inspection. The node keeps waiting for its data, an abort or its
+    // timeout, and `explain --timeline` shows the refused callback with the ramdisk's words.
     patch_node(&site, &uuid, json!([{"op": "remove", "path": "/properties/root_device"}]));
     site.start_inspection(&uuid, &uuid);
     let mut broken = data.clone();
     broken["error"] = json!("The disk controller reported a failure");
     let (ok, _, err) = ipa_callback(&site.lan.nodes[0], "10.77.0.20", &site.lan.dir, &broken);
     assert!(!ok && err.contains("400"), "IPA was refused: {err}");
-    let st = site.wait_inspection(&uuid, "error", Duration::from_secs(20));
-    let msg = st["error"].as_str().unwrap();
-    assert!(msg.contains("Ramdisk reported error: ") && msg.contains("The disk controller reported a failure"), "{st}");
+    let st = site.wait_inspection(&uuid, "waiting", Duration::from_secs(20));
+    assert!(st["error"].is_null(), "{st}");
+    let timeline = site.ctl_ok(&["explain", &pxe.to_string(), "--timeline"]);
+    assert!(timeline.contains("The disk controller reported a failure"), "{timeline}");
     assert_eq!(props(&site, &uuid)["local_gb"], "99", "nothing written");
-    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], pxe, false, DEADLINE), "DHCP closed after the error");
+    site.ctl_ok(&["inspect", "abort", &uuid]);
+    let st = site.wait_inspection(&uuid, "error", Duration::from_secs(20));
+    assert!(st["error"].as_str().unwrap().contains("aborted"), "{st}");
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], pxe, false, DEADLINE), "DHCP closed after the abort");
 }
 
 /// Each option where it changes the result: add_ports = all, keep_ports = present, overwrite_existing = false,

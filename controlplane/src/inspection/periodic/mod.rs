@@ -38,8 +38,9 @@ pub const IRONIC_INSPECTION: &str = "ironic-inspection";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicySetting {
-    #[default]
     Allow,
+    /// The default: a MAC nobody allowed gets no DHCP.
+    #[default]
     Deny,
     /// Allowed only while some node is being inspected (by ironguard or by Ironic), or with auto-discovery.
     WhileInspecting,

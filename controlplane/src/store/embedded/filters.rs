@@ -305,9 +305,9 @@ mod tests {
             let a =
                 s.apply(api_changes(&[mac(1).to_string()], &[mac(2).to_string()], &[]).unwrap(), None).await.unwrap();
             assert_eq!(a.revision, 1);
-            let a = s.apply(vec![], Some(UnknownMacPolicy::Deny)).await.unwrap();
+            let a = s.apply(vec![], Some(UnknownMacPolicy::Allow)).await.unwrap();
             assert_eq!(a.revision, 2);
-            let a = s.apply(vec![], Some(UnknownMacPolicy::Deny)).await.unwrap();
+            let a = s.apply(vec![], Some(UnknownMacPolicy::Allow)).await.unwrap();
             assert_eq!((a.revision, a.record), (2, None), "the same policy again is no revision");
             // no-op: no new revision
             let a = s.apply(api_changes(&[mac(1).to_string()], &[], &[]).unwrap(), None).await.unwrap();
@@ -316,12 +316,12 @@ mod tests {
         let s = crate::store::embedded::filters_in(&dir, 100);
         let snap = s.snapshot();
         assert_eq!(snap.revision, 2);
-        assert_eq!(snap.policy, UnknownMacPolicy::Deny);
+        assert_eq!(snap.policy, UnknownMacPolicy::Allow);
         assert!(snap.allow.contains(&mac(1)) && snap.deny.contains(&mac(2)));
         let d = s.deltas_since(0).unwrap();
         assert_eq!(d.len(), 2);
         assert_eq!(d[0].delta.allow_add, vec![mac(1)]);
-        assert_eq!(d[1].policy, Some(UnknownMacPolicy::Deny));
+        assert_eq!(d[1].policy, Some(UnknownMacPolicy::Allow));
         assert_eq!(s.deltas_since(2).unwrap(), vec![]);
         assert!(s.deltas_since(3).is_none(), "an agent ahead of the store needs a snapshot");
         std::fs::remove_dir_all(&dir).unwrap();
