@@ -288,6 +288,29 @@ async fn ironic_sync_denies_known_ports_and_forgets_deleted_nodes() {
         assert!(t.elapsed() < Duration::from_secs(30), "{st:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // An operator removes the `ironic` deny by hand while Ironic still has the port: the next run adds it again,
+    // as the API promises (it used to compare with its own previous run only, and never did).
+    let denied_at = s.revision().await;
+    let removed_at = PxeFilterClient::new(s.channel.clone())
+        .update_pxe_filters(ironguard_proto::v1::UpdatePxeFiltersRequest {
+            remove: vec![MAC1.into()],
+            remove_reason: "ironic".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .revision;
+    assert!(removed_at > denied_at, "the removal is a revision of its own");
+    let t = Instant::now();
+    loop {
+        let st = deny().await;
+        if st.revision > removed_at && st.entries.iter().any(|e| e.deny_reasons.contains(&"ironic".to_string())) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "the removed ironic deny never came back: {st:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     s.ironic.remove_node(N1).unwrap();
     let t = Instant::now();
     while s.insp().get(NodeRequest { node: N1.into() }).await.is_ok() {

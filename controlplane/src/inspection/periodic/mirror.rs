@@ -1,7 +1,6 @@
 //! Keeps the set of MACs carrying one reason on one side of the filter in step with a source of truth.
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 
 use ironguard_dataplane::MacAddr;
 
@@ -9,13 +8,14 @@ use crate::filter::{ReasonChange, Side};
 use crate::inspection::engine::Engine;
 use crate::store::FilterStore;
 
-/// "These MACs should carry `reason` on `side` now" becomes the reason changes against the previous run (the
-/// filter state itself on the first run, so a new leader starts from what is published).
+/// "These MACs should carry `reason` on `side` now" becomes the reason changes against what the filter state holds
+/// at each run, not against the previous run: a reason an operator removed by hand (`ironguardctl filters remove
+/// MAC --reason ironic`) is added again at the next run while the source still names the MAC, as the API promises,
+/// and a new leader starts from what is published.
 #[derive(Debug)]
 pub(super) struct ReasonMirror {
     side: Side,
     reason: &'static str,
-    previous: Mutex<Option<BTreeSet<MacAddr>>>,
 }
 
 /// What one [`ReasonMirror::sync`] did.
@@ -27,24 +27,19 @@ pub(super) struct Synced {
 
 impl ReasonMirror {
     pub(super) fn new(side: Side, reason: &'static str) -> Self {
-        Self { side, reason, previous: Mutex::new(None) }
+        Self { side, reason }
     }
 
-    /// Publishes the difference between `now` and the last published set, as one filter change.
+    /// Publishes the difference between `now` and the MACs that carry the reason in the filter state, as one filter
+    /// change (a failed apply is simply retried in full at the next run).
     pub(super) async fn sync(&self, engine: &Engine, now: BTreeSet<MacAddr>) -> anyhow::Result<Synced> {
-        let before = self.previous()?.unwrap_or_else(|| carrying(engine.filters.as_ref(), self.side, self.reason));
+        let before = carrying(engine.filters.as_ref(), self.side, self.reason);
         let changes = diff(self.side, self.reason, &before, &now);
         let mut revision = None;
         if !changes.is_empty() {
             revision = Some(engine.filters.apply(changes.clone(), None).await?.revision);
         }
-        // Remembered only once published: a failed apply is retried in full next time.
-        *self.previous.lock().map_err(|_| anyhow::anyhow!("poisoned lock"))? = Some(now);
         Ok(Synced { changed: changes.len(), revision })
-    }
-
-    fn previous(&self) -> anyhow::Result<Option<BTreeSet<MacAddr>>> {
-        Ok(self.previous.lock().map_err(|_| anyhow::anyhow!("poisoned lock"))?.clone())
     }
 }
 
