@@ -14,8 +14,8 @@
 # distribution, so they are taken from an overlay of this machine's target/debug. Everything that touches the
 # system is done again in the root:
 #   - every crate whose build runs a system tool (a C compiler, libclang through bindgen, protoc: found from
-#     `cargo metadata`, e.g. ring, rustables, etcd-client, ironguard-proto) has its build script run from scratch
-#     (`cargo build` in a second overlay), so a missing -dev package or compiler fails here;
+#     `cargo metadata`, e.g. ring, rustables, etcd-client, ironguard-proto) is cleaned, so that the test command's
+#     build runs its build script from scratch, and a missing -dev package or compiler fails here;
 #   - every binary of the workspace is compiled and linked again in the root (its C library, its linker);
 #   - the Python environment of the real Ironic is made in the root (pip's download cache is shared).
 # The checkout is copied (as a clean clone would hold it) to the same absolute path in the root as here, so the
@@ -69,8 +69,7 @@ root=$base/root
 t0=$(date +%s)
 
 # Runs the script $1 in the root, in a private mount namespace: the system mounts, the toolchain, the checkout at
-# this machine's path, and (phase run) target/debug as an overlay of this machine's, with a second overlay for the
-# native build steps at /root/native-target/debug.
+# this machine's path, and (phase run) target/debug as an overlay of this machine's.
 in_root() {
   local inner=$1 tls_env=() v
   for v in SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE PIP_CERT CURL_CA_BUNDLE PIP_INDEX_URL PIP_EXTRA_INDEX_URL \
@@ -93,12 +92,9 @@ in_root() {
     mount --bind "$HOME/.cache/pip" "$root/root/.cache/pip"
     mount --bind "$base/checkout" "$root$src"
     if [ "$phase" = run ]; then
-      mkdir -p "$base/checkout/target/debug" "$base/target"/{upper,work} "$base/native"/{upper,work} \
-        "$root/root/native-target/debug"
+      mkdir -p "$base/checkout/target/debug" "$base/target"/{upper,work}
       mount -t overlay overlay -o "lowerdir=$src/target/debug,upperdir=$base/target/upper,workdir=$base/target/work" \
         "$root$src/target/debug"
-      mount -t overlay overlay -o "lowerdir=$src/target/debug,upperdir=$base/native/upper,workdir=$base/native/work" \
-        "$root/root/native-target/debug"
     fi
     shift 7
     exec chroot "$root" /usr/bin/env -i TERM=dumb CI="${CI:-}" SRC="$src" "$@" /bin/bash -c "$inner"
@@ -136,7 +132,10 @@ export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin
 cd "$SRC"
 source scripts/cargo-env.sh
 t=$(date +%s)
-# The crates whose build runs a system tool, built from scratch here.
+# The crates whose build runs a system tool: their artifacts are removed, so that the build of the test command below
+# runs their build scripts from scratch here (the C compiler, bindgen with libclang, protoc) and compiles and links
+# everything that depends on them again. (A separate `cargo build -p` of them resolved other features than the
+# workspace and rebuilt 57 crates for nothing: 338 s beside the tests.)
 native=$(cargo metadata --locked --format-version 1 | jq -r '"'"'
   .packages[] | select(any(.dependencies[]; .kind == "build" and (.optional | not) and
     (.name | IN("cc", "bindgen", "prost-build", "tonic-prost-build", "tonic-build", "pkg-config", "cmake"))))
@@ -147,17 +146,10 @@ deps=() own=()
 for p in $native; do
   if grep -qx "$p" <<<"$members"; then own+=(-p "$p"); else deps+=(-p "$p"); fi
 done
-echo "== [fresh root] crates with native build steps, built from scratch: "$native
-export CARGO_TARGET_DIR=/root/native-target
-cargo clean --locked "${deps[@]}" "${own[@]}"
-# `cargo build` runs their build scripts in full (the C compiler, bindgen with libclang, protoc) and compiles them;
-# their own dependencies are fresh in the overlay. (`cargo check` would check every dependency from scratch: it
-# has no check artifacts to reuse, and took twice as long.) Dependencies and workspace members in separate runs:
-# cargo resolves `-p` of a member within that member alone.
-[ "${#deps[@]}" = 0 ] || cargo build --locked "${deps[@]}"
-[ "${#own[@]}" = 0 ] || cargo build --locked "${own[@]}"
-unset CARGO_TARGET_DIR
-echo "== [fresh root] native build steps done ($(($(date +%s) - t)) s)"
+echo "== [fresh root] crates with native build steps, built from scratch by the build below: "$native
+# Dependencies and workspace members in separate runs: cargo resolves `-p` of a member within that member alone.
+[ "${#deps[@]}" = 0 ] || cargo clean --locked "${deps[@]}"
+[ "${#own[@]}" = 0 ] || cargo clean --locked "${own[@]}"
 # Every binary of the workspace compiled and linked again here.
 for b in $(cargo metadata --locked --no-deps --format-version 1 | jq -r '"'"'.packages[].targets[] | select(any(.kind[]; . == "bin")) | .name'"'"'); do
   rm -f "target/debug/$b" target/debug/deps/"${b//-/_}"-*
