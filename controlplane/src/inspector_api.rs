@@ -326,7 +326,7 @@ async fn v1() -> Response {
 }
 
 async fn record(api: &Api, node: &str) -> Result<NodeRecord, Response> {
-    match api.engine.store.get(node).await {
+    match api.engine.status(node).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(error(StatusCode::NOT_FOUND, format!("Node {node} was not found"))),
         Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),

@@ -78,6 +78,10 @@ async fn start_wait_continue_finish() {
         .unwrap()
         .into_inner();
     assert_eq!(r.node, N1);
+    // Right after the start (queued, perhaps not taken by a worker yet) the node reads as started, never as "never
+    // inspected" (T20).
+    let (now, _) = s.state(N1).await;
+    assert!(now == "starting" || now == "waiting", "{now}");
     s.wait_state(N1, "waiting").await;
     assert_eq!(s.allow_reasons(MAC1).await, vec![format!("inspection:{N1}")]);
     assert_eq!(s.ironic.boot_device(N1).as_deref(), Some("pxe"));

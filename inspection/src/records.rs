@@ -46,6 +46,30 @@ impl NodeRecord {
     }
 }
 
+/// A node's inspection as an operator sees it, from its record and the requests not consumed yet: `starting` while
+/// a start waits for a worker (ironic-inspector answers `starting` right after its 202), instead of "never
+/// inspected" or the end of the previous inspection. A record in progress, or written after the start was queued
+/// (the worker's own answer to it, an error say), is shown as it is. `None`: never inspected, and no start waiting.
+pub fn as_seen(rec: Option<NodeRecord>, node: &str, pending: &[Request]) -> Option<NodeRecord> {
+    if rec.as_ref().is_some_and(|r| !matches!(r.state, State::Finished | State::Error)) {
+        return rec;
+    }
+    let queued = pending.iter().rev().find(|r| r.node == node && r.kind == Kind::Start);
+    match (rec, queued) {
+        (rec, None) => rec,
+        (Some(r), Some(q)) if r.updated_at > q.enqueued_at => Some(r),
+        (rec, Some(q)) => {
+            let mut r = rec.unwrap_or_else(|| NodeRecord::new(node, q.enqueued_at));
+            r.state = State::Starting;
+            r.started_at = Some(q.enqueued_at);
+            r.finished_at = None;
+            r.error = None;
+            r.manage_boot = q.args.get("manage_boot").and_then(serde_json::Value::as_bool).unwrap_or(true);
+            Some(r)
+        }
+    }
+}
+
 /// What a queued request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -108,4 +132,55 @@ pub struct Taken {
     pub attempt: u32,
     pub worker: String,
     pub lease_until: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(node: &str, at: u64, manage_boot: bool) -> Request {
+        Request {
+            id: at,
+            node: node.into(),
+            kind: Kind::Start,
+            args: serde_json::json!({"manage_boot": manage_boot}),
+            enqueued_at: at,
+        }
+    }
+
+    fn rec(state: State, updated_at: u64) -> NodeRecord {
+        let mut r = NodeRecord::new("n1", updated_at);
+        r.state = state;
+        r.error = (state == State::Error).then(|| "boom".to_string());
+        r.finished_at = Some(updated_at);
+        r
+    }
+
+    #[test]
+    fn a_queued_start_reads_as_starting() {
+        // never inspected, nothing queued: nothing to show
+        assert_eq!(as_seen(None, "n1", &[]), None);
+        // another node's start says nothing of n1
+        assert_eq!(as_seen(None, "n1", &[start("n2", 10, true)]), None);
+        // never inspected, its start queued: starting, since the start was queued
+        let r = as_seen(None, "n1", &[start("n1", 10, false)]).unwrap();
+        assert_eq!((r.state, r.started_at, r.manage_boot, r.version), (State::Starting, Some(10), false, 0));
+        // the end of an earlier inspection, then a start: starting, the earlier error and end cleared
+        let r = as_seen(Some(rec(State::Error, 5)), "n1", &[start("n1", 10, true)]).unwrap();
+        assert_eq!((r.state, r.error, r.finished_at), (State::Starting, None, None));
+        // a process request is not a start
+        let process = Request { kind: Kind::Process, ..start("n1", 10, true) };
+        assert_eq!(as_seen(Some(rec(State::Finished, 5)), "n1", &[process]).unwrap().state, State::Finished);
+    }
+
+    #[test]
+    fn the_record_wins_once_the_worker_wrote_it() {
+        // the worker took the start and failed it: its error is shown, not the queued start
+        let r = as_seen(Some(rec(State::Error, 20)), "n1", &[start("n1", 10, true)]).unwrap();
+        assert_eq!((r.state, r.error.as_deref()), (State::Error, Some("boom")));
+        // an inspection in progress is shown as it is, whatever waits behind it
+        for s in [State::Starting, State::Waiting, State::Processing, State::Aborting] {
+            assert_eq!(as_seen(Some(rec(s, 5)), "n1", &[start("n1", 10, true)]).unwrap().state, s);
+        }
+    }
 }

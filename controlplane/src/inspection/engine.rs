@@ -11,7 +11,7 @@ use ironguard_inspection::lookup::{self, Attributes, LookupError, lookup_attribu
 use ironguard_inspection::machine::{self, Event, State};
 use ironguard_inspection::outcome::fold_effects;
 use ironguard_inspection::processing::{self, Pipeline, Plan, ProcessingConfig};
-use ironguard_inspection::records::{Kind, NodeRecord, Taken};
+use ironguard_inspection::records::{self, Kind, NodeRecord, Taken};
 use ironguard_inspection::rules;
 use ironguard_ironic::{Ironic, IronicError};
 use ironguard_proto::time::now_ms;
@@ -245,6 +245,16 @@ impl Engine {
 
     async fn record(&self, node: &str) -> Result<NodeRecord, ApiError> {
         Ok(self.store.get(node).await?.unwrap_or_else(|| NodeRecord::new(node, now_ms())))
+    }
+
+    /// A node's inspection as an operator sees it ([`records::as_seen`]): `starting` while its start is queued.
+    pub async fn status(&self, node: &str) -> Result<Option<NodeRecord>, StoreError> {
+        let rec = self.store.get(node).await?;
+        if rec.as_ref().is_some_and(|r| !matches!(r.state, State::Finished | State::Error)) {
+            return Ok(rec); // in progress: the queue cannot change what is shown
+        }
+        let pending = self.store.pending().await?;
+        Ok(records::as_seen(rec, node, &pending))
     }
 
     /// Starts (or restarts) the inspection of `node` (UUID or name). A node in maintenance is refused unless

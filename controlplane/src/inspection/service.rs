@@ -107,8 +107,7 @@ impl Inspection for InspectionService {
         let node = self.resolve(&r.into_inner().node).await?;
         let rec = self
             .engine
-            .store
-            .get(&node)
+            .status(&node)
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .ok_or_else(|| Status::not_found(format!("node {node} has never been inspected")))?;
