@@ -194,6 +194,9 @@ pub async fn report_loop(
             _ = shutdown.changed() => return,
         }
         let mut s = status.borrow_and_update().clone();
+        if s.agent_id.is_empty() {
+            continue; // the core has not said anything yet (the channel's first value): nothing to report
+        }
         s.lease_until_unix_ms = lease.load(std::sync::atomic::Ordering::SeqCst);
         if let Some(source) = &seen {
             let r = read_seen(source.clone()).await;
@@ -404,7 +407,7 @@ mod tests {
     #[tokio::test]
     async fn shutdown_ends_a_report_waiting_for_its_answer() {
         let (a, mut accepts) = wedged_replica().await;
-        let (status, status_rx) = watch::channel(AgentStatus::default());
+        let (status, status_rx) = watch::channel(AgentStatus { agent_id: "a".into(), ..Default::default() });
         let (stop, stop_rx) = watch::channel(false);
         let lease = Arc::new(AtomicU64::new(0));
         let task = tokio::spawn(report_loop(

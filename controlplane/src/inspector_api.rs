@@ -20,14 +20,14 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 use futures::StreamExt as _;
+use ironguard_inspection::bounded::{self, Bounds, BoundsError};
 use ironguard_inspection::lookup::LookupError;
 use ironguard_inspection::machine::State as IState;
 use ironguard_inspection::records::NodeRecord;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tracing::{debug, info, warn};
 
 use crate::http_access::rate_limit::RateLimiter;
@@ -43,8 +43,10 @@ pub const MAX_VERSION: &str = "1.18";
 /// Largest introspection rule accepted.
 pub const MAX_RULE_BYTES: usize = 1 << 20;
 
-/// `POST /v1/continue` bodies read at once (each up to `continue_max_bytes`); more calls wait their turn.
-const CONTINUE_READS: usize = 16;
+/// How long a `/v1/continue` body waits for room in `continue_memory_mib` before it is answered 503.
+const BUDGET_WAIT: Duration = Duration::from_secs(2);
+/// How long a client may take to send a request's headers, from its connection.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a body is found over its limit, this much more is read and dropped (for at most [`DRAIN_TIME`]) so that
 /// the client gets the 413 rather than a reset connection.
 const DRAIN_BYTES: usize = 32 << 20;
@@ -61,7 +63,13 @@ pub struct Access {
     pub auth: Authenticator,
     pub continue_max_bytes: usize,
     pub continue_rate: RateLimiter,
-    continue_reads: Semaphore,
+    /// `continue_memory_mib`, in KiB permits: what the bodies being read and parsed hold.
+    continue_budget: Semaphore,
+    continue_budget_kib: usize,
+    /// `continue_workers`: bodies parsed and looked up at once.
+    continue_workers: Semaphore,
+    continue_bounds: Bounds,
+    continue_read_timeout: Duration,
 }
 
 impl Access {
@@ -71,7 +79,11 @@ impl Access {
             auth: Authenticator::new(cfg)?,
             continue_max_bytes: cfg.continue_max_bytes,
             continue_rate: RateLimiter::new(cfg.continue_rate_per_minute, cfg.continue_rate_burst),
-            continue_reads: Semaphore::new(CONTINUE_READS),
+            continue_budget: Semaphore::new(cfg.continue_memory_mib.saturating_mul(1024)),
+            continue_budget_kib: cfg.continue_memory_mib.saturating_mul(1024),
+            continue_workers: Semaphore::new(cfg.continue_workers),
+            continue_bounds: Bounds { max_values: cfg.continue_max_values, ..Bounds::default() },
+            continue_read_timeout: Duration::from_secs(cfg.continue_read_timeout_secs),
         })
     }
 }
@@ -173,10 +185,8 @@ impl InspectorListener {
             );
         }
         info!(addr = %self.local, tls = self.tls.is_some(), auth_strategy = strategy.as_str(), "ironic-inspector v1 API serving");
-        let app = router(engine, self.access).into_make_service_with_connect_info::<SocketAddr>();
-        // `tap_io` only for axum's `ConnectInfo<SocketAddr>`, which it provides for tapped listeners.
-        let incoming = Incoming::new("inspector-api", self.tcp, self.tls, Limits::default())?.tap_io(|_| {});
-        axum::serve(incoming, app).with_graceful_shutdown(shutdown).await
+        let incoming = Incoming::new("inspector-api", self.tcp, self.tls, Limits::default())?;
+        crate::listener::serve_http(incoming, router(engine, self.access), HEADER_READ_TIMEOUT, shutdown).await
     }
 }
 
@@ -458,29 +468,59 @@ async fn continue_(
         return resp;
     }
     let limit = api.access.continue_max_bytes;
-    let body = {
-        let Ok(_turn) = api.access.continue_reads.acquire().await else {
-            return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
-        };
-        match read_limited(body, &headers, limit).await {
-            Ok(b) => b,
-            Err(BodyError::TooLarge) => {
-                crate::refused!(
-                    "continue-too-large",
-                    peer.ip(),
-                    limit,
-                    "inspector API: /v1/continue body over the limit (413); raise [inspector_api] continue_max_bytes if real inventories are this large"
-                );
-                return error(StatusCode::PAYLOAD_TOO_LARGE, format!("introspection data is over {limit} bytes"));
-            }
-            Err(BodyError::Read(e)) => {
-                return error(StatusCode::BAD_REQUEST, format!("cannot read the introspection data: {e}"));
-            }
+    let access = &api.access;
+    let deadline = tokio::time::Instant::now() + access.continue_read_timeout;
+    let budget = Budget { pool: &access.continue_budget, total_kib: access.continue_budget_kib };
+    let (body, held) = match read_limited(body, &headers, limit, Some(budget), deadline).await {
+        Ok(b) => b,
+        Err(BodyError::TooLarge) => {
+            crate::refused!(
+                "continue-too-large",
+                peer.ip(),
+                limit,
+                "inspector API: /v1/continue body over the limit (413); raise [inspector_api] continue_max_bytes if real inventories are this large"
+            );
+            return error(StatusCode::PAYLOAD_TOO_LARGE, format!("introspection data is over {limit} bytes"));
+        }
+        Err(BodyError::Slow) => {
+            crate::refused!(
+                "continue-slow",
+                peer.ip(),
+                "inspector API: /v1/continue body too slow to arrive (408); raise [inspector_api] continue_read_timeout_secs only if real nodes hit it"
+            );
+            return error(StatusCode::REQUEST_TIMEOUT, "the introspection data took too long to arrive");
+        }
+        Err(BodyError::Busy) => {
+            crate::refused!(
+                "continue-busy",
+                peer.ip(),
+                "inspector API: /v1/continue answered 503: bodies being read fill [inspector_api] continue_memory_mib (a flood, or many large inventories at once)"
+            );
+            let mut resp =
+                error(StatusCode::SERVICE_UNAVAILABLE, "too much introspection data arriving at once; retry");
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(5));
+            return resp;
+        }
+        Err(BodyError::Read(e)) => {
+            return error(StatusCode::BAD_REQUEST, format!("cannot read the introspection data: {e}"));
         }
     };
-    let data: Value = match serde_json::from_slice(&body) {
+    let Ok(_turn) = access.continue_workers.acquire().await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    };
+    let parsed = bounded::parse_callback(&body, access.continue_bounds);
+    drop((body, held));
+    let data = match parsed {
         Ok(v) => v,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("introspection data is not JSON: {e}")),
+        Err(e @ (BoundsError::TooManyValues(_) | BoundsError::TooDeep(_))) => {
+            crate::refused!(
+                "continue-too-complex",
+                peer.ip(),
+                "inspector API: /v1/continue body over its bounds (400); raise [inspector_api] continue_max_values only if real inventories are this large"
+            );
+            return error(StatusCode::BAD_REQUEST, e.to_string());
+        }
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     match api.engine.continue_inspection(data, q.get("node_uuid").cloned()).await {
         Ok(uuid) => reply(StatusCode::OK, json!({"uuid": uuid})),
@@ -528,32 +568,70 @@ fn continue_error(e: ApiError, peer: SocketAddr) -> Response {
 #[derive(Debug)]
 enum BodyError {
     TooLarge,
+    /// Not all there by its deadline.
+    Slow,
+    /// No room in the memory budget.
+    Busy,
     Read(String),
 }
 
-/// The body if it is at most `limit` bytes. A larger one (by `Content-Length` or as it arrives) is read on and
-/// dropped for a while, keeping nothing, so that the client reads the 413 instead of a reset.
-async fn read_limited(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, BodyError> {
+/// The memory budget bodies are read into: KiB permits, taken as bytes arrive.
+#[derive(Clone, Copy)]
+struct Budget<'a> {
+    pool: &'a Semaphore,
+    total_kib: usize,
+}
+
+/// The body if it is at most `limit` bytes and all there by `deadline`, with the part of `budget` it holds. A larger
+/// one (by `Content-Length` or as it arrives) is read on and dropped for a while, keeping nothing, so that the
+/// client reads the 413 instead of a reset. Room in `budget` is taken as bytes arrive, never ahead (a slow sender
+/// holds what it sent); a body that waits [`BUDGET_WAIT`] for room gives back what it holds.
+async fn read_limited<'a>(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    budget: Option<Budget<'a>>,
+    deadline: tokio::time::Instant,
+) -> Result<(Bytes, Option<SemaphorePermit<'a>>), BodyError> {
     let declared = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let mut stream = body.into_data_stream();
     let mut buf = Vec::new();
+    let mut held: Option<SemaphorePermit<'a>> = None;
     if declared.is_none_or(|n| n <= limit as u64) {
-        if let Some(n) = declared {
-            buf.reserve(n as usize);
-        }
         loop {
-            match stream.next().await {
-                None => return Ok(Bytes::from(buf)),
+            let next = match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(n) => n,
+                Err(_) => return Err(BodyError::Slow),
+            };
+            match next {
+                None => return Ok((Bytes::from(buf), held)),
                 Some(Err(e)) => return Err(BodyError::Read(e.to_string())),
-                Some(Ok(chunk)) if buf.len() + chunk.len() <= limit => buf.extend_from_slice(&chunk),
+                Some(Ok(chunk)) if buf.len() + chunk.len() <= limit => {
+                    if let Some(b) = budget {
+                        let want =
+                            (buf.len() + chunk.len()).div_ceil(1024) - held.as_ref().map_or(0, |p| p.num_permits());
+                        if want > 0 {
+                            let wait = tokio::time::Instant::now() + BUDGET_WAIT;
+                            let more = u32::try_from(want.min(b.total_kib)).map_err(|_| BodyError::Busy)?;
+                            match tokio::time::timeout_at(wait.min(deadline), b.pool.acquire_many(more)).await {
+                                Ok(Ok(p)) => match held.as_mut() {
+                                    Some(h) => h.merge(p),
+                                    None => held = Some(p),
+                                },
+                                Ok(Err(_)) | Err(_) => return Err(BodyError::Busy),
+                            }
+                        }
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
                 Some(Ok(_)) => break,
             }
         }
     }
-    drop(buf);
+    drop((buf, held));
     let drain = async {
         let mut drained = 0usize;
         while let Some(Ok(chunk)) = stream.next().await {
@@ -580,11 +658,14 @@ async fn create_rule(State(api): State<Api>, h: HeaderMap, body: Body) -> Respon
         Ok(v) => v,
         Err((code, msg)) => return error(code, msg),
     };
-    let body = match read_limited(body, &h, MAX_RULE_BYTES).await {
-        Ok(b) => b,
+    let deadline = tokio::time::Instant::now() + api.access.continue_read_timeout;
+    let body = match read_limited(body, &h, MAX_RULE_BYTES, None, deadline).await {
+        Ok((b, _)) => b,
         Err(BodyError::TooLarge) => {
             return error(StatusCode::PAYLOAD_TOO_LARGE, format!("a rule is at most {MAX_RULE_BYTES} bytes"));
         }
+        Err(BodyError::Slow) => return error(StatusCode::REQUEST_TIMEOUT, "the rule took too long to arrive"),
+        Err(BodyError::Busy) => return error(StatusCode::SERVICE_UNAVAILABLE, "busy; retry"),
         Err(BodyError::Read(e)) => return error(StatusCode::BAD_REQUEST, format!("cannot read the rule: {e}")),
     };
     let body: Value = match serde_json::from_slice(&body) {

@@ -2,6 +2,7 @@
 //! plaintext or TLS, with the same limits on both:
 //!
 //! - at most [`MAX_CONNECTIONS`] open connections; past it, new ones wait in the kernel's backlog until one closes;
+//! - at most [`MAX_PER_SOURCE`] of them from one source address (IPv6: one /64); past it, a new one is closed;
 //! - at most [`MAX_HANDSHAKES`] TLS handshakes in flight, each in its own task and dropped after
 //!   [`HANDSHAKE_TIMEOUT`], so a client that stalls in its handshake (or sends plain HTTP to the HTTPS port) delays
 //!   nobody else.
@@ -25,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tracing::{debug, warn};
 
+use crate::http_access::rate_limit::source_key;
 use crate::tls::{ServerTls, certificate_name};
 
 /// A TLS handshake that has not finished by then is dropped.
@@ -34,6 +36,8 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// Open connections, per listener. Both listeners together stay well under the 1024 file descriptors systemd
 /// gives a service by default, leaving room for etcd, Ironic, Keystone and the store.
 pub const MAX_CONNECTIONS: usize = 384;
+/// Open connections from one source address (IPv6: one /64), per listener: one machine cannot take every slot.
+pub const MAX_PER_SOURCE: usize = 32;
 
 /// The limits of one listener; [`Limits::default`] is what the control plane uses (tests use smaller ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,11 +45,53 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     pub max_handshakes: usize,
     pub max_connections: usize,
+    pub max_per_source: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { handshake_timeout: HANDSHAKE_TIMEOUT, max_handshakes: MAX_HANDSHAKES, max_connections: MAX_CONNECTIONS }
+        Self {
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            max_handshakes: MAX_HANDSHAKES,
+            max_connections: MAX_CONNECTIONS,
+            max_per_source: MAX_PER_SOURCE,
+        }
+    }
+}
+
+/// Open connections per source ([`source_key`]), for [`Limits::max_per_source`].
+#[derive(Debug, Default)]
+struct Sources(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One open connection counted for its source until it is dropped.
+#[derive(Debug)]
+struct SourceSlot {
+    sources: Arc<Sources>,
+    key: std::net::IpAddr,
+}
+
+impl Sources {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize) -> Option<SourceSlot> {
+        let key = source_key(ip);
+        let mut m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = m.entry(key).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot { sources: self.clone(), key })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut m = self.sources.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = m.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -70,6 +116,7 @@ pub struct Conn {
     io: Io,
     peer: PeerInfo,
     _slot: OwnedSemaphorePermit,
+    _source: SourceSlot,
 }
 
 impl Conn {
@@ -121,6 +168,7 @@ async fn accept_loop(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let handshakes = Arc::new(Semaphore::new(limits.max_handshakes));
+    let sources = Arc::new(Sources::default());
     loop {
         // A free connection slot (and handshake slot) first: past the limits, clients wait in the backlog.
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
@@ -143,10 +191,20 @@ async fn accept_loop(
             },
             _ = tx.closed() => return,
         };
+        let Some(source) = sources.take(remote.ip(), limits.max_per_source) else {
+            crate::refused!(
+                "connections-per-source",
+                remote.ip(),
+                listener,
+                max = limits.max_per_source,
+                "connection refused: this source already holds the most connections one source may"
+            );
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let Some(tls) = &tls else {
             let peer = PeerInfo { remote: Some(remote), identity: None };
-            if tx.send(Conn { io: Io::Plain(stream), peer, _slot: slot }).await.is_err() {
+            if tx.send(Conn { io: Io::Plain(stream), peer, _slot: slot, _source: source }).await.is_err() {
                 return;
             }
             continue;
@@ -161,7 +219,7 @@ async fn accept_loop(
                         s.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| certificate_name(c));
                     debug!(listener, %remote, identity = ?identity, "TLS connection");
                     let peer = PeerInfo { remote: Some(remote), identity };
-                    let _ = tx.send(Conn { io: Io::Tls(Box::new(s)), peer, _slot: slot }).await;
+                    let _ = tx.send(Conn { io: Io::Tls(Box::new(s)), peer, _slot: slot, _source: source }).await;
                 }
                 Ok(Err(e)) => {
                     crate::refused!("tls-handshake", remote.ip(), listener, error = %e, "TLS handshake refused");
@@ -204,6 +262,55 @@ impl axum::serve::Listener for Incoming {
         Ok(self.local)
     }
 }
+
+/// Serves `app` (an axum router, which may extract `ConnectInfo<SocketAddr>`) on `incoming` until `shutdown`
+/// resolves, then lets requests in flight finish for up to [`DRAIN_ON_SHUTDOWN`]. A client must send a request's
+/// headers within `header_timeout` (HTTP/1), so a connection that dribbles them holds its slot for that long only.
+pub async fn serve_http(
+    mut incoming: Incoming,
+    app: axum::Router,
+    header_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use tower::ServiceExt as _;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(Duration::from_secs(30)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let conn = tokio::select! {
+            c = incoming.ready.recv() => match c {
+                Some(c) => c,
+                None => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let remote = conn.peer.remote.unwrap_or(incoming.local);
+        let app = app.clone().map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(axum::extract::ConnectInfo(remote));
+            req.map(axum::body::Body::new)
+        });
+        let service = hyper_util::service::TowerToHyperService::new(app);
+        let served = graceful.watch(builder.serve_connection(TokioIo::new(conn), service).into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = served.await {
+                debug!(%remote, error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+    drop(incoming);
+    if tokio::time::timeout(DRAIN_ON_SHUTDOWN, graceful.shutdown()).await.is_err() {
+        debug!("requests still in flight at shutdown were cut");
+    }
+    Ok(())
+}
+
+/// How long requests in flight may finish after a listener is told to stop.
+pub const DRAIN_ON_SHUTDOWN: Duration = Duration::from_secs(5);
 
 impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = PeerInfo;
@@ -372,6 +479,58 @@ mod tests {
         drop(first);
         let third = next(&mut incoming).await;
         assert_eq!(third.peer().remote.map(|a| a.ip()), Some(std::net::Ipv4Addr::LOCALHOST.into()));
+    }
+
+    #[tokio::test]
+    async fn headers_that_dribble_are_cut_and_others_are_served() {
+        let (incoming, addr) = listen(None, Limits::default()).await;
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(|axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>| async move {
+                peer.ip().to_string()
+            }),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_http(incoming, app, Duration::from_millis(500), async {
+            let _ = stopped.await;
+        }));
+        let mut dribble = TcpStream::connect(addr).await.unwrap();
+        dribble.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        // Another client is served meanwhile, and its handler sees its address.
+        let mut ok = TcpStream::connect(addr).await.unwrap();
+        ok.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut out = vec![];
+        tokio::time::timeout(DEADLINE, ok.read_to_end(&mut out)).await.unwrap().unwrap();
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 200") && text.ends_with("127.0.0.1"), "{text}");
+        // The one that never ends its headers is cut (hyper answers 408 or closes).
+        let mut out = vec![];
+        let _ = tokio::time::timeout(DEADLINE, dribble.read_to_end(&mut out)).await.expect("cut by the server");
+        let text = String::from_utf8_lossy(&out);
+        assert!(out.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+        stop.send(()).unwrap();
+        tokio::time::timeout(DEADLINE, server).await.expect("stops").unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn one_source_cannot_take_every_slot() {
+        let limits = Limits { max_per_source: 2, ..Limits::default() };
+        let (mut incoming, addr) = listen(None, limits).await;
+        let mut clients = vec![];
+        for _ in 0..3 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let first = next(&mut incoming).await;
+        let _second = next(&mut incoming).await;
+        // The third is closed by the server, not queued.
+        let mut buf = [0u8; 8];
+        let n = tokio::time::timeout(DEADLINE, clients[2].read(&mut buf)).await.expect("closed by the server");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        assert!(tokio::time::timeout(Duration::from_millis(300), incoming.next()).await.is_err(), "a third conn");
+        // A closed one gives its source a slot back.
+        drop(first);
+        let _again = TcpStream::connect(addr).await.unwrap();
+        let _third = next(&mut incoming).await;
     }
 
     #[tokio::test]

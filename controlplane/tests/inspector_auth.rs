@@ -662,6 +662,99 @@ async fn raw_chunked_post(base: &str, body: &str) -> (u16, String) {
     (status, text)
 }
 
+/// A hostile machine on the PXE network: bodies over the value bound or naming too many MACs are refused and change
+/// nothing; 40 connections that send their headers and then dribble (from 40 addresses, as the measured attack)
+/// neither hold a legitimate callback back nor memory: it is answered while all of them are still open, and they
+/// are answered 408 at their read deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn continue_holds_out_against_complex_bodies_and_slow_senders() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let s = site("continue-hostile", |c, _| {
+        c.inspector_api.insecure = true;
+        c.inspector_api.continue_max_bytes = 64 << 10;
+        c.inspector_api.continue_memory_mib = 1;
+        c.inspector_api.continue_max_values = 5000;
+        c.inspector_api.continue_read_timeout_secs = 8;
+        c.inspector_api.continue_rate_burst = 1000;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    InspectionClient::new(s.channel.clone())
+        .start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() })
+        .await
+        .unwrap();
+    s.wait_state(N1, "waiting").await;
+    s.ironic.clear_calls();
+    let before = s.snapshot().await;
+
+    // Over the value bound: 400, whatever the MACs say.
+    let mut data: Value = serde_json::from_str(&data_for(MAC1, "10.0.0.1")).unwrap();
+    data["padding"] = json!(vec![0; 6000]);
+    let r = http.post(s.u("/v1/continue")).body(data.to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let msg = r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("more than 5000 JSON values"), "{msg}");
+    // Nested deeper than the bound.
+    let deep = format!("{{\"a\": {}1{}}}", "[".repeat(40), "]".repeat(40));
+    let r = http.post(s.u("/v1/continue")).body(deep).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    // 300 MACs, N1's among them: over the caller's MAC bound.
+    let mut data: Value = serde_json::from_str(&data_for(MAC1, "10.0.0.1")).unwrap();
+    let ifaces = data["inventory"]["interfaces"].as_array_mut().unwrap();
+    for i in 0..300u32 {
+        ifaces.push(
+            json!({"name": format!("x{i}"), "mac_address": format!("52:54:01:00:{:02x}:{:02x}", i >> 8, i & 255)}),
+        );
+    }
+    let r = http.post(s.u("/v1/continue")).body(data.to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let msg = r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("at most 256 are looked up"), "{msg}");
+    // Nothing moved: N1 still waiting, same filter revision and queue, no call to Ironic.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(s.snapshot().await, before);
+    assert_eq!(s.ironic.calls(), vec![]);
+
+    // 40 slow senders, each from its own address: headers, one byte of a 1000-byte body, then nothing.
+    let addr: std::net::SocketAddr = s.inspector.trim_start_matches("http://").parse().unwrap();
+    let mut slow = vec![];
+    for i in 0..40u8 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(std::net::SocketAddr::from(([127, 0, 1, 10 + i], 0))).unwrap();
+        let mut tcp = sock.connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v1/continue HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        slow.push(tcp);
+    }
+    // The legitimate callback is answered while every slow sender still waits for its answer.
+    let r = tokio::time::timeout(
+        Duration::from_secs(60),
+        http.post(s.u("/v1/continue")).body(data_for(MAC1, "10.0.0.1")).send(),
+    )
+    .await
+    .expect("the legitimate callback is answered")
+    .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let mut buf = [0u8; 256];
+    for (i, tcp) in slow.iter_mut().enumerate() {
+        // Nothing to read yet: no answer came before the legitimate one's.
+        match tcp.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("slow sender {i} was answered before the legitimate callback: {other:?}"),
+        }
+    }
+    s.wait_state(N1, "finished").await;
+    // Each slow sender is answered 408 at its read deadline.
+    for (i, mut tcp) in slow.into_iter().enumerate() {
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(60), tcp.read_to_end(&mut out)).await.expect("answered");
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 408"), "slow sender {i}: {text}");
+    }
+}
+
 /// The default limit leaves room for ironic-python-agent's logs: a 3 MiB report is accepted, one past 16 MiB is
 /// 413 (the client reads the 413, not a reset connection) and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,6 +3,7 @@
 //!
 //! - [`machine`]: states, events, the transition table, strict and reentrant events.
 //! - [`records`]: what is stored about an inspection: the node record, queued and taken requests.
+//! - [`bounded`]: the ramdisk's data parsed within bounds (values, nesting), without its logs.
 //! - [`lookup`]: which node a ramdisk's data belongs to (its lookup attributes, ironic-inspector's scoring).
 //! - [`processing`]: ironic-inspector's processing hooks as a pipeline that turns the ramdisk's data and the node
 //!   as Ironic has it into a [`processing::Plan`] of Ironic writes.
@@ -12,6 +13,7 @@
 //! [`clip`] cuts caller input quoted in error messages.
 #![forbid(unsafe_code)]
 
+pub mod bounded;
 pub mod lookup;
 pub mod machine;
 pub mod outcome;

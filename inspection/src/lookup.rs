@@ -141,6 +141,11 @@ pub fn lookup(attributes: &Attributes, records: &[NodeRecord]) -> Result<String,
 
 /// What the data offers to look its node up with: the MACs of all its interfaces and its BMC addresses
 /// (ironic-inspector's lookup attributes), and a `node_uuid` if the caller or the data names one.
+/// The most MAC addresses (after deduplication) a ramdisk's data may name for its lookup. A real machine has a few
+/// dozen interfaces at most (SR-IOV virtual functions are not in IPA's inventory); the lookup's cost grows with the
+/// list, and the `enroll` hook asks Ironic once per MAC.
+pub const MAX_CALLER_MACS: usize = 256;
+
 pub fn lookup_attributes(data: &Value, node_uuid: Option<String>) -> Attributes {
     let (macs, bmcs) = processing::lookup_attributes(data);
     let mut macs: Vec<MacAddr> = macs.iter().filter_map(|m| m.parse().ok()).collect();

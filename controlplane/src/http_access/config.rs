@@ -86,6 +86,18 @@ pub struct InspectorApiConfig {
     pub continue_rate_per_minute: u32,
     /// How many calls a source may make at once before the rate applies.
     pub continue_rate_burst: u32,
+    /// Memory for `POST /v1/continue` bodies being read and parsed, all callers together, MiB (at least
+    /// `continue_max_bytes`). Each body holds only the bytes it has sent, so slow senders hold almost nothing; a
+    /// body that finds the budget spent for 2 s is answered 503 with `Retry-After` (ironic-python-agent retries).
+    pub continue_memory_mib: usize,
+    /// `POST /v1/continue` bodies parsed and looked up at once; more wait their turn.
+    pub continue_workers: usize,
+    /// JSON values a `POST /v1/continue` body may hold, all levels together (a large real inventory has about
+    /// 15 000); more are answered 400. Bounds the memory and time its parsing takes.
+    pub continue_max_values: usize,
+    /// Seconds a `POST /v1/continue` body may take to arrive, from the end of its headers; a slower one is
+    /// answered 408. (Headers themselves must arrive within 10 s of the connection.)
+    pub continue_read_timeout_secs: u64,
 }
 
 /// 16 MiB: ironic-python-agent's data with its compressed logs.
@@ -114,6 +126,10 @@ impl Default for InspectorApiConfig {
             continue_max_bytes: DEFAULT_CONTINUE_MAX_BYTES,
             continue_rate_per_minute: 60,
             continue_rate_burst: 10,
+            continue_memory_mib: 48,
+            continue_workers: 2,
+            continue_max_values: 100_000,
+            continue_read_timeout_secs: 30,
         }
     }
 }
@@ -163,6 +179,21 @@ impl InspectorApiConfig {
         }
         if self.continue_max_bytes == 0 {
             return Err("[inspector_api] continue_max_bytes must be positive".into());
+        }
+        if self.continue_memory_mib.saturating_mul(1 << 20) < self.continue_max_bytes {
+            return Err(format!(
+                "[inspector_api] continue_memory_mib = {} cannot hold one body of continue_max_bytes = {}: raise it \
+                 to at least {}",
+                self.continue_memory_mib,
+                self.continue_max_bytes,
+                self.continue_max_bytes.div_ceil(1 << 20)
+            ));
+        }
+        if self.continue_workers == 0 || self.continue_max_values == 0 || self.continue_read_timeout_secs == 0 {
+            return Err(
+                "[inspector_api] continue_workers, continue_max_values and continue_read_timeout_secs must be positive"
+                    .into(),
+            );
         }
         if self.continue_rate_per_minute == 0 || self.continue_rate_burst == 0 {
             return Err("[inspector_api] continue_rate_per_minute and continue_rate_burst must be at least 1".into());

@@ -28,7 +28,7 @@ pub struct RateLimiter {
 }
 
 /// The key a source is counted under.
-fn source_key(ip: IpAddr) -> IpAddr {
+pub fn source_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -309,6 +309,13 @@ impl Engine {
         let mut data = data;
         let failures = self.pipeline.before_processing(&mut data);
         let attrs = lookup_attributes(&data, node_uuid);
+        if attrs.macs.len() > lookup::MAX_CALLER_MACS {
+            return Err(ApiError::BadData(format!(
+                "{} interface MAC addresses; at most {} are looked up",
+                attrs.macs.len(),
+                lookup::MAX_CALLER_MACS
+            )));
+        }
         let failed = failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n");
         if attrs.is_empty() && failures.is_empty() {
             return Err(ApiError::BadData(

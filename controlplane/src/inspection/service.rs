@@ -157,8 +157,8 @@ impl Inspection for InspectionService {
                 r.data_json.len()
             )));
         }
-        let data: serde_json::Value = serde_json::from_str(&r.data_json)
-            .map_err(|e| Status::invalid_argument(format!("introspection data is not JSON: {e}")))?;
+        let data = ironguard_inspection::bounded::parse_callback(r.data_json.as_bytes(), Default::default())
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let node_uuid = Some(r.node_uuid).filter(|u| !u.is_empty());
         let node = self.engine.continue_inspection(data, node_uuid).await.map_err(status)?;
         Ok(Response::new(ContinueResponse { node }))

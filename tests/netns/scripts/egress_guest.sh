@@ -158,7 +158,7 @@ check_eventually recreated-leads 300 is_leader
 check recreated-unknown no lease n1 $UNKNOWN
 check recreated-denied no lease n1 $M2
 check_eventually recreated-allowed 300 lease n1 $M1
-kill -TERM $AGENT; wait $AGENT
+stop agent $AGENT
 check agent-sigterm-closes no lease n1 $M1
 
 # One egress interface only: when it goes, the kernel before 6.16 takes the whole base chain with it (in the guard's
@@ -195,7 +195,7 @@ check single-errors-said-once yes test "$(grep -c ERROR /tmp/agent1.log)" -le 4
 echo "guest: $reconnects snapshot retries in the 8 s without br0"
 check single-retries-back-off yes test "$reconnects" -ge 2 -a "$reconnects" -le $((10 + i / 5))
 grep -E "ERROR|WARN" /tmp/agent1.log | cut -c1-400 | head -12
-kill -TERM $AGENT; wait $AGENT
-kill -TERM $CP; wait $CP
+stop agent $AGENT
+stop controlplane $CP
 echo "--- agent log (tail)"; tail -8 /tmp/agent.log
 echo DONE

@@ -48,7 +48,19 @@ hold() {
   HOLD_PID=$!
   wait_ready /tmp/ready || result "hold-ready" FAIL "$(tail -3 /tmp/hold.log)"
 }
-stop_hold() { kill -TERM "$HOLD_PID" 2>/dev/null; wait "$HOLD_PID" 2>/dev/null; }
+# stop NAME PID: SIGTERM, then at most 120 s for PID to exit (polled with the shell's own kill -0, no process start);
+# one that does not is a failed check named NAME-exits, and is killed, so that the guest never waits forever.
+stop() {
+  kill -TERM "$2" 2>/dev/null
+  i=0
+  while kill -0 "$2" 2>/dev/null && [ $i -lt 600 ]; do sleep 0.2; i=$((i + 1)); done
+  if kill -0 "$2" 2>/dev/null; then
+    result "$1-exits" FAIL "still running 120 s after SIGTERM"
+    kill -KILL "$2" 2>/dev/null
+  fi
+  wait "$2" 2>/dev/null
+}
+stop_hold() { stop hold "$HOLD_PID"; }
 # start_controlplane: the control plane in the PXE namespace (embedded store in /tmp/cp, unknown MACs denied), on
 # 127.0.0.1:9100; sets CP.
 start_controlplane() {

@@ -112,15 +112,15 @@ ctl filters allow $M1 >/dev/null && ctl filters deny $M2 >/dev/null
 check_eventually agent-allowed 300 lease n1 $M1
 check agent-denied no lease n1 $M2
 check agent-unknown no lease n1 $UNKNOWN
-ip netns exec pxe iptables-legacy -w -F ironguard-guard
+ip netns exec pxe iptables-legacy -w 60 -F ironguard-guard
 ip netns exec pxe ipset flush ironguard-allow
 # The read-back (every 2 s here) repairs both.
 check_eventually tamper-guard-repaired 300 \
   ip netns exec pxe "$BIN/ironguard-agent" guard status --backend ipset --interface br0 --interface s0
 check tamper-unknown-still-closed no lease n1 $UNKNOWN
 check_eventually tamper-allow-set-repaired 300 lease n1 $M1
-kill -TERM $AGENT; wait $AGENT
+stop agent $AGENT
 check agent-sigterm-closes no lease n1 $M1
-kill -TERM $CP; wait $CP
+stop controlplane $CP
 echo "--- agent log (tail)"; tail -5 /tmp/agent.log
 echo DONE

@@ -38,10 +38,15 @@ pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
         );
     }
     let start = Instant::now();
+    // The console goes to a file as it comes, so that a guest stopped by its timeout still says how far it got.
+    let console_file =
+        bin_dir.join(format!("guest-{}.console", script.file_name().unwrap_or_default().to_string_lossy()));
+    let sink = std::fs::File::create(&console_file).expect("the guest's console file");
     // KVM does not run guests on the CI machines; qemu emulates the CPU (TCG), with one thread per guest CPU. The
-    // timeout is for a guest that hangs: beside other tests and a CPU hog a guest took 15 minutes.
-    let out = Command::new("timeout")
-        .args(["1800", "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-m", "2048", "-smp", "2"])
+    // timeout is for a guest that hangs: beside other tests and a CPU hog a guest took 15 minutes. It ends before
+    // nextest's own limit for these tests (30 minutes), so that this test reports the console itself.
+    let status = Command::new("timeout")
+        .args(["1500", "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-m", "2048", "-smp", "2"])
         .args(["-nographic", "-no-reboot", "-kernel"])
         .arg(&kernel)
         .arg("-initrd")
@@ -56,11 +61,13 @@ pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
         ))
         .args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"])
         .stdin(Stdio::null())
-        .output()
+        .stdout(sink)
+        .status()
         .expect("run qemu-system-x86_64");
-    let console = String::from_utf8_lossy(&out.stdout).to_string();
-    eprintln!("guest ran {:?}:\n{console}", start.elapsed());
-    assert!(console.contains("\nDONE"), "the guest did not finish its checks");
+    let console = String::from_utf8_lossy(&std::fs::read(&console_file).unwrap_or_default()).to_string();
+    let _ = std::fs::remove_file(&console_file);
+    eprintln!("guest ran {:?} ({status}):\n{console}", start.elapsed());
+    assert!(console.contains("\nDONE"), "the guest did not finish its checks ({status}); its console is above");
     let results: Vec<(&str, &str)> = console
         .lines()
         .filter_map(|l| {
