@@ -25,6 +25,7 @@ mod callbacks;
 mod dataplane;
 mod filters;
 mod ha;
+mod hostile;
 mod inspect;
 mod plot;
 mod stats;
@@ -52,6 +53,8 @@ enum Command {
     Callbacks(callbacks::Args),
     /// High availability: failover gaps and dual-open instants over many rounds.
     Ha(ha::Args),
+    /// Hostile callbacks: a legitimate callback's latency and the control plane's memory, quiet and under attack.
+    Hostile(hostile::Args),
     /// Inspection engine: 200 inspections at once, Continue throughput, Ironic sync of 10k nodes, memory.
     Inspect(inspect::Args),
     /// Boot storm: N PXE clients at once on the 3-host site (no fault, leader killed, dnsmasq frozen) vs dnsmasq alone.
@@ -79,6 +82,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dataplane(args) => dataplane::run(args),
         Command::Filters(args) => filters::run(args),
         Command::Ha(args) => ha::run(args),
+        Command::Hostile(args) => hostile::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Storm(args) => storm::run(args),
         Command::Plot(args) => {
@@ -103,7 +107,7 @@ pub(crate) fn write_json(path: &PathBuf, value: &serde_json::Value) -> anyhow::R
 }
 
 /// Where the chart of the JSON at `json` goes: the same path with the extension `.svg`.
-fn svg_path(json: &Path) -> PathBuf {
+pub(crate) fn svg_path(json: &Path) -> PathBuf {
     if json.extension().is_some_and(|e| e == "svg") {
         // Never overwrite the JSON itself.
         let mut p = json.as_os_str().to_owned();
@@ -114,7 +118,7 @@ fn svg_path(json: &Path) -> PathBuf {
 }
 
 /// Writes an SVG document to `path`, creating parent directories.
-fn write_svg(path: &Path, svg: &str) -> anyhow::Result<()> {
+pub(crate) fn write_svg(path: &Path, svg: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
