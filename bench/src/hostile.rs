@@ -200,6 +200,8 @@ fn sample_rss(pid: u32, peak: Arc<AtomicU64>, stop: Arc<AtomicBool>) -> tokio::t
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // reqwest is built without a default TLS provider (the workspace's is ring).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = TempDir::new("bench-hostile");
     let ns = Netns::new("bench-host");
     let ironic = FakeIronicProc::start(&ns, &dir, 6385);
