@@ -293,8 +293,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn phase_json(lat: &[Duration], peak_kib: u64) -> Value {
     let s = Samples::new(lat.to_vec());
     json!({
-        "callbacks": s.len(), "p50_ms": ms(s.median()), "p99_ms": ms(s.percentile(0.99)),
-        "max_ms": ms(s.percentile(1.0)), "peak_rss_kib": peak_kib,
+        "callbacks": s.len(), "p50_ms": ms(s.median()), "p99_ms": ms(s.percentile(99.0)),
+        "max_ms": ms(s.percentile(100.0)), "peak_rss_kib": peak_kib,
         "latencies_ms": s.sorted().iter().map(|d| ms(*d)).collect::<Vec<_>>(),
     })
 }

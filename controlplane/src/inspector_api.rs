@@ -45,6 +45,11 @@ pub const MAX_RULE_BYTES: usize = 1 << 20;
 
 /// How long a `/v1/continue` body waits for room in `continue_memory_mib` before it is answered 503.
 const BUDGET_WAIT: Duration = Duration::from_secs(2);
+/// The first bytes of every body are not taken from `continue_memory_mib`: a small callback (an inventory without
+/// its logs) never waits for room behind maximum bodies. Bounded by the open connections (at most 384: 24 MiB).
+const FREE_PER_BODY: usize = 64 << 10;
+/// Bodies up to this size are parsed in a lane of their own (`continue_workers` of them at once).
+const SMALL_BODY: usize = 1 << 20;
 /// How long a client may take to send a request's headers, from its connection.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a body is found over its limit, this much more is read and dropped (for at most [`DRAIN_TIME`]) so that
@@ -66,8 +71,9 @@ pub struct Access {
     /// `continue_memory_mib`, in KiB permits: what the bodies being read and parsed hold.
     continue_budget: Semaphore,
     continue_budget_kib: usize,
-    /// `continue_workers`: bodies parsed and looked up at once.
+    /// `continue_workers`: bodies parsed and looked up at once, larger than [`SMALL_BODY`] and up to it.
     continue_workers: Semaphore,
+    continue_small_workers: Semaphore,
     continue_bounds: Bounds,
     continue_read_timeout: Duration,
 }
@@ -82,6 +88,7 @@ impl Access {
             continue_budget: Semaphore::new(cfg.continue_memory_mib.saturating_mul(1024)),
             continue_budget_kib: cfg.continue_memory_mib.saturating_mul(1024),
             continue_workers: Semaphore::new(cfg.continue_workers),
+            continue_small_workers: Semaphore::new(cfg.continue_workers),
             continue_bounds: Bounds { max_values: cfg.continue_max_values, ..Bounds::default() },
             continue_read_timeout: Duration::from_secs(cfg.continue_read_timeout_secs),
         })
@@ -505,12 +512,12 @@ async fn continue_(
             return error(StatusCode::BAD_REQUEST, format!("cannot read the introspection data: {e}"));
         }
     };
-    let Ok(_turn) = access.continue_workers.acquire().await else {
+    // Small bodies (every inventory without its logs) have a lane of their own: maximum bodies cannot queue them.
+    let lane = if body.len() <= SMALL_BODY { &access.continue_small_workers } else { &access.continue_workers };
+    let Ok(_turn) = lane.acquire().await else {
         return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
     };
-    let parsed = bounded::parse_callback(&body, access.continue_bounds);
-    drop((body, held));
-    let data = match parsed {
+    let data = match bounded::parse_callback(&body, access.continue_bounds) {
         Ok(v) => v,
         Err(e @ (BoundsError::TooManyValues(_) | BoundsError::TooDeep(_))) => {
             crate::refused!(
@@ -522,7 +529,9 @@ async fn continue_(
         }
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    match api.engine.continue_inspection(data, q.get("node_uuid").cloned()).await {
+    let accepted = api.engine.continue_inspection(data, &body, q.get("node_uuid").cloned()).await;
+    drop((body, held));
+    match accepted {
         Ok(uuid) => reply(StatusCode::OK, json!({"uuid": uuid})),
         Err(e) => continue_error(e, peer),
     }
@@ -611,8 +620,8 @@ async fn read_limited<'a>(
                 Some(Err(e)) => return Err(BodyError::Read(e.to_string())),
                 Some(Ok(chunk)) if buf.len() + chunk.len() <= limit => {
                     if let Some(b) = budget {
-                        let want =
-                            (buf.len() + chunk.len()).div_ceil(1024) - held.as_ref().map_or(0, |p| p.num_permits());
+                        let charged = (buf.len() + chunk.len()).saturating_sub(FREE_PER_BODY).div_ceil(1024);
+                        let want = charged.saturating_sub(held.as_ref().map_or(0, |p| p.num_permits()));
                         if want > 0 {
                             let wait = tokio::time::Instant::now() + BUDGET_WAIT;
                             let more = u32::try_from(want.min(b.total_kib)).map_err(|_| BodyError::Busy)?;

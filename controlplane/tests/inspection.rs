@@ -325,6 +325,72 @@ async fn ironic_sync_denies_known_ports_and_forgets_deleted_nodes() {
     assert!(st.entries.is_empty(), "its MACs leave both sets: {st:?}");
 }
 
+/// One short answer from Ironic (every port gone at once: a token scoped to another project, a restored database)
+/// does not open every denied MAC: the drop is held (the sync still adds new ports); an operator who removes those
+/// denies by hand confirms it, and they are not added back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ironic_sync_holds_a_mass_drop_of_denies() {
+    let s = site("mass-drop", |c| {
+        c.sync.ironic_sync_secs = 1;
+    })
+    .await;
+    let mac = |i: u32| format!("52:54:00:dd:00:{i:02x}");
+    let mut ports = vec![];
+    for i in 0..12u32 {
+        let uuid = format!("22222222-2222-2222-2222-{i:012}");
+        s.ironic.add_node(node(&uuid, "manageable", &format!("10.0.1.{i}")));
+        ports.push(s.ironic.add_port(Port { address: mac(i), node_uuid: uuid, ..Default::default() }).unwrap());
+    }
+    let denied = || async {
+        let st = PxeFilterClient::new(s.channel.clone())
+            .get_filter_state(GetFilterStateRequest { macs: vec![] })
+            .await
+            .unwrap()
+            .into_inner();
+        st.entries
+            .into_iter()
+            .filter(|e| e.deny_reasons.contains(&"ironic".to_string()))
+            .map(|e| e.mac)
+            .collect::<std::collections::BTreeSet<String>>()
+    };
+    let wait_denied = |m: String| async move {
+        let t = Instant::now();
+        while !denied().await.contains(&m) {
+            assert!(t.elapsed() < Duration::from_secs(30), "{m} never denied");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    for i in 0..12 {
+        wait_denied(mac(i)).await;
+    }
+    // Ironic answers without the twelve ports, and with a new one: the new one is denied by a later run, the twelve
+    // stay denied.
+    for p in &ports {
+        s.ironic.remove_port(&p.uuid).unwrap();
+    }
+    s.ironic.add_port(Port { address: mac(100), node_uuid: N1.into(), ..Default::default() }).unwrap();
+    wait_denied(mac(100)).await;
+    let now = denied().await;
+    for i in 0..12 {
+        assert!(now.contains(&mac(i)), "{} was dropped with the rest: {now:?}", mac(i));
+    }
+    // The operator confirms: removes the twelve denies by hand. A later run (seen by another new port) does not add
+    // them back: Ironic does not list them.
+    PxeFilterClient::new(s.channel.clone())
+        .update_pxe_filters(ironguard_proto::v1::UpdatePxeFiltersRequest {
+            remove: (0..12).map(mac).collect(),
+            remove_reason: "ironic".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    s.ironic.add_port(Port { address: mac(101), node_uuid: N1.into(), ..Default::default() }).unwrap();
+    wait_denied(mac(101)).await;
+    let now = denied().await;
+    assert!((0..12).all(|i| !now.contains(&mac(i))), "{now:?}");
+    assert!(now.contains(&mac(100)) && now.contains(MAC1), "{now:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ironics_own_inspection_allows_its_ports_while_it_lasts() {
     let s = site("own", |c| {

@@ -87,10 +87,12 @@ pub struct InspectorApiConfig {
     /// How many calls a source may make at once before the rate applies.
     pub continue_rate_burst: u32,
     /// Memory for `POST /v1/continue` bodies being read and parsed, all callers together, MiB (at least
-    /// `continue_max_bytes`). Each body holds only the bytes it has sent, so slow senders hold almost nothing; a
-    /// body that finds the budget spent for 2 s is answered 503 with `Retry-After` (ironic-python-agent retries).
+    /// `continue_max_bytes`). Each body holds only the bytes it has sent past its first 64 KiB (which every
+    /// connection may hold), so slow senders and small callbacks hold nothing of it; a body that finds the budget
+    /// spent for 2 s is answered 503 with `Retry-After` (ironic-python-agent retries).
     pub continue_memory_mib: usize,
-    /// `POST /v1/continue` bodies parsed and looked up at once; more wait their turn.
+    /// `POST /v1/continue` bodies parsed and looked up at once, in each of two lanes: bodies up to 1 MiB (an
+    /// inventory without its logs) and larger ones; more wait their turn in their lane.
     pub continue_workers: usize,
     /// JSON values a `POST /v1/continue` body may hold, all levels together (a large real inventory has about
     /// 15 000); more are answered 400. Bounds the memory and time its parsing takes.

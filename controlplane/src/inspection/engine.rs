@@ -290,23 +290,29 @@ impl Engine {
     /// the lookup of its node (or the `enroll` hook for an unknown machine), then processing enqueued for a worker.
     /// Returns the node's UUID at once. Pre-processing failures fail the node's inspection, if one was found, and
     /// are returned.
-    pub async fn continue_inspection(&self, data: Value, node_uuid: Option<String>) -> Result<String, ApiError> {
+    ///
+    /// `raw` is the body `data` was parsed from: the unprocessed data that is stored is parsed from it again once the
+    /// data is accepted, so that a refused body (anyone's, from the PXE network) never costs a second copy.
+    pub async fn continue_inspection(
+        &self,
+        data: Value,
+        raw: &[u8],
+        node_uuid: Option<String>,
+    ) -> Result<String, ApiError> {
         let macs = if data.is_object() { lookup_attributes(&data, None).macs } else { Vec::new() };
-        let r = self.continue_checked(data, node_uuid).await;
+        let r = self.continue_checked(data, raw, node_uuid).await;
         self.callbacks.record(&macs, now_ms(), r.as_deref().map_err(|e| e.to_string()));
         r
     }
 
     /// [`Engine::continue_inspection`] without the record of its outcome.
-    async fn continue_checked(&self, data: Value, node_uuid: Option<String>) -> Result<String, ApiError> {
+    async fn continue_checked(&self, data: Value, raw: &[u8], node_uuid: Option<String>) -> Result<String, ApiError> {
         if !data.is_object() {
             return Err(ApiError::BadData("expected a JSON object".into()));
         }
         // The ramdisk's `logs` (a base64 tarball, often megabytes) are never stored, neither with the processed nor
         // with the unprocessed data: they would not fit an etcd value, and processing and reapply do not read them.
-        let data = process::without_logs(data);
-        let unprocessed = data.clone();
-        let mut data = data;
+        let mut data = process::without_logs(data);
         let failures = self.pipeline.before_processing(&mut data);
         let attrs = lookup_attributes(&data, node_uuid);
         if attrs.macs.len() > lookup::MAX_CALLER_MACS {
@@ -345,6 +351,10 @@ impl Engine {
             None => self.store.get(&node).await?.map(|r| r.state).unwrap_or(State::Finished),
         };
         machine::advance(state, Event::Process).map_err(|source| ApiError::Illegal { node: node.clone(), source })?;
+        // Parsed within its bounds once already: the same bytes, without the logs.
+        let unlimited = ironguard_inspection::bounded::Bounds { max_values: usize::MAX, max_depth: usize::MAX };
+        let unprocessed = ironguard_inspection::bounded::parse_callback(raw, unlimited)
+            .map_err(|e| ApiError::BadData(e.to_string()))?;
         let id = self
             .store
             .enqueue(&node, Kind::Process, serde_json::json!({"data": data, "unprocessed": unprocessed}))

@@ -160,7 +160,7 @@ impl Inspection for InspectionService {
         let data = ironguard_inspection::bounded::parse_callback(r.data_json.as_bytes(), Default::default())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let node_uuid = Some(r.node_uuid).filter(|u| !u.is_empty());
-        let node = self.engine.continue_inspection(data, node_uuid).await.map_err(status)?;
+        let node = self.engine.continue_inspection(data, r.data_json.as_bytes(), node_uuid).await.map_err(status)?;
         Ok(Response::new(ContinueResponse { node }))
     }
 

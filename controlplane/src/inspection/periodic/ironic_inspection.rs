@@ -68,7 +68,7 @@ impl IronicInspections {
                 }
             }
         }
-        let synced = self.allow.sync(&self.engine, macs).await?;
+        let synced = self.allow.sync(&self.engine, macs, None).await?;
         if synced.changed > 0 {
             info!(
                 nodes = nodes.len(),

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use ironguard_dataplane::MacAddr;
 use ironguard_inspection::records::Kind;
 use ironguard_ironic::Ironic;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::mirror::ReasonMirror;
 use super::{IRONIC, Task};
@@ -20,11 +20,13 @@ pub(super) struct IronicSync {
     engine: Arc<Engine>,
     ironic: Arc<Ironic>,
     deny: ReasonMirror,
+    /// `[sync] ironic_drop_max_percent`.
+    max_drop_percent: u32,
 }
 
 impl IronicSync {
-    pub(super) fn new(engine: Arc<Engine>, ironic: Arc<Ironic>) -> Self {
-        Self { engine, ironic, deny: ReasonMirror::new(Side::Deny, IRONIC) }
+    pub(super) fn new(engine: Arc<Engine>, ironic: Arc<Ironic>, max_drop_percent: u32) -> Self {
+        Self { engine, ironic, deny: ReasonMirror::new(Side::Deny, IRONIC), max_drop_percent }
     }
 }
 
@@ -44,7 +46,22 @@ impl Task for IronicSync {
             }
         }
         let count = known.len();
-        let synced = self.deny.sync(&self.engine, known).await?;
+        let synced = self.deny.sync(&self.engine, known, Some(self.max_drop_percent)).await?;
+        if synced.held > 0 {
+            error!(
+                held = synced.held,
+                denied = synced.before,
+                ironic_ports = count,
+                max_percent = self.max_drop_percent,
+                "Ironic no longer lists {} of the {} port MACs ironguard denies: more than [sync] \
+                 ironic_drop_max_percent at once, so they stay denied (a token scoped to another project, or an \
+                 Ironic database restored from an old backup, looks like this). If Ironic is right, remove those \
+                 denies with `ironguardctl filters remove MAC... --reason ironic`, or set ironic_drop_max_percent = \
+                 100 for one run",
+                synced.held,
+                synced.before
+            );
+        }
         if synced.changed > 0 {
             info!(
                 changed = synced.changed,
@@ -54,11 +71,24 @@ impl Task for IronicSync {
             );
         }
         let nodes: BTreeSet<String> = self.ironic.list_nodes(&[], "uuid").await?.into_iter().map(|n| n.uuid).collect();
-        for rec in self.engine.store.list().await? {
-            if !nodes.contains(&rec.uuid) {
-                info!(node = %rec.uuid, "node deleted from Ironic");
-                self.engine.store.enqueue(&rec.uuid, Kind::Delete, serde_json::Value::Null).await?;
-            }
+        let records = self.engine.store.list().await?;
+        let gone: Vec<_> = records.iter().filter(|r| !nodes.contains(&r.uuid)).collect();
+        if super::drop_held(gone.len(), records.len(), self.max_drop_percent) {
+            error!(
+                gone = gone.len(),
+                inspections = records.len(),
+                ironic_nodes = nodes.len(),
+                "Ironic no longer lists {} of the {} nodes ironguard has inspections of: more than [sync] \
+                 ironic_drop_max_percent at once, so none is forgotten. If Ironic is right, set \
+                 ironic_drop_max_percent = 100 for one run",
+                gone.len(),
+                records.len()
+            );
+            return Ok(());
+        }
+        for rec in gone {
+            info!(node = %rec.uuid, "node deleted from Ironic");
+            self.engine.store.enqueue(&rec.uuid, Kind::Delete, serde_json::Value::Null).await?;
         }
         Ok(())
     }

@@ -23,6 +23,10 @@ pub(super) struct ReasonMirror {
 pub(super) struct Synced {
     pub changed: usize,
     pub revision: Option<u64>,
+    /// Removals held back ([`super::drop_held`]): the MACs keep the reason.
+    pub held: usize,
+    /// MACs carrying the reason before the run.
+    pub before: usize,
 }
 
 impl ReasonMirror {
@@ -32,14 +36,28 @@ impl ReasonMirror {
 
     /// Publishes the difference between `now` and the MACs that carry the reason in the filter state, as one filter
     /// change (a failed apply is simply retried in full at the next run).
-    pub(super) async fn sync(&self, engine: &Engine, now: BTreeSet<MacAddr>) -> anyhow::Result<Synced> {
+    ///
+    /// With `max_drop_percent`, removals are held back (only additions are published) when they are a mass drop
+    /// ([`super::drop_held`]).
+    pub(super) async fn sync(
+        &self,
+        engine: &Engine,
+        now: BTreeSet<MacAddr>,
+        max_drop_percent: Option<u32>,
+    ) -> anyhow::Result<Synced> {
         let before = carrying(engine.filters.as_ref(), self.side, self.reason);
-        let changes = diff(self.side, self.reason, &before, &now);
+        let mut changes = diff(self.side, self.reason, &before, &now);
+        let removing = changes.iter().filter(|c| !c.present).count();
+        let mut held = 0;
+        if max_drop_percent.is_some_and(|p| super::drop_held(removing, before.len(), p)) {
+            changes.retain(|c| c.present);
+            held = removing;
+        }
         let mut revision = None;
         if !changes.is_empty() {
             revision = Some(engine.filters.apply(changes.clone(), None).await?.revision);
         }
-        Ok(Synced { changed: changes.len(), revision })
+        Ok(Synced { changed: changes.len(), revision, held, before: before.len() })
     }
 }
 

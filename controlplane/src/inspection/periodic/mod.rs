@@ -67,6 +67,22 @@ pub struct SyncConfig {
     pub timeout_check_secs: u64,
     /// Period of the clean-up, seconds.
     pub clean_up_secs: u64,
+    /// The Ironic sync drops at most this share (percent) of the `ironic` denies, and of the inspections of nodes
+    /// gone from Ironic, in one run once more than [`DROP_FLOOR`] would go. One short or empty answer from Ironic (a
+    /// token scoped to another project, a database restored from an old backup) would otherwise open every denied
+    /// MAC at once. A larger drop is held, and logged at every run with what to do, until an operator confirms it:
+    /// by removing those denies by hand (`ironguardctl filters remove MAC... --reason ironic`), or by raising this
+    /// to 100 for one run.
+    pub ironic_drop_max_percent: u32,
+}
+
+/// Drops of this many or fewer always go through (`[sync] ironic_drop_max_percent` applies above it): a small site
+/// deleting one node of two is not a mass drop.
+pub const DROP_FLOOR: usize = 10;
+
+/// Whether dropping `dropping` of `of` entries at once must wait for an operator.
+pub(crate) fn drop_held(dropping: usize, of: usize, max_percent: u32) -> bool {
+    dropping > DROP_FLOOR && (dropping as u128) * 100 > (of as u128) * u128::from(max_percent.min(100))
 }
 
 impl Default for SyncConfig {
@@ -80,6 +96,7 @@ impl Default for SyncConfig {
             auto_discovery: false,
             timeout_check_secs: 60,
             clean_up_secs: 600,
+            ironic_drop_max_percent: 25,
         }
     }
 }
@@ -124,7 +141,7 @@ pub fn tasks(engine: Arc<Engine>, sync: SyncConfig, policy: PolicySetting) -> Ve
         out.push(schedule(
             "ironic-sync",
             Duration::from_secs(sync.ironic_sync_secs),
-            ironic_sync::IronicSync::new(engine.clone(), ironic.clone()),
+            ironic_sync::IronicSync::new(engine.clone(), ironic.clone(), sync.ironic_drop_max_percent),
         ));
     }
     if sync.ironic_inspection || policy == PolicySetting::WhileInspecting {
@@ -136,4 +153,26 @@ pub fn tasks(engine: Arc<Engine>, sync: SyncConfig, policy: PolicySetting) -> Ve
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mass_drop_is_held_and_a_small_one_goes_through() {
+        // at or under the floor: always
+        assert!(!drop_held(DROP_FLOOR, DROP_FLOOR, 25));
+        assert!(!drop_held(1, 2, 25));
+        // over the floor: by the share
+        assert!(drop_held(11, 11, 25), "every deny of a site at once");
+        assert!(drop_held(1000, 1000, 25));
+        assert!(!drop_held(25, 100, 25));
+        assert!(drop_held(26, 100, 25));
+        // 100: the operator confirmed
+        assert!(!drop_held(1000, 1000, 100));
+        assert!(!drop_held(1000, 1000, 250));
+        // 0: nothing over the floor goes
+        assert!(drop_held(11, 1_000_000, 0));
+    }
 }
