@@ -107,8 +107,10 @@ impl RealIronic {
         cmd.arg("--config-file").arg(&conf);
         let proc = Proc::spawn("ironic", cmd, dir.join(&format!("ironic-{port}.log")));
         let me = Self { proc, url: format!("http://{host}:{port}"), conf, ns: ns.name().to_string() };
-        let up = wait_tcp_listen(ns, port, Duration::from_secs(60))
-            && crate::wait_for(Duration::from_secs(30), || (me.api("GET", "/", None).0 == 200).then_some(())).is_some();
+        // Wait bounds for a process that never comes up, not measurements: Ironic imports hundreds of modules, and
+        // beside a CPU hog and the rest of the suite it took over 60 s to listen (T22).
+        let up = wait_tcp_listen(ns, port, Duration::from_secs(240))
+            && crate::wait_for(Duration::from_secs(60), || (me.api("GET", "/", None).0 == 200).then_some(())).is_some();
         assert!(up, "Ironic did not start:\n{}", me.proc.log_text());
         me
     }

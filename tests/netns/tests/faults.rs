@@ -44,7 +44,7 @@ fn matrix(faults: &[Fault]) {
     let unknown = site.spawn_probe(1, mac(UNKNOWN), 3600.0, 0.5, 0);
     // The probes run before the first fault (python and scapy take a while to start on a busy machine): the
     // leader has answered the allowed probe at least once.
-    let started = wait_for(Duration::from_secs(60), || (offers(&site) > before + 2).then_some(()));
+    let started = wait_for(Duration::from_secs(180), || (offers(&site) > before + 2).then_some(()));
     assert!(started.is_some(), "the allowed MAC's probe never got an offer before the faults");
     let mut report = Vec::new();
     let mut rounds_seen = Vec::new();
