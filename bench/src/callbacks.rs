@@ -43,7 +43,7 @@ use ironguard_proto::v1::{InspectionStatus, ListRequest, StartRequest};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::stats::{Samples, human, ms};
+use crate::stats::{Samples, human, ms, vm_kib};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -127,13 +127,6 @@ struct Callback {
 
 fn now_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1e3).unwrap_or(0.0)
-}
-
-fn vm_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
-        .unwrap_or(0)
 }
 
 /// (parent pid, CPU seconds: user + system, all threads) of a process. `/proc` counts in USER_HZ ticks, which

@@ -16,7 +16,7 @@ use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use serde_json::json;
 use tonic::transport::Channel;
 
-use crate::stats::{Samples, human, macs, ms};
+use crate::stats::{Samples, human, macs, ms, vm_kib};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -75,17 +75,6 @@ impl Drop for Topology {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn vm_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
 }
 
 /// A thread inside an agent's namespace that answers "how long until the allow set does (not) hold this MAC?".

@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::transport::Channel;
 
-use crate::stats::{Samples, human, ms};
+use crate::stats::{Samples, human, ms, vm_kib};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -51,13 +51,6 @@ pub struct Args {
 const INSPECTOR: &str = "127.0.0.1:5050";
 /// The control plane's default `continue_max_bytes`, less room for the JSON around the filling.
 const BIG: usize = (16 << 20) - (8 << 10);
-
-fn vm_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
-        .unwrap_or(0)
-}
 
 /// A maximum body: many small values (`interfaces`) or one long string.
 fn big_body(many_values: bool) -> bytes::Bytes {

@@ -12,7 +12,7 @@ use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{ContinueRequest, GetFilterStateRequest, ListRequest, StartRequest};
 use serde_json::json;
 
-use crate::stats::{human, ms};
+use crate::stats::{human, ms, vm_kib};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -27,13 +27,6 @@ pub struct Args {
     workers: usize,
     #[arg(long, default_value = "bench-results/inspect.json")]
     json: PathBuf,
-}
-
-fn vm_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
-        .unwrap_or(0)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

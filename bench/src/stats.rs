@@ -65,3 +65,11 @@ pub fn human(d: Duration) -> String {
         format!("{:.1} s", us / 1e6)
     }
 }
+
+/// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`), 0 if the process or field is gone.
+pub fn vm_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
