@@ -9,8 +9,10 @@
 //! table lives, and the core moves that element's expiry to the fence deadline after each keep-alive (and writes
 //! it again for the same deadline when a backend with coarse timeouts asks), never past it. A frozen or starved
 //! agent therefore stops serving at its deadline without running any code. The fence arm of the main loop is a
-//! second line; the tick (the systemd watchdog, the local backend's lease) comes right after it, so no flood of
-//! stream or coordination news can starve it ([`next_event`]; tested below).
+//! second line; a stop (which only closes) and the tick (the systemd watchdog, the local backend's lease, the
+//! read-backs) come right after it, so no flood of stream or coordination news can starve them ([`next_event`];
+//! tested below). The tick never bursts to catch up ([`main_tick`]), and a read-back's period counts from its end,
+//! so on a starved CPU, where each step takes longer than a tick, the inputs are still served between ticks.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -124,6 +126,16 @@ impl Shell {
 /// The main loop's clock: the systemd watchdog, the local backend's lease, read-backs when due.
 const TICK: Duration = Duration::from_millis(250);
 
+/// The main loop's tick every `period`. A tick missed while a step ran long fires once, and the next one comes a
+/// whole period later: never the burst of catch-up ticks tokio's default sends. (With the burst, a CPU so starved
+/// that each step outlasted a tick kept the tick always ready: the biased loop then never looked at a stop or an
+/// input, and an agent ignored SIGTERM and its control plane's deltas for minutes; track record T21.)
+pub(crate) fn main_tick(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
 /// What wakes the main loop.
 #[derive(Debug)]
 enum Wake {
@@ -136,8 +148,9 @@ enum Wake {
 }
 
 /// Waits for the next thing the main loop must handle. Biased, in this order: the lease fence (close before the
-/// lease can expire), the tick (the watchdog), a stop, the lease's rewrite, then the inputs. Whatever floods the
-/// inputs, a due fence or tick is taken first: the inputs are only polled when neither is ready.
+/// lease can expire), a stop (it only closes), the tick (the watchdog), the lease's rewrite, then the inputs.
+/// Whatever floods the inputs, a due fence, stop or tick is taken first: the inputs are only polled when none is
+/// ready; and since the tick does not burst ([`main_tick`]), it cannot stay ready for ever.
 async fn next_event(
     src: &mut Sources,
     tick: &mut tokio::time::Interval,
@@ -148,8 +161,8 @@ async fn next_event(
     tokio::select! {
         biased;
         () = sleep_until(fence) => Wake::Event(Event::FenceDeadline),
-        _ = tick.tick() => Wake::Event(Event::Tick),
         () = stop => Wake::Stop,
+        _ = tick.tick() => Wake::Event(Event::Tick),
         () = sleep_until(lease_due) => Wake::Event(Event::LeaseDue),
         Ok(()) = src.coord.changed() => Wake::Event(Event::Coord(src.coord.borrow_and_update().clone())),
         Ok(()) = src.health.changed() => Wake::Event(Event::Dhcp(src.health.borrow_and_update().clone())),
@@ -181,7 +194,7 @@ pub async fn run(
     let (mut core, shell, mut src, coord_task) = start(cfg).await?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let mut tick = tokio::time::interval(TICK);
+    let mut tick = main_tick(TICK);
     tokio::pin!(shutdown);
     let result: anyhow::Result<()> = loop {
         // Only a deadline still ahead arms the fence; once passed, every event re-evaluates the mode.
@@ -383,9 +396,8 @@ fn spawn_health(
     let (relink_tx, relink_rx) = mpsc::channel::<()>(1);
     let egress = !cfg.dataplane.egress_interfaces.is_empty();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(hcfg.interval_ms));
-        let mut probe_tick =
-            tokio::time::interval(probe.as_ref().map_or(Duration::from_secs(3600), |(p, _)| p.interval));
+        let mut tick = main_tick(Duration::from_millis(hcfg.interval_ms));
+        let mut probe_tick = main_tick(probe.as_ref().map_or(Duration::from_secs(3600), |(p, _)| p.interval));
         let mut prober = probe.map(|(plan, dp)| ProbeTask::new(plan, dp));
         let mut checks: Option<Health> = None;
         loop {
@@ -600,7 +612,7 @@ mod tests {
         StreamMsg::Lost { generation, error: "flood".into() }
     }
 
-    /// Everything ready at once: the fence first, then the tick, then a stop, then the lease's rewrite, then the
+    /// Everything ready at once: the fence first, then a stop, then the tick, then the lease's rewrite, then the
     /// inputs (coordination, health, the stream as one batch).
     #[tokio::test]
     async fn the_fence_and_the_tick_come_before_everything_else() {
@@ -617,10 +629,10 @@ mod tests {
         let wake = next_event(&mut src, &mut tick, Some(past), Some(past), due()).await;
         assert!(matches!(wake, Wake::Event(Event::FenceDeadline)), "{wake:?}");
         let wake = next_event(&mut src, &mut tick, None, Some(past), due()).await;
-        assert!(matches!(wake, Wake::Event(Event::Tick)), "{wake:?}");
-        let wake = next_event(&mut src, &mut tick, None, Some(past), due()).await;
         assert!(matches!(wake, Wake::Stop), "{wake:?}");
         let never = std::future::pending::<()>;
+        let wake = next_event(&mut src, &mut tick, None, Some(past), never()).await;
+        assert!(matches!(wake, Wake::Event(Event::Tick)), "{wake:?}");
         let wake = next_event(&mut src, &mut tick, None, Some(past), never()).await;
         assert!(matches!(wake, Wake::Event(Event::LeaseDue)), "{wake:?}");
         let wake = next_event(&mut src, &mut tick, None, None, never()).await;
@@ -632,6 +644,31 @@ mod tests {
         drop(inputs);
         let wake = next_event(&mut src, &mut tick, None, None, never()).await;
         assert!(matches!(wake, Wake::StreamGone), "{wake:?}");
+    }
+
+    /// A starved CPU: every step takes ten ticks. The tick missed meanwhile fires once, then the waiting input and
+    /// a stop are served before the next; with tokio's default (a burst of catch-up ticks) the biased loop took
+    /// tick after tick and never saw either (track record T21). Time is tokio's paused clock: no real waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_step_longer_than_a_tick_does_not_starve_a_stop_or_the_inputs() {
+        let (mut src, inputs) = sources();
+        let period = Duration::from_millis(250);
+        let mut tick = main_tick(period);
+        let never = std::future::pending::<()>;
+        let wake = next_event(&mut src, &mut tick, None, None, never()).await;
+        assert!(matches!(wake, Wake::Event(Event::Tick)), "the first tick at once: {wake:?}");
+        for round in 0..3 {
+            // A step that takes ten periods, during which an input arrives.
+            tokio::time::advance(period * 10).await;
+            inputs.stream.try_send(lost(round)).expect("room");
+            let wake = next_event(&mut src, &mut tick, None, None, never()).await;
+            assert!(matches!(wake, Wake::Event(Event::Tick)), "round {round}: the missed tick, once: {wake:?}");
+            let wake = next_event(&mut src, &mut tick, None, None, never()).await;
+            assert!(matches!(&wake, Wake::Event(Event::Stream(b)) if b.len() == 1), "round {round}: {wake:?}");
+        }
+        tokio::time::advance(period * 10).await;
+        let wake = next_event(&mut src, &mut tick, None, None, async {}).await;
+        assert!(matches!(wake, Wake::Stop), "a stop before the missed tick: {wake:?}");
     }
 
     /// A flood: producers keep the stream channel full and the coordination state changing, as fast as they can.

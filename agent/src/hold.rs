@@ -85,7 +85,7 @@ pub async fn run(opts: HoldOptions) -> anyhow::Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
     // The kernel lease as a watchdog: refreshed on every tick for LOCAL_LEASE, so a frozen or hung `hold` stops
     // serving within that time even though its table lives on.
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+    let mut tick = crate::daemon::main_tick(std::time::Duration::from_millis(250));
     loop {
         tokio::select! {
             _ = term.recv() => break,

@@ -27,6 +27,8 @@ pub struct FakeState {
     pub fail_next: VecDeque<Errno>,
     /// Read-backs ([`Dataplane::drift`]) to fail from now on, one per call.
     pub fail_reads: u32,
+    /// How long each read-back takes (the processes of the ipset backend on a starved CPU).
+    pub read_delay: std::time::Duration,
     /// What [`Dataplane::probe_counts`] reports while the committed state has a probe identity.
     pub probe_counts: crate::ProbeCounts,
     /// What [`Dataplane::dhcp_seen`] reports, as a test sets it.
@@ -148,6 +150,8 @@ impl Dataplane for FakeDataplane {
     }
 
     fn drift(&self, with_members: bool) -> Result<Vec<String>, NftError> {
+        let delay = self.lock().read_delay;
+        std::thread::sleep(delay);
         {
             let mut st = self.lock();
             if st.fail_reads > 0 {

@@ -962,7 +962,9 @@ impl Core {
 
     /// Reads the kernel back: checks the guard (repairs it) and the table (repairs drift with a full apply of the
     /// committed state). A read-back that keeps failing blocks after [`READBACK_FAILURE_BOUND`] tries, retried
-    /// every [`READBACK_RETRY`] meanwhile.
+    /// every [`READBACK_RETRY`] meanwhile. The next read-back is due a period after this one *ended*: one slower
+    /// than its period (each `ipset` or `iptables-save` process on a starved CPU) would otherwise be due again at
+    /// once, at every tick, and leave the main loop no time for its inputs.
     fn reconcile(&mut self, dp: &mut dyn Dataplane, now: Instant, fx: &mut Vec<Effect>) -> Result<(), CoreError> {
         let span = info_span!("reconcile");
         let _g = span.enter();
@@ -983,7 +985,7 @@ impl Core {
                 }
                 self.readback.failures = 0;
                 self.readback.last_error = None;
-                self.readback.next = now + self.reconcile_period();
+                self.readback.next = ended(now) + self.reconcile_period();
                 if !d.is_empty() {
                     warn!(drift = ?d, "kernel state differs from the committed state; repairing");
                     self.metrics.drift_repairs.inc();
@@ -998,7 +1000,7 @@ impl Core {
             }
             Err(e) => {
                 self.readback.failures = self.readback.failures.saturating_add(1);
-                self.readback.next = now + READBACK_RETRY;
+                self.readback.next = ended(now) + READBACK_RETRY;
                 self.metrics.readback_errors.inc();
                 warn!(error = %e, failures = self.readback.failures, bound = READBACK_FAILURE_BOUND, "read-back failed");
                 self.readback.last_error = Some(e.to_string());
@@ -1006,6 +1008,12 @@ impl Core {
         }
         self.converge(dp, now)
     }
+}
+
+/// When work that began at `now` ended: the clock now, or `now` itself when the caller's clock runs ahead of it
+/// (the tests step the core through time by hand).
+fn ended(now: Instant) -> Instant {
+    now.max(Instant::now())
 }
 
 #[cfg(test)]

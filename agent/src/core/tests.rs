@@ -400,6 +400,28 @@ fn a_guard_that_cannot_be_repaired_makes_the_leader_step_down_until_it_is_whole(
     assert_eq!(h.core.metrics.guard_ok.get(), 1);
 }
 
+/// A read-back slower than its period (a starved CPU: every `ipset save` a slow process) is next due a period after
+/// it ended, not at once: the main loop keeps time for its inputs between read-backs (track record T21).
+#[test]
+fn a_read_back_slower_than_its_period_is_next_due_a_period_after_it_ended() {
+    let period = Duration::from_millis(100);
+    let delay = Duration::from_millis(400);
+    let mut h = Host::with(|c| c.reconcile_every = period);
+    h.dp.state.lock().unwrap().read_delay = delay;
+    let start = Instant::now();
+    h.step_at(0.1, Event::Tick);
+    let next = h.core.readback().next;
+    assert!(next >= start + delay + period, "due {:?} after the read-back began", next - start);
+    // Ticks before then read nothing back: the next read-back is still the one planned.
+    h.dp.state.lock().unwrap().read_delay = Duration::ZERO;
+    h.step_at(0.2, Event::Tick);
+    assert_eq!(h.core.readback().next, next);
+    let later = (next - h.t0).as_secs_f64();
+    h.step_at(later, Event::Tick);
+    assert!(h.core.readback().next >= h.at(later) + period, "read back when due");
+    assert!(h.core.readback().next > next, "read back when due");
+}
+
 #[test]
 fn a_read_back_that_keeps_failing_blocks_after_the_bound_and_reopens_when_it_works() {
     let mut h = Host::leader(&[1], 10);
