@@ -36,7 +36,7 @@ use crate::dhcp_probe;
 use crate::link;
 use crate::metrics::{AdminState, Metrics};
 use crate::notify::{self, Notification};
-use crate::stream::{self, Identity, StreamMsg};
+use crate::stream::{self, Identity, ResumePoint, StreamMsg};
 
 pub use crate::core::{LOCAL_LEASE, Reason, decide, lease_until};
 
@@ -70,8 +70,11 @@ struct Sources {
 /// status reports.
 struct Shell {
     dp: SharedDataplane,
-    /// The revision the stream resumes from.
-    applied: Arc<AtomicU64>,
+    /// The revision (and store epoch) the stream resumes from.
+    resume: Arc<ResumePoint>,
+    /// Where the filter regression floor is kept across restarts, and what was written there last.
+    floor_file: Option<std::path::PathBuf>,
+    floor_saved: Mutex<FilterFloor>,
     resync: watch::Sender<u64>,
     want_lead: watch::Sender<bool>,
     /// Whether the table is open (Leader): the coordination task records a hand-over only once it is not.
@@ -85,7 +88,57 @@ struct Shell {
     coord_stop: CancellationToken,
 }
 
+/// The filter regression floor and its store epoch, kept in the state directory (`agent-<id>.filters.json`) so that
+/// a restarted agent still refuses an older state of the same store (a control plane restored from a backup).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FilterFloor {
+    pub floor: u64,
+    pub epoch: String,
+}
+
+impl FilterFloor {
+    /// The file beside the coordination state file.
+    pub fn path(cfg: &AgentConfig) -> Option<std::path::PathBuf> {
+        cfg.agent.state_file().map(|p| p.with_extension("filters.json"))
+    }
+
+    /// What a previous run kept; `None` when there is no file. A file that cannot be read is said and ignored:
+    /// the floor then starts at 0, as without the file.
+    pub fn load(path: &std::path::Path) -> Option<Self> {
+        let bytes = std::fs::read(path).ok()?;
+        match serde_json::from_slice(&bytes) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "ignoring an unreadable filter floor file");
+                None
+            }
+        }
+    }
+
+    /// Written to a temporary file and renamed, so a crash never leaves half a file.
+    pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec(self).map_err(std::io::Error::other)?)?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
 impl Shell {
+    /// Keeps the core's regression floor and epoch on disk when they changed.
+    fn save_floor(&self, core: &Core) {
+        let Some(path) = &self.floor_file else { return };
+        let (floor, epoch) = core.floor();
+        let mut saved = self.floor_saved.lock().unwrap_or_else(|e| e.into_inner());
+        if saved.floor == floor && saved.epoch == epoch {
+            return;
+        }
+        let now = FilterFloor { floor, epoch: epoch.to_string() };
+        match now.save(path) {
+            Ok(()) => *saved = now,
+            Err(e) => warn!(path = %path.display(), error = %e, "cannot keep the filter floor; a restart forgets it"),
+        }
+    }
+
     /// When the dataplane wants the lease written again for a longer lease (a leader only).
     fn lease_due(&self, core: &Core) -> Option<Instant> {
         if core.mode() != Mode::Leader {
@@ -98,7 +151,8 @@ impl Shell {
     fn step(&self, core: &mut Core, event: Event) -> anyhow::Result<Option<String>> {
         let mut dp = self.dp.lock().unwrap_or_else(|e| e.into_inner());
         let effects = tokio::task::block_in_place(|| core.step(&mut **dp, Instant::now(), event))?;
-        self.applied.store(core.resume_revision(), Ordering::SeqCst);
+        self.resume.set(core.resume_revision(), core.epoch());
+        self.save_floor(core);
         self.lease_wall.store(stream::unix_ms_of(dp.lease_until()), Ordering::SeqCst);
         let status = core.status(&**dp);
         drop(dp);
@@ -287,14 +341,19 @@ async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, to
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-    let who = Identity { agent_id: cfg.agent.id.clone(), host, network: cfg.agent.network.clone() };
-    let applied = Arc::new(AtomicU64::new(0));
+    let who = Identity {
+        agent_id: cfg.agent.id.clone(),
+        host,
+        network: cfg.agent.network.clone(),
+        coordination: if cfg.etcd.enabled() { "etcd" } else { "local" },
+    };
+    let resume = Arc::new(ResumePoint::default());
     let (stream_tx, stream) = mpsc::channel(4096);
     let (resync, resync_rx) = watch::channel(0u64);
     let watch = stream::watch_loop(
         cfg.controlplane.clone(),
         who.clone(),
-        applied.clone(),
+        resume.clone(),
         stream_tx,
         resync_rx,
         stop_rx.clone(),
@@ -329,10 +388,35 @@ async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, to
     tokio::spawn(report);
     let (health, relink) = spawn_health(&cfg, probe.map(|p| (p, dp.clone())), stop_rx);
 
-    let core =
+    let mut core =
         Core::new(CoreConfig::new(&cfg, who), metrics, Instant::now(), Box::new(|| rand::rng().random_range(0.8..1.2)));
+    let floor_file = FilterFloor::path(&cfg);
+    let kept = floor_file.as_deref().and_then(FilterFloor::load).unwrap_or_default();
+    if kept != FilterFloor::default() {
+        info!(
+            floor = kept.floor,
+            epoch = %kept.epoch,
+            "the filter floor of this agent's previous run: an older state of that store is refused"
+        );
+        core.restore_floor(kept.floor, kept.epoch.clone());
+    }
+    let floor_saved = Mutex::new(kept);
     let stop = stop_tx;
-    let shell = Shell { dp, applied, resync, want_lead, open, status, lease_wall, ready, why, stop, coord_stop };
+    let shell = Shell {
+        dp,
+        resume,
+        floor_file,
+        floor_saved,
+        resync,
+        want_lead,
+        open,
+        status,
+        lease_wall,
+        ready,
+        why,
+        stop,
+        coord_stop,
+    };
     Ok((core, shell, Sources { stream, coord, health, guard, relink }, coord_task))
 }
 

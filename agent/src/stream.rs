@@ -2,7 +2,6 @@
 //! to any configured endpoint, resuming from the last applied revision) and the periodic `ReportStatus`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
@@ -29,6 +28,8 @@ pub struct Identity {
     pub agent_id: String,
     pub host: String,
     pub network: String,
+    /// "etcd", or "local" without etcd (the agent elects itself), as reported to the control plane.
+    pub coordination: &'static str,
 }
 
 /// Opens a channel to `endpoint`: TCP, TLS and the HTTP/2 handshake, all within `connect_timeout_ms` (tonic's own
@@ -58,21 +59,40 @@ pub(crate) async fn connect(endpoint: &str, cfg: &ControlPlaneSection) -> Result
     Ok(PxeFilterClient::new(channel).max_decoding_message_size(256 << 20))
 }
 
+/// Where the stream resumes from: the revision whose state is applied here (0: none trusted, a snapshot) and the
+/// control plane store's epoch it belongs to. Set by the main loop after each step.
+#[derive(Debug, Default)]
+pub struct ResumePoint(std::sync::Mutex<(u64, String)>);
+
+impl ResumePoint {
+    pub fn set(&self, revision: u64, epoch: &str) {
+        let mut p = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if p.0 != revision || p.1 != epoch {
+            *p = (revision, epoch.to_string());
+        }
+    }
+
+    pub fn get(&self) -> (u64, String) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// Connects to `endpoint` and opens a `WatchFilters` stream from the revision applied now; the control plane's
 /// answer must come within `request_timeout_ms`. Returns the stream and the revision it resumes from.
 async fn open_watch(
     endpoint: &str,
     cfg: &ControlPlaneSection,
     who: &Identity,
-    applied: &AtomicU64,
+    resume: &ResumePoint,
 ) -> Result<(tonic::Streaming<FilterEvent>, u64), String> {
     let mut client = connect(endpoint, cfg).await?;
-    let since = applied.load(Ordering::SeqCst);
+    let (since, epoch) = resume.get();
     let req = WatchFiltersRequest {
         agent_id: who.agent_id.clone(),
         host: who.host.clone(),
         network: who.network.clone(),
         since_revision: since,
+        epoch,
     };
     // Not `Request::set_timeout`: that would bound the whole stream, which is meant to stay open.
     let bound = Duration::from_millis(cfg.request_timeout_ms);
@@ -89,11 +109,11 @@ async fn open_watch(
 pub const RESYNC: &str = "resynchronising from a snapshot";
 
 /// Keeps one WatchFilters stream open, forever (until `shutdown`). `resync` restarts the stream at once (used
-/// after a failed apply, with `applied` reset so the server sends a snapshot).
+/// after a failed apply, with the resume point reset so the server sends a snapshot).
 pub async fn watch_loop(
     cfg: ControlPlaneSection,
     who: Identity,
-    applied: Arc<AtomicU64>,
+    resume: Arc<ResumePoint>,
     tx: mpsc::Sender<StreamMsg>,
     mut resync: watch::Receiver<u64>,
     mut shutdown: watch::Receiver<bool>,
@@ -112,7 +132,7 @@ pub async fn watch_loop(
         let result = async {
             // Connecting and the first answer have their bounds; a resync or shutdown meanwhile ends the attempt.
             let (mut stream, since) = tokio::select! {
-                r = open_watch(&endpoint, &cfg, &who, &applied) => r?,
+                r = open_watch(&endpoint, &cfg, &who, &resume) => r?,
                 _ = resync.changed() => return Err(RESYNC.to_string()),
                 _ = shutdown.changed() => return Ok(()),
             };
@@ -328,7 +348,7 @@ mod tests {
     }
 
     fn who() -> Identity {
-        Identity { agent_id: "a".into(), host: "h".into(), network: "n".into() }
+        Identity { agent_id: "a".into(), host: "h".into(), network: "n".into(), coordination: "local" }
     }
 
     /// A deadline for something stuck, not a figure.
@@ -345,7 +365,7 @@ mod tests {
         let (tx, msgs) = mpsc::channel(16);
         let (resync, resync_rx) = watch::channel(0);
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(watch_loop(cfg, who(), Arc::new(AtomicU64::new(0)), tx, resync_rx, stop_rx));
+        let task = tokio::spawn(watch_loop(cfg, who(), Arc::new(ResumePoint::default()), tx, resync_rx, stop_rx));
         Watching { msgs, resync, stop, task }
     }
 
@@ -409,7 +429,7 @@ mod tests {
         let (a, mut accepts) = wedged_replica().await;
         let (status, status_rx) = watch::channel(AgentStatus { agent_id: "a".into(), ..Default::default() });
         let (stop, stop_rx) = watch::channel(false);
-        let lease = Arc::new(AtomicU64::new(0));
+        let lease = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let task = tokio::spawn(report_loop(
             section(vec![a], MAX_WAIT_MS),
             status_rx,

@@ -1,8 +1,11 @@
 //! What each agent last reported: applied revision, mode, DHCP health — and who leads each network.
 //!
 //! Single host: kept in memory. With etcd: every replica writes the reports it receives under
-//! `<prefix>/agents/status/<id>` (with the time received), so `ListAgents` on any replica shows every agent, and
-//! the leader of each network is read from the agents' election.
+//! `<prefix>/agents/status/<id>@<host>` (with the time received), so `ListAgents` on any replica shows every agent,
+//! and the leader of each network is read from the agents' election. Reports are kept per agent id *and* host, so
+//! two hosts that report one id (a copied configuration) show as two rows, with a warning ([`conflicts`]).
+
+use std::collections::BTreeSet;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -17,7 +20,10 @@ use tracing::warn;
 /// Where reports live.
 pub enum AgentRegistry {
     Local {
-        agents: Mutex<BTreeMap<String, (AgentStatus, Instant)>>,
+        /// By agent id and host.
+        agents: Mutex<BTreeMap<(String, String), (AgentStatus, Instant)>>,
+        /// The conflicts already logged.
+        warned: Mutex<BTreeSet<String>>,
         stale_after: Duration,
         reports: tokio::sync::watch::Sender<u64>,
     },
@@ -41,7 +47,12 @@ const STATUS: &str = "agents/status/";
 
 impl AgentRegistry {
     pub fn local(stale_after: Duration) -> Self {
-        Self::Local { agents: Mutex::new(BTreeMap::new()), stale_after, reports: tokio::sync::watch::channel(0).0 }
+        Self::Local {
+            agents: Mutex::new(BTreeMap::new()),
+            warned: Mutex::new(BTreeSet::new()),
+            stale_after,
+            reports: tokio::sync::watch::channel(0).0,
+        }
     }
 
     pub fn shared(coord: Arc<dyn Coordinator>, stale_after: Duration) -> Self {
@@ -67,17 +78,27 @@ impl AgentRegistry {
     /// Records a report.
     pub async fn report(&self, status: AgentStatus) {
         match self {
-            AgentRegistry::Local { agents, reports, .. } => {
-                agents
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(status.agent_id.clone(), (status, Instant::now()));
+            AgentRegistry::Local { agents, warned, stale_after, reports } => {
+                let found = {
+                    let mut agents = agents.lock().unwrap_or_else(|e| e.into_inner());
+                    let key = (status.agent_id.clone(), status.host.clone());
+                    agents.insert(key, (status, Instant::now()));
+                    let all: Vec<_> = agents.values().map(|(s, at)| (s.clone(), at.elapsed())).collect();
+                    conflicts(&all, *stale_after)
+                };
+                let mut warned = warned.lock().unwrap_or_else(|e| e.into_inner());
+                for w in &found {
+                    if warned.insert(w.clone()) {
+                        warn!(warning = %w, "agents in conflict");
+                    }
+                }
+                warned.retain(|w| found.contains(w));
                 reports.send_modify(|n| *n += 1);
             }
             AgentRegistry::Shared { coord, reports, .. } => {
                 let mut v = now_ms().to_be_bytes().to_vec();
                 v.extend(status.encode_to_vec());
-                if let Err(e) = coord.put(&format!("{STATUS}{}", status.agent_id), v, None).await {
+                if let Err(e) = coord.put(&format!("{STATUS}{}@{}", status.agent_id, status.host), v, None).await {
                     warn!(error = %e, agent = %status.agent_id, "cannot store an agent report in etcd");
                 }
                 reports.send_modify(|n| *n += 1);
@@ -97,14 +118,25 @@ impl AgentRegistry {
             AgentRegistry::Shared { coord, .. } => {
                 let now = now_ms();
                 match coord.get_prefix(STATUS).await {
-                    Ok(kvs) => kvs
-                        .into_iter()
-                        .filter_map(|kv| {
-                            let at = u64::from_be_bytes(kv.value.get(..8)?.try_into().ok()?);
-                            let s = AgentStatus::decode(kv.value.get(8..)?).ok()?;
-                            Some((s, Duration::from_millis(now.saturating_sub(at))))
-                        })
-                        .collect(),
+                    Ok(kvs) => {
+                        let all: Vec<(bool, AgentStatus, Duration)> = kvs
+                            .into_iter()
+                            .filter_map(|kv| {
+                                let at = u64::from_be_bytes(kv.value.get(..8)?.try_into().ok()?);
+                                let s = AgentStatus::decode(kv.value.get(8..)?).ok()?;
+                                // Written by a replica from before the host was in the key.
+                                let old = kv.key.ends_with(&format!("{STATUS}{}", s.agent_id));
+                                Some((old, s, Duration::from_millis(now.saturating_sub(at))))
+                            })
+                            .collect();
+                        // An old-style report is left out once the same agent reports under the new key.
+                        let renewed: BTreeSet<String> =
+                            all.iter().filter(|(old, ..)| !old).map(|(_, s, _)| s.agent_id.clone()).collect();
+                        all.into_iter()
+                            .filter(|(old, s, _)| !old || !renewed.contains(&s.agent_id))
+                            .map(|(_, s, age)| (s, age))
+                            .collect()
+                    }
                     Err(e) => {
                         warn!(error = %e, "cannot read agent reports from etcd");
                         vec![]
@@ -120,10 +152,11 @@ impl AgentRegistry {
         }
     }
 
-    /// Every agent with its lag behind `current`, and the leader of each network.
-    pub async fn list(&self, current: u64) -> (Vec<AgentInfo>, Vec<NetworkLeader>) {
+    /// Every agent with its lag behind `current`, the leader of each network, and what is wrong ([`conflicts`]).
+    pub async fn list(&self, current: u64) -> (Vec<AgentInfo>, Vec<NetworkLeader>, Vec<String>) {
         let all = self.all().await;
         let stale_after = self.stale_after();
+        let warnings = conflicts(&all, stale_after);
         let networks: std::collections::BTreeSet<String> = all.iter().map(|(s, _)| s.network.clone()).collect();
         let mut leaders = Vec::new();
         for net in networks {
@@ -149,19 +182,145 @@ impl AgentRegistry {
                 status: Some(s),
             })
             .collect();
-        (infos, leaders)
+        (infos, leaders, warnings)
     }
 
-    /// The highest revision applied by a live agent in `Leader` mode on `network` (any network if empty).
+    /// With `[inspection] network` empty: the one network whose live agents report. Agents of several networks are
+    /// an error (a leader of another network applying an allow says nothing of the nodes' network); none is the
+    /// empty name, for which no leader counts.
+    pub async fn the_network(&self) -> Result<String, String> {
+        let stale_after = self.stale_after();
+        let networks: BTreeSet<String> =
+            self.all().await.into_iter().filter(|(_, age)| *age <= stale_after).map(|(s, _)| s.network).collect();
+        match networks.len() {
+            0 | 1 => Ok(networks.into_iter().next().unwrap_or_default()),
+            _ => Err(format!(
+                "agents of several networks report ({}): set [inspection] network to the one the nodes boot on",
+                networks.into_iter().collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+
+    /// The highest revision applied by a live agent in `Leader` mode on `network`.
     pub async fn leader_applied(&self, network: &str) -> Option<u64> {
         let stale_after = self.stale_after();
         self.all()
             .await
             .into_iter()
-            .filter(|(s, age)| {
-                *age <= stale_after && s.mode == Mode::Leader as i32 && (network.is_empty() || s.network == network)
-            })
+            .filter(|(s, age)| *age <= stale_after && s.mode == Mode::Leader as i32 && s.network == network)
             .map(|(s, _)| s.applied_revision)
             .max()
+    }
+}
+
+/// What is wrong with the live agents as they report (stale reports are left out), in words with what to do:
+/// - one agent id reported by several hosts: a copied configuration; their reports overwrite each other's in the
+///   election and in `leader_applied`, and their certificates (one name) cannot tell them apart;
+/// - several agents of one network that elect themselves without etcd ("local"): each may lead, so each may serve
+///   DHCP on the same wire.
+pub fn conflicts(all: &[(AgentStatus, Duration)], stale_after: Duration) -> Vec<String> {
+    let live: Vec<&AgentStatus> = all.iter().filter(|(_, age)| *age <= stale_after).map(|(s, _)| s).collect();
+    let mut out = Vec::new();
+    let mut hosts: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut local: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for s in &live {
+        hosts.entry(&s.agent_id).or_default().insert(&s.host);
+        if s.coordination == "local" {
+            local.entry(&s.network).or_default().insert(&s.agent_id);
+        }
+    }
+    for (id, hosts) in hosts.iter().filter(|(_, h)| h.len() > 1) {
+        let list: Vec<&str> = hosts.iter().copied().collect();
+        out.push(format!(
+            "agent id {id:?} is reported by {} hosts ({}): give each agent its own [agent] id (and certificate)",
+            list.len(),
+            list.join(", ")
+        ));
+    }
+    for (network, ids) in local.iter().filter(|(_, ids)| ids.len() > 1) {
+        let list: Vec<&str> = ids.iter().copied().collect();
+        out.push(format!(
+            "network {network:?}: agents {} run without etcd, so each elects itself and may serve DHCP: give the \
+             agents of one network one etcd ([etcd] endpoints), or keep one agent per network",
+            list.join(", ")
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(id: &str, host: &str, network: &str, coordination: &str) -> AgentStatus {
+        AgentStatus {
+            agent_id: id.into(),
+            host: host.into(),
+            network: network.into(),
+            coordination: coordination.into(),
+            ..Default::default()
+        }
+    }
+
+    const FRESH: Duration = Duration::from_secs(1);
+    const BOUND: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn one_id_from_two_hosts_and_two_local_agents_of_one_network_are_flagged() {
+        let all = vec![
+            (status("pxe-1", "host-a", "prov", "etcd"), FRESH),
+            (status("pxe-1", "host-b", "prov", "etcd"), FRESH),
+            (status("pxe-2", "host-c", "lab", "local"), FRESH),
+            (status("pxe-3", "host-d", "lab", "local"), FRESH),
+            (status("pxe-4", "host-e", "other", "local"), FRESH),
+        ];
+        let w = conflicts(&all, BOUND);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("\"pxe-1\" is reported by 2 hosts (host-a, host-b)"), "{w:?}");
+        assert!(w[1].contains("network \"lab\": agents pxe-2, pxe-3 run without etcd"), "{w:?}");
+    }
+
+    #[test]
+    fn stale_reports_older_agents_and_one_local_agent_per_network_are_not_flagged() {
+        let all = vec![
+            (status("pxe-1", "host-a", "prov", "etcd"), FRESH),
+            (status("pxe-1", "host-b", "prov", "etcd"), BOUND * 2),
+            (status("pxe-2", "host-c", "lab", "local"), FRESH),
+            (status("pxe-3", "host-d", "lab", ""), FRESH),
+            (status("pxe-4", "host-e", "lab", "local"), BOUND * 2),
+        ];
+        assert_eq!(conflicts(&all, BOUND), Vec::<String>::new());
+    }
+
+    /// `[inspection] network` empty: the leader of the one reporting network counts; with agents of two networks,
+    /// neither does (a start fails and says what to set).
+    #[tokio::test]
+    async fn leader_applied_counts_for_one_network_only() {
+        let r = AgentRegistry::local(BOUND);
+        let leader = |id: &str, network: &str, rev: u64| AgentStatus {
+            mode: Mode::Leader as i32,
+            applied_revision: rev,
+            ..status(id, id, network, "etcd")
+        };
+        r.report(leader("pxe-a", "prov", 7)).await;
+        assert_eq!(r.the_network().await, Ok("prov".to_string()));
+        assert_eq!(r.leader_applied("prov").await, Some(7));
+        r.report(leader("pxe-b", "lab", 9)).await;
+        let e = r.the_network().await.unwrap_err();
+        assert!(e.contains("several networks report (lab, prov)"), "{e}");
+        assert_eq!(r.leader_applied("prov").await, Some(7), "lab's leader does not count for prov");
+        assert_eq!(r.leader_applied("").await, None, "no network named, no leader counts");
+    }
+
+    #[tokio::test]
+    async fn the_local_registry_keeps_one_row_per_host_of_an_id() {
+        let r = AgentRegistry::local(BOUND);
+        r.report(status("pxe-1", "host-a", "prov", "etcd")).await;
+        r.report(status("pxe-1", "host-b", "prov", "etcd")).await;
+        r.report(status("pxe-1", "host-a", "prov", "etcd")).await;
+        let (infos, _, warnings) = r.list(0).await;
+        let hosts: Vec<String> = infos.iter().map(|i| i.status.clone().unwrap_or_default().host).collect();
+        assert_eq!(hosts, vec!["host-a", "host-b"]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
     }
 }

@@ -319,20 +319,31 @@ pub async fn explain(store: &dyn FilterStore, agents: &AgentRegistry, engine: &E
     let entry = entries.into_iter().next().map(|(_, e)| e).unwrap_or_default();
     let policy = store.counts().policy;
     let current = (!entry.allow.is_empty(), !entry.deny.is_empty(), policy);
-    let (infos, leaders) = agents.list(revision).await;
+    let (infos, leaders, _) = agents.list(revision).await;
     let hosts = infos.into_iter().map(|i| host_verdict(store, i, current, mac)).collect();
+    let mut deny = reasons(&entry.deny);
+    let mut decision = decision(&entry, policy);
+    if entry.deny.contains(crate::inspection::periodic::IRONIC) {
+        let held = crate::inspection::periodic::HeldDrop::read(engine.coord.as_ref()).await;
+        if let Some(note) = held.and_then(|h| h.note(mac)) {
+            for r in deny.iter_mut().filter(|r| r.reason == crate::inspection::periodic::IRONIC) {
+                r.source = format!("{}; {note}", r.source);
+            }
+            decision.push_str(" — Ironic no longer lists this port: its deny is held (a mass drop)");
+        }
+    }
     MacExplanation {
         mac: mac.to_string(),
         revision,
         unknown_mac_policy: policy_to_pb(policy) as i32,
         allow: reasons(&entry.allow),
-        deny: reasons(&entry.deny),
+        deny,
         changed_revision: entry.changed_revision,
         hosts,
         leaders,
         coordination: agents.coordination().to_string(),
         nodes: nodes(engine, &entry, mac).await,
-        decision: decision(&entry, policy),
+        decision,
         callbacks: engine.callbacks.of(mac),
     }
 }

@@ -192,7 +192,12 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     // Discovery needs unknown machines to boot: while-inspecting then keeps unknown MACs open, as auto_discovery.
     let mut sync = config.sync.clone();
     sync.auto_discovery |= config.discovery.enroll();
-    let periodic = inspection::periodic::tasks(engine.clone(), sync, config.filter.unknown_mac_policy);
+    let periodic = inspection::periodic::tasks(
+        engine.clone(),
+        sync,
+        config.filter.unknown_mac_policy,
+        metrics.ironic_sync_held.clone(),
+    );
     Ok(Server {
         inspector,
         inspector_addr,

@@ -13,6 +13,11 @@ pub struct ResultLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhatLabel {
+    pub what: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentLabel {
     pub agent: String,
     pub network: String,
@@ -39,6 +44,9 @@ pub struct Metrics {
     pub ironic_failed_attempts: Counter,
     /// 1 while the last Ironic call got an answer, 0 once a call gave up after its retries (-1 before any call).
     pub ironic_up: Gauge,
+    /// What the Ironic sync holds back as a mass drop (`[sync] ironic_drop_max_percent`), by what: "denies"
+    /// (`ironic` denies of ports Ironic no longer lists), "inspections" (of nodes it no longer lists). 0: nothing.
+    pub ironic_sync_held: Family<WhatLabel, Gauge>,
 }
 
 impl Metrics {
@@ -95,6 +103,17 @@ impl Metrics {
             "1 while the last Ironic call got an answer, 0 once a call gave up after its retries, -1 before any",
             ironic_up.clone(),
         );
+        let ironic_sync_held = Family::<WhatLabel, Gauge>::default();
+        // Exported at 0 from the start: an alert on a series that appears only when it fires would never be tested.
+        for what in ["denies", "inspections"] {
+            ironic_sync_held.get_or_create(&WhatLabel { what }).set(0);
+        }
+        registry.register(
+            "ironic_sync_held",
+            "What the Ironic sync holds back as a mass drop until an operator confirms it: ironic denies of ports, or \
+             inspections of nodes, that Ironic no longer lists (0: nothing held)",
+            ironic_sync_held.clone(),
+        );
         registry.register(
             "refusals",
             "Calls refused (bad or missing credentials, rate limit, oversized body), by kind; logged at most once a minute per kind and source",
@@ -115,6 +134,7 @@ impl Metrics {
             agent_dhcp_healthy,
             ironic_failed_attempts,
             ironic_up,
+            ironic_sync_held,
         }
     }
 

@@ -60,11 +60,12 @@ fn snapshot_event(s: Snapshot) -> FilterEvent {
             allow: strings(s.allow),
             deny: strings(s.deny),
             unknown_mac_policy: policy_to_pb(s.policy) as i32,
+            epoch: s.epoch,
         })),
     }
 }
 
-fn delta_event(d: RevisionDelta) -> FilterEvent {
+fn delta_event(d: RevisionDelta, epoch: &str) -> FilterEvent {
     FilterEvent {
         event: Some(Event::Delta(FilterDelta {
             revision: d.revision,
@@ -73,6 +74,7 @@ fn delta_event(d: RevisionDelta) -> FilterEvent {
             deny_add: strings(d.delta.deny_add),
             deny_remove: strings(d.delta.deny_remove),
             unknown_mac_policy: d.policy.map(|p| policy_to_pb(p) as i32).unwrap_or(0),
+            epoch: epoch.to_string(),
         })),
     }
 }
@@ -148,15 +150,17 @@ impl PxeFilter for PxeFilterService {
             async move {
                 metrics.watchers.inc();
                 let mut rev_rx = store.revision();
-                // Start: deltas if the log still covers the agent's revision, else a snapshot.
-                let mut last = match (r.since_revision, store.deltas_since(r.since_revision)) {
+                // Start: deltas if the agent's state is of this store's epoch and the log still covers its
+                // revision, else a snapshot. The deltas and heartbeats that follow carry the epoch they belong to.
+                let mut epoch = r.epoch.clone();
+                let mut last = match (r.since_revision, store.resume(r.since_revision, &r.epoch)) {
                     (since, Some(deltas)) if since > 0 => {
                         metrics.resumes_served.inc();
                         info!(since, deltas = deltas.len(), "agent resumes from its revision (no snapshot)");
                         let mut last = since;
                         for d in deltas {
                             last = d.revision;
-                            if tx.send(Ok(delta_event(d))).await.is_err() {
+                            if tx.send(Ok(delta_event(d, &epoch))).await.is_err() {
                                 metrics.watchers.dec();
                                 return;
                             }
@@ -166,6 +170,11 @@ impl PxeFilter for PxeFilterService {
                     (since, _) => {
                         let s = store.snapshot();
                         metrics.snapshots_sent.inc();
+                        if since > 0 && r.epoch != s.epoch {
+                            // Another history than the one the agent followed (this store was created again), or
+                            // an agent that does not say: its revision means nothing here.
+                            info!(since, agent_epoch = %r.epoch, epoch = %s.epoch, "the agent's state is of another store epoch");
+                        }
                         info!(
                             since,
                             revision = s.revision,
@@ -174,6 +183,7 @@ impl PxeFilter for PxeFilterService {
                             "sending snapshot"
                         );
                         let rev = s.revision;
+                        epoch = s.epoch.clone();
                         if tx.send(Ok(snapshot_event(s))).await.is_err() {
                             metrics.watchers.dec();
                             return;
@@ -187,24 +197,27 @@ impl PxeFilter for PxeFilterService {
                     tokio::select! {
                         changed = rev_rx.changed() => {
                             if changed.is_err() { break; }
-                            match store.deltas_since(last) {
+                            match store.resume(last, &epoch) {
                                 Some(deltas) => {
                                     for d in deltas {
                                         last = d.revision;
-                                        if tx.send(Ok(delta_event(d))).await.is_err() { break; }
+                                        if tx.send(Ok(delta_event(d, &epoch))).await.is_err() { break; }
                                     }
                                 }
                                 None => {
-                                    // Fell behind the log while sending: start over from a snapshot.
+                                    // Fell behind the log while sending, or the store is another epoch now (an
+                                    // etcd prefix emptied and written afresh): start over from a snapshot.
                                     let s = store.snapshot();
                                     metrics.snapshots_sent.inc();
                                     last = s.revision;
+                                    epoch = s.epoch.clone();
                                     if tx.send(Ok(snapshot_event(s))).await.is_err() { break; }
                                 }
                             }
                         }
                         _ = tick.tick() => {
-                            let hb = FilterEvent { event: Some(Event::Heartbeat(Heartbeat { revision: last })) };
+                            let hb = Heartbeat { revision: last, epoch: epoch.clone() };
+                            let hb = FilterEvent { event: Some(Event::Heartbeat(hb)) };
                             if tx.send(Ok(hb)).await.is_err() { break; }
                         }
                         _ = tx.closed() => break,
@@ -265,13 +278,14 @@ impl PxeFilter for PxeFilterService {
     async fn list_agents(&self, request: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
         self.authz.operator(&request, "ListAgents")?;
         let current = *self.store.revision().borrow();
-        let (agents, leaders) = self.agents.list(current).await;
+        let (agents, leaders, warnings) = self.agents.list(current).await;
         Ok(Response::new(ListAgentsResponse {
             current_revision: current,
             agents,
             coordination: self.agents.coordination().to_string(),
             leaders,
             store_amnesia: self.store.amnesia().unwrap_or_default(),
+            warnings,
         }))
     }
 

@@ -92,7 +92,7 @@ async fn health_reflection_admin_and_the_filter_contract() {
     assert_eq!((d.revision, d.allow_add.clone()), (r.revision, vec!["52:54:00:00:00:01".to_string()]));
     // Heartbeats keep an idle stream visibly alive.
     let hb = tokio::time::timeout(Duration::from_secs(5), w.message()).await.unwrap().unwrap().unwrap();
-    assert!(matches!(hb.event, Some(Event::Heartbeat(h)) if h.revision == r.revision), "{hb:?}");
+    assert!(matches!(hb.event, Some(Event::Heartbeat(ref h)) if h.revision == r.revision && h.epoch == s0.epoch), "{hb:?}");
     // The same request again changes nothing and creates no revision.
     let again = c
         .update_pxe_filters(UpdatePxeFiltersRequest { allow: vec!["52-54-00-00-00-01".into()], ..Default::default() })
@@ -100,14 +100,26 @@ async fn health_reflection_admin_and_the_filter_contract() {
         .unwrap()
         .into_inner();
     assert_eq!((again.revision, again.changed), (r.revision, 0));
-    // A watch resuming from a recent revision gets only what it missed.
-    let mut w2 = c
-        .watch_filters(WatchFiltersRequest { agent_id: "t2".into(), since_revision: s0.revision, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
+    assert!(!s0.epoch.is_empty() && d.epoch == s0.epoch, "{s0:?} {d:?}");
+    // A watch resuming from a recent revision of this store's epoch gets only what it missed.
+    let resume = |id: &str, since_revision: u64, epoch: &str| WatchFiltersRequest {
+        agent_id: id.into(),
+        since_revision,
+        epoch: epoch.into(),
+        ..Default::default()
+    };
+    let mut w2 = c.watch_filters(resume("t2", s0.revision, &s0.epoch)).await.unwrap().into_inner();
     let m = w2.message().await.unwrap().unwrap();
     assert!(matches!(m.event, Some(Event::Delta(ref d)) if d.revision == r.revision), "{m:?}");
+    // The same revision of another epoch (a store created again), or of none named, means nothing: a snapshot.
+    for epoch in ["0123456789abcdef", ""] {
+        let mut w = c.watch_filters(resume("t4", s0.revision, epoch)).await.unwrap().into_inner();
+        let m = w.message().await.unwrap().unwrap();
+        assert!(
+            matches!(m.event, Some(Event::Snapshot(ref s)) if s.revision == r.revision && s.epoch == s0.epoch),
+            "{epoch:?}: {m:?}"
+        );
+    }
     // An agent ahead of the server (its store was replaced) gets a snapshot.
     let mut w3 = c
         .watch_filters(WatchFiltersRequest { agent_id: "t3".into(), since_revision: 9999, ..Default::default() })

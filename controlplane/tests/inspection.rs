@@ -374,6 +374,33 @@ async fn ironic_sync_holds_a_mass_drop_of_denies() {
     for i in 0..12 {
         assert!(now.contains(&mac(i)), "{} was dropped with the rest: {now:?}", mac(i));
     }
+    // Said where an operator looks: the metric (and its alert), and `explain` for a held MAC.
+    let site = &s;
+    let metric_becomes = |line: &'static str| async move {
+        let s = site;
+        let t = Instant::now();
+        loop {
+            let m = s.metrics().await;
+            if m.lines().any(|l| l == line) {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "never {line:?}:\n{m}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    metric_becomes("ironguard_controlplane_ironic_sync_held{what=\"denies\"} 12").await;
+    let explain = |m: String| {
+        let mut c = PxeFilterClient::new(s.channel.clone());
+        async move {
+            c.explain_mac(ironguard_proto::v1::ExplainMacRequest { mac: m }).await.unwrap().into_inner()
+        }
+    };
+    let e = explain(mac(3)).await;
+    assert!(e.decision.contains("its deny is held"), "{e:?}");
+    let ironic = e.deny.iter().find(|r| r.reason == "ironic").unwrap();
+    assert!(ironic.source.contains("12 of the 1"), "{ironic:?}");
+    assert!(ironic.source.contains("ironguardctl filters remove MAC... --reason ironic"), "{ironic:?}");
+    assert!(!explain(mac(100)).await.decision.contains("held"), "a port Ironic lists is not held");
     // The operator confirms: removes the twelve denies by hand. A later run (seen by another new port) does not add
     // them back: Ironic does not list them.
     PxeFilterClient::new(s.channel.clone())
@@ -389,6 +416,10 @@ async fn ironic_sync_holds_a_mass_drop_of_denies() {
     let now = denied().await;
     assert!((0..12).all(|i| !now.contains(&mac(i))), "{now:?}");
     assert!(now.contains(&mac(100)) && now.contains(MAC1), "{now:?}");
+    // Nothing is held any more: the metric says 0 and the record is gone.
+    metric_becomes("ironguard_controlplane_ironic_sync_held{what=\"denies\"} 0").await;
+    let e = explain(mac(3)).await;
+    assert!(!e.decision.contains("held"), "{e:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -415,6 +446,36 @@ async fn ironics_own_inspection_allows_its_ports_while_it_lasts() {
     s.ironic.set_provision_state(N1, "inspect wait").unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(s.allow_reasons(MAC1).await.is_empty());
+}
+
+/// Ironic unreachable for longer than `[sync] ironic_inspection_unreachable_secs`: the allows of the nodes it was
+/// inspecting go (nobody can confirm them), and come back once it answers again and still inspects them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ironics_own_inspection_allows_expire_while_ironic_does_not_answer() {
+    let s = site("own-expiry", |c| {
+        c.sync.ironic_inspection = true;
+        c.sync.ironic_inspection_period_ms = 100;
+        c.sync.ironic_inspection_unreachable_secs = 1;
+    })
+    .await;
+    let allowed = || async { s.allow_reasons(MAC1).await.contains(&"ironic-inspection".to_string()) };
+    let becomes = |want: bool| async move {
+        let t = Instant::now();
+        while allowed().await != want {
+            assert!(t.elapsed() < Duration::from_secs(30), "the ironic-inspection allow never became {want}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    s.ironic.set_provision_state(N1, "inspect wait").unwrap();
+    becomes(true).await;
+    let down = Fault { method: Some("GET".into()), path_prefix: "/v1/nodes".into(), status: 503, count: 0, latency_ms: 0 };
+    s.ironic.inject(down);
+    let t = Instant::now();
+    becomes(false).await;
+    // The bound counts from the last answer, at most one poll (100 ms) before the fault.
+    assert!(t.elapsed() >= Duration::from_millis(800), "not before the bound: {:?}", t.elapsed());
+    s.ironic.clear_faults();
+    becomes(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -61,6 +61,9 @@ pub struct AgentsReport {
     /// The last store amnesia (etcd replaced or restored) the control plane saw, and how it handled it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_amnesia: Option<String>,
+    /// What is wrong with the agents (one id from several hosts, several self-electing agents on one network).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -88,6 +91,8 @@ pub struct AgentReport {
     pub version: String,
     pub snapshots_applied: u64,
     pub resumes: u64,
+    /// "etcd", or "local" (no etcd: the agent elects itself); empty from an older agent.
+    pub coordination: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -117,6 +122,7 @@ impl From<pb::AgentInfo> for AgentReport {
             version: status.version,
             snapshots_applied: status.snapshots_applied,
             resumes: status.resumes,
+            coordination: status.coordination,
         }
     }
 }
@@ -133,6 +139,7 @@ impl From<ListAgentsResponse> for AgentsReport {
                 .map(|l| (l.network, Some(l.agent_id).filter(|a| !a.is_empty())))
                 .collect(),
             store_amnesia: Some(answer.store_amnesia).filter(|a| !a.is_empty()),
+            warnings: answer.warnings,
         }
     }
 }
@@ -148,6 +155,9 @@ impl AgentsReport {
         }
         if let Some(a) = &self.store_amnesia {
             let _ = writeln!(out, "STORE AMNESIA: {a}");
+        }
+        for w in &self.warnings {
+            let _ = writeln!(out, "WARNING: {w}");
         }
         for (network, leader) in &self.leaders {
             match leader {
@@ -289,6 +299,25 @@ mod tests {
     }
 
     #[test]
+    fn the_control_planes_warnings_come_first() {
+        let answer = ListAgentsResponse {
+            warnings: vec!["agent id \"pxe-a\" is reported by 2 hosts (ctrl-1, ctrl-9): give each agent its own id".into()],
+            ..sample()
+        };
+        let text = AgentsReport::from(answer.clone()).render();
+        assert!(
+            text.starts_with(
+                "current revision: 42\nWARNING: agent id \"pxe-a\" is reported by 2 hosts (ctrl-1, ctrl-9): give"
+            ),
+            "{text}"
+        );
+        let json = serde_json::to_value(AgentsReport::from(answer)).unwrap();
+        assert_eq!(json["warnings"][0].as_str().map(|w| w.contains("ctrl-9")), Some(true), "{json}");
+        let none = serde_json::to_value(AgentsReport::from(sample())).unwrap();
+        assert!(none.get("warnings").is_none(), "no warnings, no key: {none}");
+    }
+
+    #[test]
     fn no_agents_says_so() {
         let text = AgentsReport::from(ListAgentsResponse { current_revision: 7, agents: vec![], ..Default::default() })
             .render();
@@ -335,7 +364,8 @@ mod tests {
                 "elected": false,
                 "version": "0.1.0",
                 "snapshots_applied": 1,
-                "resumes": 0
+                "resumes": 0,
+                "coordination": ""
             })
         );
         assert_eq!(json["agents"][1]["mode"], "blocked");

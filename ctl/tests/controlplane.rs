@@ -102,6 +102,7 @@ impl PxeFilter for FakeControlPlane {
                 agent_id: "pxe-a".into(),
             }],
             store_amnesia: String::new(),
+            warnings: vec![],
         }))
     }
 }

@@ -352,8 +352,11 @@ pub struct Core {
     cfg: CoreConfig,
     metrics: Arc<Metrics>,
     sync: FilterSync,
-    /// The highest filter revision ever applied: an offer below it is a regression.
+    /// The highest filter revision ever applied (of [`Core::epoch`]): an offer below it is a regression.
     floor: u64,
+    /// The control plane store's epoch of the state applied here (empty: none yet, or a control plane that does
+    /// not say). Revisions count within one epoch: a delta or heartbeat of another is never applied.
+    epoch: String,
     policy: UnknownMacPolicy,
     stream: StreamLink,
     dhcp: Health,
@@ -423,6 +426,7 @@ impl Core {
             metrics,
             sync: FilterSync::None,
             floor: 0,
+            epoch: String::new(),
             // Until a snapshot says otherwise, unknown MACs are denied (a snapshot without a policy keeps this).
             policy: UnknownMacPolicy::Deny,
             stream: StreamLink { generation: 0, first_event_pending: false, lost_since: Some(now) },
@@ -469,6 +473,23 @@ impl Core {
 
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
+    }
+
+    /// The regression floor and the epoch it counts in, to keep across restarts ([`Core::restore_floor`]).
+    pub fn floor(&self) -> (u64, &str) {
+        (self.floor, &self.epoch)
+    }
+
+    /// Takes the floor and epoch a previous run of this agent kept: a control plane that offers an older state of
+    /// the same epoch (a restored backup) is refused after a restart as well.
+    pub fn restore_floor(&mut self, floor: u64, epoch: String) {
+        self.floor = floor;
+        self.epoch = epoch;
+    }
+
+    /// The store epoch of the state the stream resumes from (with [`Core::resume_revision`]).
+    pub fn epoch(&self) -> &str {
+        &self.epoch
     }
 
     /// The revision the stream resumes from: the applied one, or 0 (a snapshot) without a trusted state.
@@ -552,6 +573,7 @@ impl Core {
             version: env!("CARGO_PKG_VERSION").to_string(),
             snapshots_applied: self.snapshots,
             resumes: self.resumes,
+            coordination: who.coordination.to_string(),
             // Filled in by the report loop when it sends, from the lease as last written: a keep-alive is not a
             // change of status; and what the kernel saw, read then.
             lease_until_unix_ms: 0,
@@ -749,7 +771,20 @@ impl Core {
     ) -> Result<(), CoreError> {
         let span = info_span!("apply_snapshot", revision = s.revision);
         let _g = span.enter();
-        if s.revision < self.floor {
+        // A snapshot of another epoch is another history (the store was created again): its revisions are not
+        // comparable with the floor, which restarts from it. One of the same epoch below the floor went back.
+        let new_history = !s.epoch.is_empty() && s.epoch != self.epoch;
+        let floor = if new_history { 0 } else { self.floor };
+        if new_history && !self.epoch.is_empty() {
+            warn!(
+                epoch = %s.epoch,
+                was = %self.epoch,
+                floor = self.floor,
+                "the control plane's filter store is another history than the one applied here (created again): \
+                 replacing the whole state with its snapshot; deltas of the old one are never applied"
+            );
+        }
+        if s.revision < floor {
             if !matches!(self.sync, FilterSync::Regressed { .. }) {
                 error!(
                     applied = self.floor,
@@ -790,7 +825,8 @@ impl Core {
             Ok(rep) => {
                 self.sync = FilterSync::Applied { rev: s.revision };
                 self.policy = policy;
-                self.floor = self.floor.max(s.revision);
+                self.floor = floor.max(s.revision);
+                self.epoch = s.epoch;
                 self.snapshots += 1;
                 self.metrics.snapshots_applied.inc();
                 self.mode = mode;
@@ -840,6 +876,13 @@ impl Core {
             // Deltas without a base state (the snapshot failed or has not come): a snapshot is on its way.
             FilterSync::None | FilterSync::Failed { .. } => return Ok(()),
         };
+        if let Some(d) = deltas.iter().find(|d| d.epoch != self.epoch) {
+            let e = format!(
+                "a delta (revision {}) of store epoch {:?}, but the state here is of epoch {:?}",
+                d.revision, d.epoch, self.epoch
+            );
+            return self.apply_failed(dp, now, "following the stream", &e, fx);
+        }
         let mut combined = Delta::default();
         let mut last = first;
         let mut policy = self.policy;
@@ -941,13 +984,21 @@ impl Core {
                         }
                         Some(FilterEventKind::Heartbeat(h)) => {
                             self.on_deltas(dp, now, std::mem::take(&mut pending), fx)?;
-                            let ahead = match self.sync {
-                                FilterSync::Applied { rev } if h.revision > rev => Some(rev),
+                            let applied = match self.sync {
+                                FilterSync::Applied { rev } => Some(rev),
                                 _ => None,
                             };
-                            if let Some(rev) = ahead {
-                                let e = format!("heartbeat at revision {} but applied {rev}", h.revision);
-                                self.apply_failed(dp, now, "following the stream", &e, fx)?;
+                            if let Some(rev) = applied {
+                                if h.epoch != self.epoch {
+                                    let e = format!(
+                                        "heartbeat of store epoch {:?}, but the state here is of epoch {:?}",
+                                        h.epoch, self.epoch
+                                    );
+                                    self.apply_failed(dp, now, "following the stream", &e, fx)?;
+                                } else if h.revision > rev {
+                                    let e = format!("heartbeat at revision {} but applied {rev}", h.revision);
+                                    self.apply_failed(dp, now, "following the stream", &e, fx)?;
+                                }
                             }
                         }
                         None => {}

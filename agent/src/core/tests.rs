@@ -50,7 +50,12 @@ impl Host {
             lost_after: Duration::from_secs(30),
             exit_on_partition: false,
             reconcile_every: Duration::from_secs(60),
-            who: Identity { agent_id: "pxe-1".into(), host: "pxe-1".into(), network: "default".into() },
+            who: Identity {
+                agent_id: "pxe-1".into(),
+                host: "pxe-1".into(),
+                network: "default".into(),
+                coordination: "etcd",
+            },
         };
         f(&mut cfg);
         let mut dp = FakeDataplane::new();
@@ -129,7 +134,20 @@ fn snapshot(rev: u64, allow: &[u8], deny: &[u8], policy: pb::UnknownMacPolicy) -
         allow: allow.iter().map(|n| mac(*n)).collect(),
         deny: deny.iter().map(|n| mac(*n)).collect(),
         unknown_mac_policy: policy as i32,
+        epoch: String::new(),
     })
+}
+
+/// A snapshot of store epoch `epoch` (unknown MACs denied).
+fn snapshot_in(epoch: &str, rev: u64, allow: &[u8]) -> Ev {
+    let Ev::Snapshot(s) = snapshot(rev, allow, &[], pb::UnknownMacPolicy::Deny) else { unreachable!() };
+    Ev::Snapshot(pb::FilterSnapshot { epoch: epoch.into(), ..s })
+}
+
+/// A delta of store epoch `epoch`.
+fn delta_in(epoch: &str, rev: u64, allow_add: &[u8]) -> Ev {
+    let Ev::Delta(d) = delta(rev, allow_add, &[]) else { unreachable!() };
+    Ev::Delta(pb::FilterDelta { epoch: epoch.into(), ..d })
 }
 
 fn delta(rev: u64, allow_add: &[u8], allow_remove: &[u8]) -> Ev {
@@ -142,7 +160,7 @@ fn delta(rev: u64, allow_add: &[u8], allow_remove: &[u8]) -> Ev {
 }
 
 fn heartbeat(rev: u64) -> Ev {
-    Ev::Heartbeat(pb::Heartbeat { revision: rev })
+    Ev::Heartbeat(pb::Heartbeat { revision: rev, epoch: String::new() })
 }
 
 #[test]
@@ -272,6 +290,59 @@ fn an_older_snapshot_is_refused_and_blocks_until_the_state_is_current_again() {
     assert_eq!(h.core.sync(), &FilterSync::Applied { rev: 12 });
     assert_eq!((h.core.mode(), h.kernel().mode), (Mode::Leader, Mode::Leader));
     assert!(h.kernel().allow.contains(&m(9)));
+}
+
+/// The store was created again (wiped) and written up to this agent's revision while it was away: revision 10
+/// there is not revision 10 here. A delta or heartbeat of another epoch changes nothing, closes and asks for a
+/// snapshot; a snapshot of another epoch replaces the whole state, even below the old floor, which restarts from it.
+#[test]
+fn a_delta_of_another_store_epoch_is_never_applied_and_its_snapshot_replaces_the_state() {
+    let mut h = Host::new();
+    h.connect();
+    h.healthy();
+    h.send(vec![snapshot_in("aaaa", 10, &[1])]);
+    h.session(0.0, 3.0, true);
+    assert_eq!((h.core.mode(), h.core.floor()), (Mode::Leader, (10, "aaaa")));
+    let fx = h.send(vec![delta_in("aaaa", 11, &[2])]);
+    assert!(fx.is_empty() && h.kernel().allow.contains(&m(2)), "the same epoch: applied");
+    let tx = h.transactions();
+    let fx = h.send(vec![delta_in("bbbb", 12, &[3])]);
+    assert_eq!(fx, vec![Effect::Resync]);
+    assert!(matches!(h.core.sync(), FilterSync::Failed { err } if err.contains("epoch")), "{:?}", h.core.sync());
+    assert_eq!((h.core.mode(), h.kernel().mode), (Mode::Blocked, Mode::Blocked));
+    assert!(!h.kernel().allow.contains(&m(3)), "nothing of the other history reached the kernel");
+    assert_eq!(h.transactions(), tx + 1, "only the switch to Blocked");
+    assert_eq!(h.core.resume_revision(), 0, "a reconnect asks for a snapshot");
+    // Its snapshot: revision 4, below the floor of the old history, is taken whole.
+    h.connect();
+    h.send(vec![snapshot_in("bbbb", 4, &[3])]);
+    assert_eq!(h.core.sync(), &FilterSync::Applied { rev: 4 });
+    assert_eq!(h.core.floor(), (4, "bbbb"));
+    assert_eq!(h.kernel().allow, [m(3)].into_iter().collect(), "the old history's MACs are gone");
+    h.session(0.5, 3.5, true);
+    assert_eq!(h.core.mode(), Mode::Leader);
+    // A heartbeat of yet another epoch closes as well.
+    let fx = h.send(vec![Ev::Heartbeat(pb::Heartbeat { revision: 4, epoch: "cccc".into() })]);
+    assert_eq!(fx, vec![Effect::Resync]);
+    assert_eq!(h.core.mode(), Mode::Blocked);
+}
+
+/// A restarted agent keeps its floor: a control plane restored from a backup of the same store (same epoch, an
+/// older revision) is refused as before the restart; another epoch is taken.
+#[test]
+fn the_floor_kept_across_a_restart_refuses_an_older_state_of_the_same_store() {
+    let mut h = Host::new();
+    h.core.restore_floor(10, "aaaa".into());
+    h.connect();
+    h.healthy();
+    h.send(vec![snapshot_in("aaaa", 7, &[1])]);
+    assert_eq!(h.core.sync(), &FilterSync::Regressed { applied: 10, offered: 7 });
+    assert_eq!(h.kernel().mode, Mode::Blocked);
+    assert!(h.kernel().allow.is_empty());
+    h.connect();
+    h.send(vec![snapshot_in("dddd", 7, &[1])]);
+    assert_eq!(h.core.sync(), &FilterSync::Applied { rev: 7 });
+    assert_eq!(h.core.floor(), (7, "dddd"));
 }
 
 #[test]

@@ -44,7 +44,8 @@ pub struct InspectionConfig {
     pub power_off: bool,
     /// Reboot throttle: hold a distributed lock while powering on, then sleep this long (0: off), milliseconds.
     pub reboot_quantum_ms: u64,
-    /// Agent network whose leader must apply the allow (empty: any network).
+    /// Agent network whose leader must apply the allow (empty: the one network whose agents report; with agents
+    /// of several networks reporting, a start fails until this names one).
     pub network: String,
     /// Inspections running longer than this end in error (the singleton timeout task), seconds.
     pub timeout_secs: u64,
@@ -868,7 +869,11 @@ impl Engine {
         let deadline = Instant::now() + Duration::from_secs(self.cfg.allow_timeout_secs);
         let mut reports = self.agents.reports();
         loop {
-            if self.agents.leader_applied(&self.cfg.network).await.is_some_and(|r| r >= revision) {
+            let network = match self.cfg.network.as_str() {
+                "" => self.agents.the_network().await?,
+                n => n.to_string(),
+            };
+            if self.agents.leader_applied(&network).await.is_some_and(|r| r >= revision) {
                 break;
             }
             if Instant::now() > deadline {

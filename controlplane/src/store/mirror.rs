@@ -15,6 +15,8 @@ const MAX_LOG_MACS: usize = 1_000_000;
 #[derive(Debug, Default)]
 pub(crate) struct Mirror {
     pub(crate) state: FilterState,
+    /// The store's epoch (see [`super::FilterStore::epoch`]); empty while an etcd store has none yet.
+    pub(crate) epoch: String,
     log: VecDeque<RevisionDelta>,
     /// MACs named by the deltas in `log` (the log is bounded by revisions and by this).
     log_macs: usize,
@@ -23,11 +25,16 @@ pub(crate) struct Mirror {
 }
 
 impl Mirror {
-    pub(crate) fn new(state: FilterState, log: impl IntoIterator<Item = RevisionDelta>, log_len: usize) -> Self {
+    pub(crate) fn new(
+        state: FilterState,
+        epoch: String,
+        log: impl IntoIterator<Item = RevisionDelta>,
+        log_len: usize,
+    ) -> Self {
         let log: VecDeque<RevisionDelta> = log.into_iter().collect();
         let log_macs = log.iter().map(|d| d.delta.len()).sum();
         let (allow, deny) = (state.allowed().count(), state.denied().count());
-        let mut m = Self { state, log, log_macs, allow, deny };
+        let mut m = Self { state, epoch, log, log_macs, allow, deny };
         m.trim(log_len);
         m
     }
@@ -94,11 +101,21 @@ impl Mirror {
             allow: self.state.allowed().collect(),
             deny: self.state.denied().collect(),
             policy: self.state.policy,
+            epoch: self.epoch.clone(),
         }
     }
 
     pub(crate) fn counts(&self) -> Counts {
         Counts { revision: self.state.revision, allow: self.allow, deny: self.deny, policy: self.state.policy }
+    }
+
+    /// The deltas after `since` for an agent whose state is of `epoch`: `None` (a snapshot) when that is not this
+    /// store's epoch, or when [`Mirror::deltas_since`] says so. Under one lock: the epoch and the deltas match.
+    pub(crate) fn resume(&self, since: u64, epoch: &str) -> Option<Vec<RevisionDelta>> {
+        if epoch != self.epoch {
+            return None;
+        }
+        self.deltas_since(since)
     }
 
     pub(crate) fn deltas_since(&self, since: u64) -> Option<Vec<RevisionDelta>> {

@@ -117,6 +117,8 @@ pub struct Snapshot {
     pub allow: BTreeSet<MacAddr>,
     pub deny: BTreeSet<MacAddr>,
     pub policy: UnknownMacPolicy,
+    /// The store's epoch at this revision ([`FilterStore::epoch`]).
+    pub epoch: String,
 }
 
 /// Sizes at one revision (cheap: no copy of the sets).
@@ -144,6 +146,15 @@ pub trait FilterStore: Send + Sync + 'static {
     /// The revisions after `since`, oldest first: empty if `since` is current; `None` if the log no longer
     /// reaches back that far, or `since` is ahead of the store (then the caller needs a snapshot).
     fn deltas_since(&self, since: u64) -> Option<Vec<RevisionDelta>>;
+
+    /// The store's identity: random, created with the authoritative state and new whenever it is created again (an
+    /// embedded store wiped, an etcd prefix emptied and written afresh). Revision numbers count within one epoch.
+    /// Empty only for an etcd store that was never written.
+    fn epoch(&self) -> String;
+
+    /// The deltas after `since` for an agent whose state is of `epoch`, as [`FilterStore::deltas_since`]; `None`
+    /// (a snapshot) as well when `epoch` is not this store's: deltas never cross epochs.
+    fn resume(&self, since: u64, epoch: &str) -> Option<Vec<RevisionDelta>>;
 
     /// The reasons recorded for these MACs (all MACs if empty), with the current revision.
     fn entries(&self, macs: &[MacAddr]) -> (u64, Vec<(MacAddr, Entry)>);

@@ -24,6 +24,8 @@ pub struct Site {
     pub inspector: String,
     /// The site's own directory (the store is in `store/` under it); removed when the site is dropped.
     pub dir: PathBuf,
+    /// The admin endpoint (`/metrics`, `/healthz`).
+    pub admin: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -70,6 +72,7 @@ pub async fn start(tag: &str, ironic: FakeIronic, tweak: impl FnOnce(&mut Contro
     tweak(&mut c, &dir);
     let server = ironguard_controlplane::serve(&c).await.unwrap();
     let engine = server.engine.clone();
+    let admin = server.admin_addr;
     let scheme = if c.inspector_api.tls() { "https" } else { "http" };
     let inspector = format!("{scheme}://{}", server.inspector_addr.unwrap());
     let url = format!("http://{}", server.grpc_addr);
@@ -79,7 +82,7 @@ pub async fn start(tag: &str, ironic: FakeIronic, tweak: impl FnOnce(&mut Contro
     }));
     let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
     tokio::spawn(stand_in_leader(channel.clone()));
-    Site { tag: tag.to_owned(), engine, ironic, channel, inspector, dir, stop: Some(tx) }
+    Site { tag: tag.to_owned(), engine, ironic, channel, inspector, dir, admin, stop: Some(tx) }
 }
 
 /// The leader agent's part: reports every revision it receives as applied.
@@ -118,6 +121,17 @@ impl Site {
     pub async fn allow_reasons(&self, mac: &str) -> Vec<String> {
         let s = self.filters().get_filter_state(GetFilterStateRequest { macs: vec![mac.into()] }).await.unwrap();
         s.into_inner().entries.into_iter().flat_map(|e| e.allow_reasons).collect()
+    }
+
+    /// The admin endpoint's `/metrics` text.
+    #[allow(dead_code)] // not every test binary that includes this module reads metrics
+    pub async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(self.admin).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.unwrap();
+        buf
     }
 
     /// The filter state's revision.

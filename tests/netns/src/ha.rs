@@ -216,6 +216,18 @@ impl HaSite {
         h.agent = Some(start_agent(&h.ns, &self.dir, &h.config, None));
     }
 
+    /// Stops host `i`'s agent (SIGTERM) and starts it again with its configuration edited by `edit`, under
+    /// `wrapper` if given (e.g. `unshare --uts` for a host name of its own).
+    pub fn restart_agent_with(&mut self, i: usize, wrapper: Option<&[&str]>, edit: impl FnOnce(&str) -> String) {
+        let h = &mut self.hosts[i];
+        if let Some(mut p) = h.agent.take() {
+            p.signal(nix::sys::signal::Signal::SIGTERM);
+            p.wait_exit(EXIT_DEADLINE);
+        }
+        let config = edit(&h.config);
+        h.agent = Some(start_agent(&h.ns, &self.dir, &config, wrapper));
+    }
+
     /// The verdict of every host, in order.
     pub fn verdicts(&self) -> Vec<String> {
         self.hosts.iter().map(|h| verdict(&h.ns)).collect()

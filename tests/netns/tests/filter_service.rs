@@ -216,6 +216,54 @@ fn controlplane_kill9_and_restart_keeps_state_and_the_agent_resumes_without_a_fu
     assert!(dhcp(&site.lan.nodes[1], "eth0", mac(M2)).is_some());
 }
 
+/// The store epoch: while the agent cannot reach it, the control plane's data directory is wiped and another
+/// history written up to the agent's revision (the same number, another state: M1 denied). Back on its address, the
+/// agent is not resumed from its revision with no deltas (it kept serving M1 before epochs): the other epoch gets it
+/// a snapshot, and the kernel follows the new state.
+#[test]
+fn a_wiped_store_written_up_to_the_agents_revision_is_another_epoch_not_resumed() {
+    let mut site = Site::new(2, 300);
+    ok(site.ctl(&["filters", "allow", M1]));
+    ok(site.ctl(&["filters", "allow", M2]));
+    site.wait_allowed(M2, true);
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some());
+    assert_eq!(metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_snapshots_applied"), Some(1.0));
+    let revision = |ns: &Netns, port: u16| {
+        grpc(ns, format!("https://127.0.0.1:{port}"), |mut c| {
+            Box::pin(async move { c.get_filter_state(GetFilterStateRequest::default()).await.unwrap().into_inner() })
+        })
+        .revision
+    };
+    let old = revision(&site.lan.pxe, 9100);
+
+    // Wiped, and written afresh on another port, where the agent does not look.
+    site.cp.kill9();
+    std::fs::remove_dir_all(&site.cp.data_dir).unwrap();
+    (site.cp.grpc_port, site.cp.admin_port) = (9102, 9103);
+    site.cp.restart(&site.lan.pxe, &site.lan.dir);
+    let other = ["--controlplane", "https://127.0.0.1:9102", "filters"];
+    ok(ctl(&site.lan.pxe, &[&other[..], &["deny", M1]].concat()));
+    ok(ctl(&site.lan.pxe, &[&other[..], &["allow", M2]].concat()));
+    assert_eq!(revision(&site.lan.pxe, 9102), old, "the other history reached the agent's revision");
+    assert!(dhcp(&site.lan.nodes[0], "eth0", mac(M1)).is_some(), "meanwhile the agent serves what it holds");
+
+    // Back where the agent looks.
+    site.cp.kill9();
+    let mark = std::fs::read_to_string(site.lan.dir.join("controlplane-9100.log")).unwrap().len();
+    (site.cp.grpc_port, site.cp.admin_port) = (9100, 9101);
+    site.cp.restart(&site.lan.pxe, &site.lan.dir);
+    let reloaded = wait_for(Duration::from_secs(30), || {
+        (metric(&site.lan.pxe, AGENT_ADMIN, "ironguard_agent_snapshots_applied")? >= 2.0).then_some(())
+    });
+    assert!(reloaded.is_some(), "the agent took no snapshot of the other epoch:\n{}", site.agent.log_text());
+    site.wait_allowed(M1, false);
+    assert!(site.refused(0, M1), "the new state denies M1");
+    assert!(dhcp(&site.lan.nodes[1], "eth0", mac(M2)).is_some(), "and allows M2");
+    let log = site.cp.proc.log_text()[mark..].to_string();
+    assert!(log.contains("the agent's state is of another store epoch"), "{log}");
+    assert!(!log.contains("agent resumes from its revision"), "{log}");
+}
+
 #[test]
 fn controlplane_gone_beyond_the_bound_blocks_and_coming_back_restores_the_leader() {
     let mut site = Site::new(1, 3);

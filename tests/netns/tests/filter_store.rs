@@ -28,7 +28,7 @@ where
 {
     let mac: MacAddr = "52:54:00:44:00:01".parse().unwrap();
     let t0 = now_ms();
-    let (api_since, allowed_at) = {
+    let (api_since, allowed_at, epoch) = {
         let s = open().await;
         let a = s.apply(api_changes(&[mac.to_string()], &[], &[]).unwrap(), None).await.unwrap();
         assert!(a.record.is_some(), "allowing a new MAC is a revision");
@@ -47,10 +47,16 @@ where
         let c = s.apply(api_changes(&[], &[], &[mac.to_string()]).unwrap(), None).await.unwrap();
         assert_eq!((c.revision, c.record), (r1, None));
         assert!(s.snapshot().allow.contains(&mac), "the inspection's reason still allows the MAC");
-        (since.iter().find(|(r, _)| r == "inspection:node-1").unwrap().1, r1)
+        let epoch = s.epoch();
+        assert!(!epoch.is_empty(), "a written store has an epoch");
+        assert_eq!(s.snapshot().epoch, epoch);
+        (since.iter().find(|(r, _)| r == "inspection:node-1").unwrap().1, r1, epoch)
     };
-    // After a restart the reason, its time and the revision are still there.
+    // After a restart the reason, its time, the revision and the store's epoch are still there.
     let s = open().await;
+    assert_eq!(s.epoch(), epoch, "the same store, the same history");
+    assert_eq!(s.resume(allowed_at, &epoch).map(|d| d.len()), Some(0));
+    assert!(s.resume(allowed_at, "another").is_none(), "no deltas for another epoch's revision");
     let e = wait_entry(s.as_ref(), mac, |e| !e.allow.contains("api")).await;
     assert_eq!(e.allow.with_since().collect::<Vec<_>>(), vec![("inspection:node-1", api_since)]);
     assert_eq!(e.changed_revision, allowed_at);

@@ -8,13 +8,14 @@
 //! effective unknown-MAC policy; when Ironic cannot be asked, only ironguard's own inspections count (closed).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ironguard_dataplane::{MacAddr, UnknownMacPolicy};
 use ironguard_inspection::machine::State;
 use ironguard_ironic::{Ironic, Node};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::mirror::ReasonMirror;
 use super::{IRONIC_INSPECTION, PolicySetting, SyncConfig, Task};
@@ -31,11 +32,14 @@ pub(super) struct IronicInspections {
     sync: SyncConfig,
     policy: PolicySetting,
     allow: ReasonMirror,
+    /// When Ironic last answered the poll (the task's creation before the first answer).
+    answered: Mutex<Instant>,
 }
 
 impl IronicInspections {
     pub(super) fn new(engine: Arc<Engine>, ironic: Arc<Ironic>, sync: SyncConfig, policy: PolicySetting) -> Self {
-        Self { engine, ironic, sync, policy, allow: ReasonMirror::new(Side::Allow, IRONIC_INSPECTION) }
+        let allow = ReasonMirror::new(Side::Allow, IRONIC_INSPECTION);
+        Self { engine, ironic, sync, policy, allow, answered: Mutex::new(Instant::now()) }
     }
 
     /// Whether a listed node is one whose ports this task allows.
@@ -80,6 +84,28 @@ impl IronicInspections {
         Ok(())
     }
 
+    /// Ironic did not answer: once that has lasted `ironic_inspection_unreachable_secs`, the allows go.
+    async fn expire_allows(&self) -> anyhow::Result<()> {
+        let bound = Duration::from_secs(self.sync.ironic_inspection_unreachable_secs);
+        let silent = self.answered.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+        if bound.is_zero() || silent < bound {
+            return Ok(());
+        }
+        let synced = self.allow.sync(&self.engine, BTreeSet::new(), None).await?;
+        if synced.changed > 0 {
+            error!(
+                dropped = synced.changed,
+                silent_secs = silent.as_secs(),
+                bound_secs = bound.as_secs(),
+                revision = synced.revision,
+                "Ironic has not answered for longer than [sync] ironic_inspection_unreachable_secs: the allows of the \
+                 nodes it was inspecting are dropped (no DHCP for them) until it answers again; check [ironic] url, \
+                 credentials and Ironic itself"
+            );
+        }
+        Ok(())
+    }
+
     /// `while-inspecting`: unknown MACs are allowed while any inspection runs (or with auto-discovery).
     async fn publish_policy(&self, ironic_inspects: bool) -> anyhow::Result<()> {
         let ours = self
@@ -104,9 +130,13 @@ impl Task for IronicInspections {
     async fn run(&self) -> anyhow::Result<()> {
         let listed = self.inspected_nodes().await;
         let mut result = Ok(());
+        if listed.is_ok() {
+            *self.answered.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
         if self.sync.ironic_inspection {
-            if let Ok(nodes) = &listed {
-                result = self.allow_ports(nodes).await;
+            match &listed {
+                Ok(nodes) => result = self.allow_ports(nodes).await,
+                Err(_) => result = self.expire_allows().await,
             }
         }
         if self.policy == PolicySetting::WhileInspecting {

@@ -19,12 +19,14 @@ pub(super) struct ReasonMirror {
 }
 
 /// What one [`ReasonMirror::sync`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Synced {
     pub changed: usize,
     pub revision: Option<u64>,
     /// Removals held back ([`super::drop_held`]): the MACs keep the reason.
     pub held: usize,
+    /// Those MACs.
+    pub held_macs: Vec<MacAddr>,
     /// MACs carrying the reason before the run.
     pub before: usize,
 }
@@ -49,7 +51,9 @@ impl ReasonMirror {
         let mut changes = diff(self.side, self.reason, &before, &now);
         let removing = changes.iter().filter(|c| !c.present).count();
         let mut held = 0;
+        let mut held_macs = Vec::new();
         if max_drop_percent.is_some_and(|p| super::drop_held(removing, before.len(), p)) {
+            held_macs = changes.iter().filter(|c| !c.present).map(|c| c.mac).collect();
             changes.retain(|c| c.present);
             held = removing;
         }
@@ -57,7 +61,7 @@ impl ReasonMirror {
         if !changes.is_empty() {
             revision = Some(engine.filters.apply(changes.clone(), None).await?.revision);
         }
-        Ok(Synced { changed: changes.len(), revision, held, before: before.len() })
+        Ok(Synced { changed: changes.len(), revision, held, held_macs, before: before.len() })
     }
 }
 

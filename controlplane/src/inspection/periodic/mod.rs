@@ -20,13 +20,18 @@ mod mirror;
 mod stale_allows;
 mod timeout;
 
+pub use ironic_sync::HeldDrop;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
 use super::engine::Engine;
+use crate::metrics::WhatLabel;
 use crate::singleton::PeriodicTask;
 
 /// The deny reason of MACs known to Ironic.
@@ -61,6 +66,10 @@ pub struct SyncConfig {
     pub ironic_inspection_maintenance: bool,
     /// Period of that (cheap) poll, milliseconds.
     pub ironic_inspection_period_ms: u64,
+    /// Once Ironic has not answered that poll for this long (seconds), the `ironic-inspection` allows are dropped
+    /// (DHCP closes for those nodes) until it answers again: an allow nobody can confirm does not stay open for a
+    /// whole outage. 0 keeps them for ever.
+    pub ironic_inspection_unreachable_secs: u64,
     /// For `while-inspecting`: allow unknown MACs even when nothing is inspected (node auto-discovery).
     pub auto_discovery: bool,
     /// Period of the inspection timeout check, seconds.
@@ -93,6 +102,7 @@ impl Default for SyncConfig {
             ironic_inspect_interfaces: vec!["agent".into()],
             ironic_inspection_maintenance: false,
             ironic_inspection_period_ms: 2000,
+            ironic_inspection_unreachable_secs: 300,
             auto_discovery: false,
             timeout_check_secs: 60,
             clean_up_secs: 600,
@@ -120,7 +130,12 @@ fn schedule(name: &'static str, period: Duration, task: impl Task) -> PeriodicTa
 }
 
 /// Every periodic task of inspection, for the singleton runner.
-pub fn tasks(engine: Arc<Engine>, sync: SyncConfig, policy: PolicySetting) -> Vec<PeriodicTask> {
+pub fn tasks(
+    engine: Arc<Engine>,
+    sync: SyncConfig,
+    policy: PolicySetting,
+    held: Family<WhatLabel, Gauge>,
+) -> Vec<PeriodicTask> {
     let mut out = vec![
         schedule(
             "inspection-timeout",
@@ -141,7 +156,7 @@ pub fn tasks(engine: Arc<Engine>, sync: SyncConfig, policy: PolicySetting) -> Ve
         out.push(schedule(
             "ironic-sync",
             Duration::from_secs(sync.ironic_sync_secs),
-            ironic_sync::IronicSync::new(engine.clone(), ironic.clone(), sync.ironic_drop_max_percent),
+            ironic_sync::IronicSync::new(engine.clone(), ironic.clone(), sync.ironic_drop_max_percent, held),
         ));
     }
     if sync.ironic_inspection || policy == PolicySetting::WhileInspecting {

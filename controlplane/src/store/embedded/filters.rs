@@ -23,6 +23,9 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
 const REVISION: &str = "revision";
 const POLICY: &str = "unknown_mac_policy";
+/// The store's epoch ([`FilterStore::epoch`]): random, written when the database is created (or first opened by
+/// a version that knows epochs), so a wiped data directory starts another epoch.
+const EPOCH: &str = "epoch";
 /// Requests committed together at most.
 const MAX_GROUP: usize = 1024;
 
@@ -81,12 +84,19 @@ impl EmbeddedFilters {
         {
             let w = db.begin_write().map_err(emb("begin a transaction"))?;
             w.open_table(ENTRIES).map_err(emb("open the entries table"))?;
-            w.open_table(META).map_err(emb("open the meta table"))?;
+            let mut meta = w.open_table(META).map_err(emb("open the meta table"))?;
+            if meta.get(EPOCH).map_err(emb("read the epoch"))?.is_none() {
+                use rand::Rng as _;
+                let epoch = rand::rng().random_range(1..=u64::MAX);
+                meta.insert(EPOCH, epoch).map_err(emb("write the epoch"))?;
+            }
+            drop(meta);
             w.open_table(LOG).map_err(emb("open the revision log"))?;
             w.commit().map_err(emb("commit"))?;
         }
         let mut state = FilterState::default();
         let mut log = Vec::new();
+        let epoch;
         {
             let r = db.begin_read().map_err(emb("begin a read"))?;
             let entries = r.open_table(ENTRIES).map_err(emb("open the entries table"))?;
@@ -104,6 +114,7 @@ impl EmbeddedFilters {
             state.revision = meta.get(REVISION).map_err(emb("read the revision"))?.map(|v| v.value()).unwrap_or(0);
             state.policy =
                 meta.get(POLICY).map_err(emb("read the policy"))?.map(|v| policy_from(v.value())).unwrap_or_default();
+            epoch = format!("{:016x}", meta.get(EPOCH).map_err(emb("read the epoch"))?.map(|v| v.value()).unwrap_or(0));
             let table = r.open_table(LOG).map_err(emb("open the revision log"))?;
             for row in table.iter().map_err(emb("read the revision log"))? {
                 let (_, v) = row.map_err(emb("read a revision"))?;
@@ -115,13 +126,14 @@ impl EmbeddedFilters {
         info!(
             path = %path.display(),
             revision = state.revision,
+            epoch,
             entries = state.entries.len(),
             logged_revisions = log.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "embedded store opened"
         );
         let (rev_tx, rev_rx) = watch::channel(state.revision);
-        let mirror = Mirror::new(state, log, log_len.max(1));
+        let mirror = Mirror::new(state, epoch, log, log_len.max(1));
         let mirror = Arc::new(RwLock::new(mirror));
         let (tx, rx) = mpsc::channel(4096);
         let m = mirror.clone();
@@ -273,6 +285,14 @@ impl FilterStore for EmbeddedFilters {
         self.read().deltas_since(since)
     }
 
+    fn epoch(&self) -> String {
+        self.read().epoch.clone()
+    }
+
+    fn resume(&self, since: u64, epoch: &str) -> Option<Vec<RevisionDelta>> {
+        self.read().resume(since, epoch)
+    }
+
     fn entries(&self, macs: &[MacAddr]) -> (u64, Vec<(MacAddr, Entry)>) {
         self.read().entries(macs)
     }
@@ -295,6 +315,37 @@ mod tests {
 
     fn mac(n: u16) -> MacAddr {
         MacAddr::from_octets([0x52, 0x54, 0, 0, (n >> 8) as u8, n as u8]).unwrap()
+    }
+
+    /// The epoch is kept with the state, and a wiped data directory is another epoch even at the same revision:
+    /// an agent of the old one is never resumed with deltas of the new one.
+    #[tokio::test]
+    async fn the_epoch_survives_reopening_and_a_wiped_store_is_another() {
+        let dir = tmp("epoch");
+        async fn write(s: &EmbeddedFilters, n: u16) -> u64 {
+            s.apply(api_changes(&[mac(n).to_string()], &[], &[]).unwrap(), None).await.unwrap().revision
+        }
+        let first = {
+            let s = crate::store::embedded::filters_in(&dir, 100);
+            assert_eq!(write(&s, 1).await, 1);
+            let e = s.epoch();
+            assert_eq!(e.len(), 16, "{e:?}");
+            assert_eq!(s.snapshot().epoch, e);
+            assert_eq!(s.resume(0, &e).map(|d| d.len()), Some(1));
+            assert!(s.resume(0, "").is_none(), "an agent that names no epoch gets a snapshot");
+            assert!(s.resume(0, "0123456789abcdef").is_none(), "nor one of another epoch");
+            e
+        };
+        let s = crate::store::embedded::filters_in(&dir, 100);
+        assert_eq!(s.epoch(), first, "reopened: the same history");
+        assert_eq!(s.resume(1, &first), Some(vec![]));
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = crate::store::embedded::filters_in(&dir, 100);
+        assert_eq!(write(&s, 2).await, 1, "a wiped store counts from 1 again");
+        assert_ne!(s.epoch(), first);
+        assert!(s.resume(1, &first).is_none(), "revision 1 of the old epoch is not revision 1 of this one");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

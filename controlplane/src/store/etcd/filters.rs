@@ -165,7 +165,8 @@ async fn load(
         }
     }
     log.sort_by_key(|d| d.revision);
-    Ok((Mirror::new(state, log, log_len), at, meta))
+    let epoch = meta.as_ref().map(|(m, _)| m.epoch.clone()).unwrap_or_default();
+    Ok((Mirror::new(state, epoch, log, log_len), at, meta))
 }
 
 /// Why a freshly loaded store is not the one a mirror at `floor` followed, if it is not.
@@ -316,6 +317,7 @@ impl Follower {
                         if let Ok(meta) = serde_json::from_slice::<Meta>(kv.value()) {
                             m.state.revision = meta.revision;
                             m.state.policy = meta.policy;
+                            m.epoch = meta.epoch.clone();
                             let mut f = self.floor.write().unwrap_or_else(|e| e.into_inner());
                             *f = Floor { revision: meta.revision, policy: meta.policy, epoch: meta.epoch };
                             changed = true;
@@ -645,6 +647,14 @@ impl FilterStore for EtcdFilters {
 
     fn deltas_since(&self, since: u64) -> Option<Vec<RevisionDelta>> {
         self.read().deltas_since(since)
+    }
+
+    fn epoch(&self) -> String {
+        self.read().epoch.clone()
+    }
+
+    fn resume(&self, since: u64, epoch: &str) -> Option<Vec<RevisionDelta>> {
+        self.read().resume(since, epoch)
     }
 
     fn entries(&self, macs: &[MacAddr]) -> (u64, Vec<(MacAddr, Entry)>) {
