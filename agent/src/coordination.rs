@@ -188,16 +188,54 @@ pub async fn run(
             break;
         }
         // An abandoned session's keys would stay first in the election queue for as long as etcd keeps its lease
-        // (it extends every lease when a new etcd leader takes over): end it before opening the next one.
+        // (it extends every lease when a new etcd leader takes over): end it before opening the next one. While
+        // etcd elects a leader the revoke fails, so it is tried again in the background until etcd answers.
         let revoked = tokio::select! {
             r = coord.revoke(&session) => r,
             _ = shutdown.cancelled() => break,
         };
         if let Err(e) = revoked {
-            debug!(error = %e, "could not revoke the ended session's lease; it expires within its TTL");
+            let (coord, lease) = (coord.clone(), session.lease);
+            debug!(error = %e, lease = format!("{lease:x}"), "could not revoke the ended session's lease yet; retrying");
+            tokio::spawn(async move {
+                let revoke = || coord.revoke_lease(lease);
+                match revoke_until_done(revoke, REVOKE_RETRY_FOR, REVOKE_RETRY_PAUSE).await {
+                    Ok(tries) => info!(lease = format!("{lease:x}"), tries, "revoked the ended session's lease"),
+                    Err((tries, e)) => warn!(
+                        lease = format!("{lease:x}"),
+                        tries,
+                        error = %e,
+                        "could not revoke the ended session's lease; its candidacy key goes when etcd expires it"
+                    ),
+                }
+            });
         }
         warn!(reason = %ended, "session ended; opening a new one");
         tokio::select! { _ = tokio::time::sleep(Duration::from_millis(200)) => {}, _ = shutdown.cancelled() => break }
+    }
+}
+
+/// How long the lease of an ended session is revoked again in the background after the first try failed, and how
+/// far apart the tries are.
+const REVOKE_RETRY_FOR: Duration = Duration::from_secs(30);
+const REVOKE_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Calls `revoke` until it succeeds (`Ok(tries)`) or `bound` has passed since the first try (`Err((tries, last
+/// error))`), `pause` apart.
+async fn revoke_until_done<F, Fut>(mut revoke: F, bound: Duration, pause: Duration) -> Result<u32, (u32, CoordError)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), CoordError>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        match revoke().await {
+            Ok(()) => return Ok(tries),
+            Err(e) if start.elapsed() + pause > bound => return Err((tries, e)),
+            Err(_) => tokio::time::sleep(pause).await,
+        }
     }
 }
 
@@ -354,10 +392,14 @@ async fn serve_session(
             Ok(c) => c,
             Err(why) => {
                 // Never opened: the candidacy is given up, and the store need not answer for this agent to stop.
-                let _ = unless_interrupted(coord.resign(&leadership), want_lead, shutdown).await;
+                let resigned = unless_interrupted(coord.resign(&leadership), want_lead, shutdown).await;
                 match why {
                     Interrupted::Shutdown => return "shutdown".into(),
-                    Interrupted::SteppingDown => continue,
+                    Interrupted::SteppingDown => match resigned {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(e)) => return withdraw_failed(&election, &e),
+                        Err(_) => return withdraw_failed(&election, &"the store did not answer"),
+                    },
                 }
             }
         };
@@ -370,7 +412,9 @@ async fn serve_session(
             }
             Err(e) => {
                 warn!(election, error = %e, "cannot confirm the leadership; resigning");
-                let _ = coord.resign(&leadership).await;
+                if let Err(e) = coord.resign(&leadership).await {
+                    return withdraw_failed(&election, &e);
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
                     _ = shutdown.cancelled() => return "shutdown".into(),
@@ -443,6 +487,7 @@ async fn serve_session(
         };
         match done {
             Ok(()) => info!(why, "closed; hand-over recorded"),
+            Err(e) if why == "stepping down" => return withdraw_failed(&election, &e),
             Err(e) => {
                 warn!(why, error = %e, "could not record the hand-over; the successor waits out this agent's fence")
             }
@@ -450,5 +495,42 @@ async fn serve_session(
         if why != "stepping down" {
             return why.into();
         }
+    }
+}
+
+/// A candidacy that could not be withdrawn (the store did not answer in time: a starved or electing etcd) would
+/// stay first in the election's queue for as long as this session lives, and this agent, which does not want to
+/// lead, would keep every other host from leading. So the session is ended instead: the caller revokes its lease
+/// (again in the background until etcd answers), and the key goes with it. The successor waits out this agent's
+/// fence, as the hand-over record could not say closed.
+fn withdraw_failed(election: &str, e: &dyn std::fmt::Display) -> String {
+    warn!(
+        election,
+        error = %e,
+        "could not withdraw this agent's candidacy; ending the session so that its key goes with the lease"
+    );
+    format!("could not withdraw the candidacy: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// The lease of an ended session while etcd elects a leader: the revoke fails a few times, then succeeds; it is
+    /// tried until then, and given up after the bound when etcd never answers. Tokio's paused clock: no real waits.
+    #[tokio::test(start_paused = true)]
+    async fn an_ended_sessions_lease_is_revoked_again_until_etcd_answers() {
+        let calls = AtomicU32::new(0);
+        let flaky = || async {
+            if calls.fetch_add(1, Ordering::SeqCst) < 5 { Err(CoordError::LeaseExpired) } else { Ok(()) }
+        };
+        let pause = Duration::from_millis(250);
+        assert_eq!(revoke_until_done(flaky, Duration::from_secs(30), pause).await.map_err(|(n, _)| n), Ok(6));
+        let started = tokio::time::Instant::now();
+        let never = || async { Err::<(), _>(CoordError::Cancelled) };
+        let (tries, e) = revoke_until_done(never, Duration::from_secs(2), pause).await.unwrap_err();
+        assert_eq!((tries, e.to_string()), (9, "cancelled".to_string()), "0, 0.25 … 2 s");
+        assert!(started.elapsed() <= Duration::from_secs(2), "{:?}", started.elapsed());
     }
 }

@@ -68,6 +68,10 @@ pub struct Access {
     pub auth: Authenticator,
     pub continue_max_bytes: usize,
     pub continue_rate: RateLimiter,
+    /// Failed operator authentications per source (`auth_failure_burst`, then `auth_failures_per_minute`): a source
+    /// past it is answered 429 before any bcrypt or Keystone check, so junk credentials cannot drive those checks
+    /// one for one. Callers whose credentials are right never spend from it.
+    pub auth_failures: RateLimiter,
     /// `continue_memory_mib`, in KiB permits: what the bodies being read and parsed hold.
     continue_budget: Semaphore,
     continue_budget_kib: usize,
@@ -85,6 +89,7 @@ impl Access {
             auth: Authenticator::new(cfg)?,
             continue_max_bytes: cfg.continue_max_bytes,
             continue_rate: RateLimiter::new(cfg.continue_rate_per_minute, cfg.continue_rate_burst),
+            auth_failures: RateLimiter::new(cfg.auth_failures_per_minute, cfg.auth_failure_burst),
             continue_budget: Semaphore::new(cfg.continue_memory_mib.saturating_mul(1024)),
             continue_budget_kib: cfg.continue_memory_mib.saturating_mul(1024),
             continue_workers: Semaphore::new(cfg.continue_workers),
@@ -197,8 +202,26 @@ impl InspectorListener {
     }
 }
 
-/// Lets an operator call through to its handler, or answers the refusal.
+/// Lets an operator call through to its handler, or answers the refusal. A source whose failed authentications
+/// are past their budget gets 429 before its credentials are checked.
 async fn require_operator(State(api): State<Api>, req: Request, next: Next) -> Response {
+    let source = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    if let Some(ip) = source {
+        if let Err(wait) = api.access.auth_failures.peek(ip) {
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            crate::refused!(
+                "auth-failures",
+                ip,
+                "inspector API: too many failed authentications from this address (429), credentials not checked; a client with a wrong password, or someone guessing"
+            );
+            let mut resp = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("Too many failed authentication attempts from this address; retry in {secs} s"),
+            );
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            return resp;
+        }
+    }
     match api.access.auth.check(req.headers()).await {
         Ok(id) => {
             let user = id.user.as_deref().unwrap_or("-");
@@ -209,7 +232,12 @@ async fn require_operator(State(api): State<Api>, req: Request, next: Next) -> R
             }
             next.run(req).await
         }
-        Err(r) => refusal(r),
+        Err(r) => {
+            if let (Some(ip), StatusCode::UNAUTHORIZED) = (source, r.status) {
+                let _ = api.access.auth_failures.check(ip);
+            }
+            refusal(r)
+        }
     }
 }
 

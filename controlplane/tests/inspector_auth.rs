@@ -97,7 +97,13 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig, &std::path:
     ironic.add_port(Port { address: MAC1.into(), node_uuid: N1.into(), ..Default::default() }).unwrap();
     ironic.add_node(node(N2, "manageable", "10.0.0.2"));
     ironic.add_port(Port { address: MAC2.into(), node_uuid: N2.into(), ..Default::default() }).unwrap();
-    site_support::start(tag, ironic, tweak).await
+    // The tests below send many wrong credentials from one address on purpose; the per-source budget of failed
+    // authentications has its own test, `junk_credentials_spend_a_budget_then_get_429_unchecked`.
+    site_support::start(tag, ironic, |c, dir| {
+        c.inspector_api.auth_failure_burst = 100_000;
+        tweak(c, dir)
+    })
+    .await
 }
 
 impl Site {
@@ -340,6 +346,46 @@ async fn http_basic_guards_every_operator_call() {
     assert_no_secret_logged(&[PASSWORD, WRONG_PASSWORD, &hash, &good["Basic ".len()..]]);
     let text = logs();
     assert!(text.contains("HTTP basic authentication failed: wrong password"), "refusals are logged");
+}
+
+/// Wrong credentials from one address spend its budget of failed authentications; past it, every operator call
+/// from there is answered 429 with `Retry-After` before any bcrypt check (the refusal counters show bcrypt ran
+/// only for the budget), right credentials included; another address is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn junk_credentials_spend_a_budget_then_get_429_unchecked() {
+    let s = site("auth-budget", |c, dir| {
+        let (file, _) = write_htpasswd(dir);
+        c.inspector_api.auth_strategy = AuthStrategy::HttpBasic;
+        c.inspector_api.http_basic_auth_user_file = file.display().to_string();
+        c.inspector_api.auth_failure_burst = 3;
+        c.inspector_api.auth_failures_per_minute = 1;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let get = |auth: String| {
+        let req = http.get(s.u("/v1/introspection")).header("Authorization", auth);
+        async move { req.send().await.unwrap() }
+    };
+    // A right password spends nothing.
+    assert_eq!(get(basic(USER, PASSWORD)).await.status(), 200);
+    for i in 0..3 {
+        assert_eq!(get(basic(USER, &format!("junk-{i}"))).await.status(), 401, "attempt {i}");
+    }
+    for auth in [basic(USER, "junk-3"), basic("mallory", "x"), basic(USER, PASSWORD)] {
+        let r = get(auth).await;
+        assert_eq!(r.status(), 429);
+        let wait: u64 = r.headers()["Retry-After"].to_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&wait), "{wait}");
+        let e: Value = r.json().await.unwrap();
+        assert!(e["error"]["message"].as_str().unwrap().contains("Too many failed authentication attempts"), "{e}");
+    }
+    let m = s.metrics().await;
+    assert!(m.contains("ironguard_controlplane_refusals_total{kind=\"basic-password\"} 3\n"), "{m}");
+    assert!(m.contains("ironguard_controlplane_refusals_total{kind=\"auth-failures\"} 3\n"), "{m}");
+    // Another address has its own budget (127.0.0.2 is loopback as well).
+    let other = reqwest::Client::builder().local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let r = other.get(s.u("/v1/introspection")).header("Authorization", basic(USER, PASSWORD)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
 }
 
 /// The htpasswd file is read again when it changes: a new user works at once, a removed one is refused, and a

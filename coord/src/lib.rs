@@ -42,7 +42,7 @@ pub enum CoordError {
         #[source]
         source: std::io::Error,
     },
-    #[error("etcd {op} failed")]
+    #[error("etcd {op} failed: {source}")]
     Etcd {
         op: &'static str,
         #[source]

@@ -86,6 +86,12 @@ pub struct InspectorApiConfig {
     pub continue_rate_per_minute: u32,
     /// How many calls a source may make at once before the rate applies.
     pub continue_rate_burst: u32,
+    /// Failed operator authentications (401) each source address may make per minute on average, after
+    /// `auth_failure_burst` at once (IPv6: per /64). A source past it is answered 429 with `Retry-After` before its
+    /// credentials are checked, so junk credentials cannot drive bcrypt or Keystone one check per request. Callers
+    /// with the right credentials never spend from it.
+    pub auth_failures_per_minute: u32,
+    pub auth_failure_burst: u32,
     /// Memory for `POST /v1/continue` bodies being read and parsed, all callers together, MiB (at least
     /// `continue_max_bytes`). Each body holds only the bytes it has sent past its first 64 KiB (which every
     /// connection may hold), so slow senders and small callbacks hold nothing of it; a body that finds the budget
@@ -128,6 +134,8 @@ impl Default for InspectorApiConfig {
             continue_max_bytes: DEFAULT_CONTINUE_MAX_BYTES,
             continue_rate_per_minute: 60,
             continue_rate_burst: 10,
+            auth_failures_per_minute: 10,
+            auth_failure_burst: 10,
             continue_memory_mib: 48,
             continue_workers: 2,
             continue_max_values: 100_000,
@@ -199,6 +207,9 @@ impl InspectorApiConfig {
         }
         if self.continue_rate_per_minute == 0 || self.continue_rate_burst == 0 {
             return Err("[inspector_api] continue_rate_per_minute and continue_rate_burst must be at least 1".into());
+        }
+        if self.auth_failures_per_minute == 0 || self.auth_failure_burst == 0 {
+            return Err("[inspector_api] auth_failures_per_minute and auth_failure_burst must be at least 1".into());
         }
         Ok(())
     }

@@ -55,6 +55,19 @@ impl RateLimiter {
         self.check_at(ip, Instant::now())
     }
 
+    /// Whether `ip` has a token left, without taking it; `Err` holds how long until it has one.
+    pub fn peek(&self, ip: IpAddr) -> Result<(), Duration> {
+        self.peek_at(ip, Instant::now())
+    }
+
+    /// [`peek`](Self::peek) at `now`.
+    pub fn peek_at(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(b) = buckets.get(&source_key(ip)) else { return Ok(()) };
+        let tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * self.per_sec).min(self.burst);
+        if tokens >= 1.0 { Ok(()) } else { Err(Duration::from_secs_f64((1.0 - tokens) / self.per_sec)) }
+    }
+
     /// [`check`](Self::check) at `now` (which never goes backwards).
     pub fn check_at(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
         let key = source_key(ip);
@@ -103,6 +116,20 @@ mod tests {
             r.check_at(a, now).unwrap();
         }
         assert!(r.check_at(a, now).is_err(), "never more than the burst");
+    }
+
+    #[test]
+    fn peeking_takes_nothing() {
+        let r = RateLimiter::new(60, 2);
+        let now = Instant::now();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        for _ in 0..5 {
+            r.peek_at(a, now).expect("an unknown source has its burst");
+        }
+        r.check_at(a, now).unwrap();
+        r.check_at(a, now).unwrap();
+        assert!(r.peek_at(a, now).is_err(), "the burst is spent");
+        r.peek_at(a, now + Duration::from_secs(1)).expect("one token a second later");
     }
 
     #[test]

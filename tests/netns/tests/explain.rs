@@ -143,15 +143,19 @@ fn explain_answers_per_host_and_matches_the_kernel_and_real_dhcp() {
     let mut site = site;
     let leader = leader_now(&site);
     signal_agent(&mut site.hosts[leader], Signal::SIGTERM).expect("the agent exits on SIGTERM");
-    let (next, _) = site.wait_leader(Some(leader), DEADLINE).expect("a successor leads");
-    let j = explain_until(&site, "the successor serves the MAC", |j| {
-        host(j, next)["served"] == true && host(j, leader)["served"] == false
+    site.wait_leader(Some(leader), DEADLINE).expect("a successor leads");
+    // Which host succeeds is read from the answer: on a busy machine the first successor may fence and hand over
+    // again (each host closed by its fence first).
+    let served = |j: &Value| -> Vec<usize> { (0..3).filter(|i| *i != leader && host(j, *i)["served"] == true).collect() };
+    let j = explain_until(&site, "a successor serves the MAC", |j| {
+        served(j).len() == 1 && host(j, leader)["served"] == false
     });
     assert_eq!(j["hosts"].as_array().unwrap().iter().filter(|h| h["served"] == true).count(), 1, "{j:#}");
     let k = local(&site, leader);
     assert_eq!(k["served"], false);
     assert!(k["rule"].as_str().unwrap().starts_with("ironguard-guard:drop-unmarked"), "{k:#}");
-    assert_eq!(site.dhcp(0, mac(NODE_MAC)).expect("a lease from the successor").server_id, site.hosts[next].ip);
+    let lease = site.dhcp(0, mac(NODE_MAC)).expect("a lease from a successor");
+    assert_ne!(lease.server_id, site.hosts[leader].ip, "not from the stopped host");
 
     // A malformed MAC is a usage error before anything is asked.
     let out = ctl_cmd(&site.mgmt).args(["--controlplane", CP, "explain", "52:54:00:zz:00:01"]).output().unwrap();
