@@ -522,9 +522,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_ended_sessions_lease_is_revoked_again_until_etcd_answers() {
         let calls = AtomicU32::new(0);
-        let flaky = || async {
-            if calls.fetch_add(1, Ordering::SeqCst) < 5 { Err(CoordError::LeaseExpired) } else { Ok(()) }
-        };
+        let flaky =
+            || async { if calls.fetch_add(1, Ordering::SeqCst) < 5 { Err(CoordError::LeaseExpired) } else { Ok(()) } };
         let pause = Duration::from_millis(250);
         assert_eq!(revoke_until_done(flaky, Duration::from_secs(30), pause).await.map_err(|(n, _)| n), Ok(6));
         let started = tokio::time::Instant::now();

@@ -92,7 +92,10 @@ async fn health_reflection_admin_and_the_filter_contract() {
     assert_eq!((d.revision, d.allow_add.clone()), (r.revision, vec!["52:54:00:00:00:01".to_string()]));
     // Heartbeats keep an idle stream visibly alive.
     let hb = tokio::time::timeout(Duration::from_secs(5), w.message()).await.unwrap().unwrap().unwrap();
-    assert!(matches!(hb.event, Some(Event::Heartbeat(ref h)) if h.revision == r.revision && h.epoch == s0.epoch), "{hb:?}");
+    assert!(
+        matches!(hb.event, Some(Event::Heartbeat(ref h)) if h.revision == r.revision && h.epoch == s0.epoch),
+        "{hb:?}"
+    );
     // The same request again changes nothing and creates no revision.
     let again = c
         .update_pxe_filters(UpdatePxeFiltersRequest { allow: vec!["52-54-00-00-00-01".into()], ..Default::default() })

@@ -391,9 +391,7 @@ async fn ironic_sync_holds_a_mass_drop_of_denies() {
     metric_becomes("ironguard_controlplane_ironic_sync_held{what=\"denies\"} 12").await;
     let explain = |m: String| {
         let mut c = PxeFilterClient::new(s.channel.clone());
-        async move {
-            c.explain_mac(ironguard_proto::v1::ExplainMacRequest { mac: m }).await.unwrap().into_inner()
-        }
+        async move { c.explain_mac(ironguard_proto::v1::ExplainMacRequest { mac: m }).await.unwrap().into_inner() }
     };
     let e = explain(mac(3)).await;
     assert!(e.decision.contains("its deny is held"), "{e:?}");
@@ -468,7 +466,8 @@ async fn ironics_own_inspection_allows_expire_while_ironic_does_not_answer() {
     };
     s.ironic.set_provision_state(N1, "inspect wait").unwrap();
     becomes(true).await;
-    let down = Fault { method: Some("GET".into()), path_prefix: "/v1/nodes".into(), status: 503, count: 0, latency_ms: 0 };
+    let down =
+        Fault { method: Some("GET".into()), path_prefix: "/v1/nodes".into(), status: 503, count: 0, latency_ms: 0 };
     s.ironic.inject(down);
     let t = Instant::now();
     becomes(false).await;

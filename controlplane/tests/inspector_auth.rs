@@ -383,7 +383,8 @@ async fn junk_credentials_spend_a_budget_then_get_429_unchecked() {
     assert!(m.contains("ironguard_controlplane_refusals_total{kind=\"basic-password\"} 3\n"), "{m}");
     assert!(m.contains("ironguard_controlplane_refusals_total{kind=\"auth-failures\"} 3\n"), "{m}");
     // Another address has its own budget (127.0.0.2 is loopback as well).
-    let other = reqwest::Client::builder().local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap()).build().unwrap();
+    let other =
+        reqwest::Client::builder().local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap()).build().unwrap();
     let r = other.get(s.u("/v1/introspection")).header("Authorization", basic(USER, PASSWORD)).send().await.unwrap();
     assert_eq!(r.status(), 200);
 }

@@ -301,7 +301,9 @@ mod tests {
     #[test]
     fn the_control_planes_warnings_come_first() {
         let answer = ListAgentsResponse {
-            warnings: vec!["agent id \"pxe-a\" is reported by 2 hosts (ctrl-1, ctrl-9): give each agent its own id".into()],
+            warnings: vec![
+                "agent id \"pxe-a\" is reported by 2 hosts (ctrl-1, ctrl-9): give each agent its own id".into(),
+            ],
             ..sample()
         };
         let text = AgentsReport::from(answer.clone()).render();

@@ -146,7 +146,8 @@ fn explain_answers_per_host_and_matches_the_kernel_and_real_dhcp() {
     site.wait_leader(Some(leader), DEADLINE).expect("a successor leads");
     // Which host succeeds is read from the answer: on a busy machine the first successor may fence and hand over
     // again (each host closed by its fence first).
-    let served = |j: &Value| -> Vec<usize> { (0..3).filter(|i| *i != leader && host(j, *i)["served"] == true).collect() };
+    let served =
+        |j: &Value| -> Vec<usize> { (0..3).filter(|i| *i != leader && host(j, *i)["served"] == true).collect() };
     let j = explain_until(&site, "a successor serves the MAC", |j| {
         served(j).len() == 1 && host(j, leader)["served"] == false
     });

@@ -15,7 +15,16 @@ const NODE_MAC: &str = "52:54:00:44:00:01";
 fn lease_from(site: &HaSite, host: usize) {
     let got = wait_for(Duration::from_secs(10), || site.dhcp(0, mac(NODE_MAC)));
     let lease = got.expect("a lease from the new leader");
-    assert_eq!(lease.server_id, site.hosts[host].ip, "the offer comes from the leader's dnsmasq");
+    assert_from_leader(site, &lease, host);
+}
+
+/// The lease came from `host`'s server, or (the lead may move on its own on a busy machine, each host closed by
+/// its fence first) from the host that leads after the exchange.
+fn assert_from_leader(site: &HaSite, lease: &Lease, host: usize) {
+    if lease.server_id != site.hosts[host].ip {
+        let now = site.wait_leader(None, Duration::from_secs(15)).expect("a leader").0;
+        assert_eq!(lease.server_id, site.hosts[now].ip, "the offer comes from the leader's dnsmasq (pxe-{host} led)");
+    }
 }
 
 #[test]
@@ -241,7 +250,7 @@ fn one_control_plane_replica_dies_and_agents_continue_from_the_other() {
     // A change through the surviving replica reaches the agents, which moved to it without a full reload.
     assert!(ctl_on("https://10.90.0.1:9110", &["filters", "allow", NODE_MAC]).status.success());
     let got = wait_for(Duration::from_secs(30), || site.dhcp(0, mac(NODE_MAC)));
-    assert_eq!(got.expect("allowed via the other replica").server_id, site.hosts[leader].ip);
+    assert_from_leader(&site, &got.expect("allowed via the other replica"), leader);
     let resumed = wait_for(Duration::from_secs(30), || {
         (0..3)
             .all(|i| {

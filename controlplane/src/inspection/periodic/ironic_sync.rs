@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use ironguard_coord::Coordinator;
 use ironguard_dataplane::MacAddr;
+use ironguard_inspection::records::Kind;
+use ironguard_ironic::Ironic;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
-use ironguard_inspection::records::Kind;
-use ironguard_ironic::Ironic;
 use tracing::{error, info, warn};
 
 use super::mirror::{ReasonMirror, Synced};
@@ -167,7 +167,11 @@ impl Task for IronicSync {
         let records = self.engine.store.list().await?;
         let gone: Vec<_> = records.iter().filter(|r| !nodes.contains(&r.uuid)).collect();
         let forget_held = super::drop_held(gone.len(), records.len(), self.max_drop_percent);
-        self.held.get_or_create(&WhatLabel { what: "inspections" }).set(if forget_held { gone.len() as i64 } else { 0 });
+        self.held.get_or_create(&WhatLabel { what: "inspections" }).set(if forget_held {
+            gone.len() as i64
+        } else {
+            0
+        });
         if forget_held {
             error!(
                 gone = gone.len(),
