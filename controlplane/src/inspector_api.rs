@@ -208,18 +208,12 @@ async fn require_operator(State(api): State<Api>, req: Request, next: Next) -> R
     let source = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     if let Some(ip) = source {
         if let Err(wait) = api.access.auth_failures.peek(ip) {
-            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             crate::refused!(
                 "auth-failures",
                 ip,
                 "inspector API: too many failed authentications from this address (429), credentials not checked; a client with a wrong password, or someone guessing"
             );
-            let mut resp = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!("Too many failed authentication attempts from this address; retry in {secs} s"),
-            );
-            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-            return resp;
+            return too_many("Too many failed authentication attempts from this address", wait);
         }
     }
     match api.access.auth.check(req.headers()).await {
@@ -239,6 +233,14 @@ async fn require_operator(State(api): State<Api>, req: Request, next: Next) -> R
             refusal(r)
         }
     }
+}
+
+/// 429 with `what; retry in N s` and `Retry-After: N` (the wait rounded up, at least 1 s).
+fn too_many(what: &str, wait: Duration) -> Response {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut resp = error(StatusCode::TOO_MANY_REQUESTS, format!("{what}; retry in {secs} s"));
+    resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    resp
 }
 
 fn refusal(r: Refusal) -> Response {
@@ -489,18 +491,12 @@ async fn continue_(
     body: Body,
 ) -> Response {
     if let Err(wait) = api.access.continue_rate.check(peer.ip()) {
-        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         crate::refused!(
             "continue-rate",
             peer.ip(),
             "inspector API: /v1/continue over the rate limit (429); a ramdisk retrying too fast, or a flood: raise [inspector_api] continue_rate_per_minute and continue_rate_burst only if real nodes hit it"
         );
-        let mut resp = error(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("Too many introspection data submissions from this address; retry in {secs} s"),
-        );
-        resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-        return resp;
+        return too_many("Too many introspection data submissions from this address", wait);
     }
     let limit = api.access.continue_max_bytes;
     let access = &api.access;
