@@ -284,6 +284,19 @@ cat >"$WORK/node1-inventory.json" <<J
   "boot": {"current_boot_mode": "uefi", "pxe_interface": "${MACS[0]}"}},
  "boot_interface": "${MACS[0]}", "root_disk": {"name": "/dev/vda", "size": 107374182400}}
 J
+echo "-- the stranger heard node1's MAC in its DHCP broadcasts; it posts data naming that MAC, with its own NIC as the"
+echo "   boot interface (to get its own MAC made node1's port, and so DHCP later). Nothing ties it to node1's"
+echo "   inspection (its MAC was never let through the filter): refused, node1 keeps waiting for its own data"
+ip netns exec "${NODES[3]}" ip addr add 10.77.0.14/24 dev eth0
+sed -e "s/\"boot_interface\": \"${MACS[0]}\"/\"boot_interface\": \"${MACS[3]}\"/" \
+  -e "s/\"interfaces\": \[/\"interfaces\": [{\"name\": \"eth1\", \"mac_address\": \"${MACS[3]}\", \"ipv4_address\": \"10.77.0.14\"}, /" \
+  "$WORK/node1-inventory.json" >"$WORK/hijack.json"
+code=$(ip netns exec "${NODES[3]}" curl -s -o "$WORK/hijack.out" -w '%{http_code}' -H 'Content-Type: application/json' \
+  --data-binary @"$WORK/hijack.json" "$INSPECTOR/v1/continue")
+echo "   POST $INSPECTOR/v1/continue -> $code $(cat "$WORK/hijack.out")"
+[ "$code" = 400 ] || fail "the stranger's data for node1 was answered $code"
+ip netns exec "${NODES[3]}" ip addr flush dev eth0
+ctl inspect status "$UUID1" | grep -q 'state: waiting' || fail "the stranger's data changed node1's inspection"
 reply=$(ip netns exec "${NODES[0]}" "$VENV/bin/python" tests/ironic/ipa_callback.py "$WORK/node1-inventory.json" \
   --inspection_callback_url "$INSPECTOR/v1/continue") || fail "the ramdisk's callback was refused"
 echo "   reply: $reply"

@@ -547,13 +547,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     eprintln!("enrolled {n} nodes and {n} ports in {}", human(enroll));
 
-    // 2. Control plane and agent.
+    // 2. Control plane and agent. The callbacks come from loopback addresses, not from machines that booted
+    // through the filter: no evidence is asked of them (`callback_evidence = "none"`), so this measures the
+    // processing path alone (the evidence check reads the agents' reports, in memory).
     let cfg = dir.join("cp.toml");
     std::fs::write(
         &cfg,
         format!(
             "[server]\ninspector_listen = \"127.0.0.1:5050\"\n[log]\nformat = \"json\"\n\
-             [filter]\nunknown_mac_policy = \"deny\"\n[ironic]\nurl = \"{}\"\n[inspection]\nworkers = {}\n\
+             [filter]\nunknown_mac_policy = \"deny\"\n[ironic]\nurl = \"{}\"\n[inspection]\nworkers = {}\ncallback_evidence = \"none\"\n\
              [sync]\nironic_sync_secs = 0\nironic_inspection = false\n",
             ironic.url, args.workers
         ),

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ironguard_coord::Coordinator;
+use ironguard_dataplane::MacAddr;
 use ironguard_proto::time::now_ms;
 use ironguard_proto::v1::{AgentInfo, AgentStatus, Mode, NetworkLeader};
 use prost::Message as _;
@@ -201,6 +202,40 @@ impl AgentRegistry {
         }
     }
 
+    /// What the kernels of `network`'s agents saw of `mac`'s DHCP: the evidence a ramdisk's data needs before it is
+    /// accepted for a node (`[inspection] callback_evidence`). Every report of the network counts, a former
+    /// leader's last one too: what its kernel let through stays true.
+    pub async fn dhcp_passed(&self, network: &str, mac: MacAddr) -> DhcpEvidence {
+        let mut unobserved = Vec::new();
+        let mut observed = false;
+        let mut best: Option<(u64, String)> = None;
+        for (s, _) in self.all().await.into_iter().filter(|(s, _)| s.network == network) {
+            if !s.dhcp_seen_observed {
+                let why = if s.dhcp_seen_error.is_empty() { "does not observe DHCP" } else { &s.dhcp_seen_error };
+                unobserved.push(format!("agent {}: {why}", s.agent_id));
+                continue;
+            }
+            observed = true;
+            let passed = s
+                .dhcp_seen
+                .iter()
+                .filter(|d| d.mac.parse::<MacAddr>() == Ok(mac))
+                .filter_map(|d| d.passed.as_ref().filter(|p| p.count > 0).map(|p| p.last_unix_ms))
+                .max();
+            if let Some(t) = passed.filter(|t| best.as_ref().is_none_or(|(b, _)| t > b)) {
+                best = Some((t, s.agent_id.clone()));
+            }
+        }
+        match best {
+            Some((last_unix_ms, agent)) => DhcpEvidence::Passed { last_unix_ms, agent },
+            None if observed => DhcpEvidence::NotPassed,
+            None if unobserved.is_empty() => {
+                DhcpEvidence::Unobservable(format!("no agent of network {network:?} reports"))
+            }
+            None => DhcpEvidence::Unobservable(unobserved.join("; ")),
+        }
+    }
+
     /// The highest revision applied by a live agent in `Leader` mode on `network`.
     pub async fn leader_applied(&self, network: &str) -> Option<u64> {
         let stale_after = self.stale_after();
@@ -211,6 +246,19 @@ impl AgentRegistry {
             .map(|(s, _)| s.applied_revision)
             .max()
     }
+}
+
+/// What the kernels of a network's agents saw of one MAC's DHCP ([`AgentRegistry::dhcp_passed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DhcpEvidence {
+    /// A request from the MAC was let through to a DHCP server, last at this time (Unix milliseconds, the agent's
+    /// clock), by this agent's kernel.
+    Passed { last_unix_ms: u64, agent: String },
+    /// The network's agents observe DHCP and none reports the MAC let through (not let through, or not reported
+    /// yet: a report follows a change within seconds).
+    NotPassed,
+    /// No agent of the network can say: why.
+    Unobservable(String),
 }
 
 /// What is wrong with the live agents as they report (stale reports are left out), in words with what to do:
@@ -310,6 +358,42 @@ mod tests {
         assert!(e.contains("several networks report (lab, prov)"), "{e}");
         assert_eq!(r.leader_applied("prov").await, Some(7), "lab's leader does not count for prov");
         assert_eq!(r.leader_applied("").await, None, "no network named, no leader counts");
+    }
+
+    /// The evidence for a MAC is the newest `passed` among the network's reports; a MAC only requested is not let
+    /// through; a network whose agents do not observe (ipset, hostsdir) cannot say, and says why.
+    #[tokio::test]
+    async fn dhcp_evidence_is_the_newest_pass_on_the_network() {
+        use ironguard_proto::v1::{DhcpSeen, SeenCount};
+        let r = AgentRegistry::local(BOUND);
+        let seen = |mac: &str, requests: u64, passed: u64, at: u64| DhcpSeen {
+            mac: mac.into(),
+            requests: Some(SeenCount { count: requests, last_unix_ms: at }),
+            passed: Some(SeenCount { count: passed, last_unix_ms: if passed > 0 { at } else { 0 } }),
+            answers: None,
+        };
+        let m1: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let m2: MacAddr = "52:54:00:00:00:02".parse().unwrap();
+        assert!(matches!(r.dhcp_passed("prov", m1).await, DhcpEvidence::Unobservable(w) if w.contains("no agent")));
+        let mut a = status("pxe-a", "host-a", "prov", "etcd");
+        a.dhcp_seen_observed = true;
+        a.dhcp_seen = vec![seen("52:54:00:00:00:01", 3, 2, 1000), seen("52:54:00:00:00:02", 9, 0, 1500)];
+        r.report(a).await;
+        let mut b = status("pxe-b", "host-b", "prov", "etcd");
+        b.dhcp_seen_observed = true;
+        b.dhcp_seen = vec![seen("52:54:00:00:00:01", 1, 1, 4000)];
+        r.report(b).await;
+        assert_eq!(r.dhcp_passed("prov", m1).await, DhcpEvidence::Passed { last_unix_ms: 4000, agent: "pxe-b".into() });
+        assert_eq!(r.dhcp_passed("prov", m2).await, DhcpEvidence::NotPassed, "requested, never let through");
+        assert!(matches!(r.dhcp_passed("lab", m1).await, DhcpEvidence::Unobservable(_)), "another network's pass");
+        let mut c = status("pxe-c", "host-c", "ipset", "etcd");
+        c.dhcp_seen_error = "this host's backend does not observe DHCP (only nftables does)".into();
+        r.report(c).await;
+        let e = r.dhcp_passed("ipset", m1).await;
+        assert!(
+            matches!(&e, DhcpEvidence::Unobservable(w) if w.contains("pxe-c") && w.contains("only nftables")),
+            "{e:?}"
+        );
     }
 
     #[tokio::test]

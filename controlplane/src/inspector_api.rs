@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use crate::http_access::rate_limit::RateLimiter;
 use crate::http_access::{AccessError, AuthStrategy, Authenticator, InspectorApiConfig, Refusal};
-use crate::inspection::engine::{ApiError, Engine};
+use crate::inspection::engine::{ApiError, Engine, Poster};
 use crate::inspection::process::StoredData;
 use crate::listener::{Incoming, Limits};
 use crate::tls::ServerTls;
@@ -300,9 +300,10 @@ fn api_error(e: ApiError) -> Response {
         | ApiError::PreProcessing(_)
         | ApiError::Lookup(_)
         | ApiError::Discovery(_)
+        | ApiError::NoEvidence(_)
         | ApiError::BadRule(_) => StatusCode::BAD_REQUEST,
         ApiError::RuleExists(_) => StatusCode::CONFLICT,
-        ApiError::NoIronic | ApiError::Ironic(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ApiError::NoIronic | ApiError::Ironic(_) | ApiError::EvidencePending(_) => StatusCode::SERVICE_UNAVAILABLE,
         ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     if code.is_server_error() {
@@ -553,7 +554,7 @@ async fn continue_(
         }
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let accepted = api.engine.continue_inspection(data, &body, q.get("node_uuid").cloned()).await;
+    let accepted = api.engine.continue_inspection(data, &body, q.get("node_uuid").cloned(), Poster::Ramdisk).await;
     drop((body, held));
     match accepted {
         Ok(uuid) => reply(StatusCode::OK, json!({"uuid": uuid})),
@@ -573,6 +574,17 @@ fn continue_error(e: ApiError, peer: SocketAddr) -> Response {
         ApiError::Lookup(LookupError::Finished { node }) | ApiError::Illegal { node, .. } => {
             info!(peer = %peer.ip(), node = %node, error = %e, "inspector API: introspection data refused: not waiting");
             error(StatusCode::BAD_REQUEST, NOT_WAITING)
+        }
+        // What the caller's own data said about its boot interface; the node it named is in the log only.
+        ApiError::NoEvidence(_) => {
+            warn!(peer = %peer.ip(), error = %e, "inspector API: introspection data refused: no evidence");
+            api_error(e)
+        }
+        ApiError::EvidencePending(_) => {
+            info!(peer = %peer.ip(), error = %e, "inspector API: introspection data not accepted yet: no evidence");
+            let mut resp = error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(5));
+            resp
         }
         ApiError::Discovery(_) => {
             info!(peer = %peer.ip(), error = %e, "inspector API: introspection data refused: not enrolled");

@@ -348,7 +348,7 @@ fn agent_report_cleanup(coord: Arc<dyn Coordinator>) -> singleton::PeriodicTask 
     singleton::PeriodicTask {
         name: "agent-report-cleanup",
         period: Duration::from_secs(600),
-        run: Arc::new(move |_stop| {
+        run: Arc::new(move |_lead| {
             let coord = coord.clone();
             Box::pin(async move {
                 let now = ironguard_proto::time::now_ms();

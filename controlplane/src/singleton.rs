@@ -14,9 +14,20 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, info_span, warn};
 
-/// The body of a task: gets a token cancelled when leadership ends (every wait inside should select on it).
-pub type TaskFn =
-    Arc<dyn Fn(CancellationToken) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> + Send + Sync>;
+use crate::store::Fence;
+
+/// What a task run gets from the lead it runs under.
+#[derive(Debug, Clone)]
+pub struct Lead {
+    /// Cancelled when leadership ends (every wait inside should select on it).
+    pub stop: CancellationToken,
+    /// For the run's filter writes ([`crate::store::FilterStore::apply_fenced`]): a replica paused past the end
+    /// of its lead writes nothing.
+    pub fence: Fence,
+}
+
+/// The body of a task.
+pub type TaskFn = Arc<dyn Fn(Lead) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> + Send + Sync>;
 
 /// A named periodic task.
 #[derive(Clone)]
@@ -69,8 +80,9 @@ pub async fn run(
         leading.send_replace(true);
         let lost = shutdown.child_token();
         let mut handles = Vec::new();
+        let fence = Fence::from(&leadership);
         for t in &tasks {
-            handles.push(tokio::spawn(periodic(t.clone(), lost.clone())));
+            handles.push(tokio::spawn(periodic(t.clone(), lost.clone(), fence.clone())));
         }
         // Lead until the fence (lease estimate - margin) or shutdown.
         let mut expiry = session.watch();
@@ -101,13 +113,13 @@ pub async fn run(
     }
 }
 
-async fn periodic(task: PeriodicTask, stop: CancellationToken) {
+async fn periodic(task: PeriodicTask, stop: CancellationToken, fence: Fence) {
     let span = info_span!("singleton", task = task.name);
     async move {
         loop {
             let started = Instant::now();
             let r = tokio::select! {
-                r = (task.run)(stop.clone()) => r,
+                r = (task.run)(Lead { stop: stop.clone(), fence: fence.clone() }) => r,
                 _ = stop.cancelled() => return,
             };
             if let Err(e) = r {

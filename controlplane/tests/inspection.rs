@@ -754,7 +754,8 @@ async fn the_ironic_inspector_v1_rest_api() {
     assert!(r.json::<serde_json::Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("over"));
     assert_eq!(s.state(N1).await.0, "waiting");
 
-    // The ramdisk's report, as ironic-python-agent posts it.
+    // The ramdisk's report, as ironic-python-agent posts it, once the node booted through the filter.
+    s.boot(MAC1).await;
     let r = http.post(u("/v1/continue")).body(data_for(MAC1)).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<serde_json::Value>().await.unwrap()["uuid"], N1);
@@ -800,4 +801,89 @@ async fn the_ironic_inspector_v1_rest_api() {
         http.get(u(&format!("/v1/introspection/{N1}"))).send().await.unwrap().json().await.unwrap();
     assert_eq!(st["error"], "inspection aborted");
     assert_eq!(st["finished"], true);
+}
+
+/// `/v1/continue` data is accepted for a node only with evidence that ties the poster to the node's inspection:
+/// its boot interface is a MAC the inspection allowed and the leader's kernel let DHCP from it through since the
+/// inspection started (here a stand-in kernel; the real agent's in tests/netns). A machine on the PXE network that
+/// names the node's MAC and its own as the boot interface is refused and changes nothing (O14). A port processing
+/// creates for another interface of the node is marked unverified and is not allowed in the next inspection; a MAC
+/// the filter denies never becomes a port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ramdisk_data_needs_evidence_that_its_boot_interface_booted_through_the_filter() {
+    use ironguard_inspection::processing::AddPorts;
+    let s = site("evidence", |c| c.processing.add_ports = AddPorts::All).await;
+    let (attacker, extra, denied) = ("52:54:00:aa:00:66", "52:54:00:aa:00:02", "52:54:00:aa:00:03");
+    s.filters()
+        .update_pxe_filters(ironguard_proto::v1::UpdatePxeFiltersRequest {
+            deny: vec![denied.into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    let http = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        let req = http.post(format!("{}/v1/continue", s.inspector)).body(body.to_string());
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+            let v: serde_json::Value = r.json().await.unwrap();
+            (status, v["error"]["message"].as_str().unwrap_or_default().to_string(), retry)
+        }
+    };
+    let ports_before = s.ironic.ports().len();
+    let with = |boot: Option<&str>, macs: &[&str]| {
+        let mut d: serde_json::Value = serde_json::from_str(&data_for(macs[0])).unwrap();
+        d["inventory"]["interfaces"] = macs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| serde_json::json!({"name": format!("eth{i}"), "mac_address": m, "ipv4_address": format!("192.0.2.{}", 10 + i)}))
+            .collect();
+        d["boot_interface"] = boot.map_or(serde_json::Value::Null, |b| format!("01-{}", b.replace(':', "-")).into());
+        d
+    };
+
+    // The hijack: node1's MAC (heard in its broadcasts) and the attacker's own as the boot interface.
+    let (status, msg, _) = post(with(Some(attacker), &[MAC1, attacker])).await;
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains(&format!("boot interface {attacker} was not allowed DHCP")), "{msg}");
+    assert!(!msg.contains(N1), "the refusal names no node: {msg}");
+    // No boot interface named at all.
+    let (status, msg, _) = post(with(None, &[MAC1])).await;
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("names no boot interface"), "{msg}");
+    // The node's own MAC as the boot interface, before anything booted from it: not yet, retry.
+    let (status, msg, retry) = post(with(Some(MAC1), &[MAC1])).await;
+    assert_eq!((status, retry.as_deref()), (503, Some("5")), "{msg}");
+    assert!(msg.contains(&format!("no DHCP from the boot interface {MAC1}")), "{msg}");
+    assert_eq!(s.state(N1).await.0, "waiting", "the refusals changed nothing");
+    assert_eq!(s.ironic.ports().len(), ports_before, "no port was created");
+    assert!(s.calls("/v1/nodes/").iter().all(|c| c.method != "PATCH"), "no property was written");
+    // The kernel's word for another MAC ties nothing to N1.
+    s.boot(attacker).await;
+    let (status, msg, _) = post(with(Some(attacker), &[MAC1, attacker])).await;
+    assert_eq!(status, 400, "{msg}");
+
+    // The node boots through the filter; its ramdisk reports three interfaces.
+    s.boot(MAC1).await;
+    let (status, msg, _) = post(with(Some(MAC1), &[MAC1, extra, denied])).await;
+    assert_eq!(status, 200, "{msg}");
+    s.wait_state(N1, "finished").await;
+    let ports = s.ironic.ports();
+    let port = |mac: &str| ports.iter().find(|p| p.address == mac && p.node_uuid == N1).cloned();
+    let created = port(extra).expect("a port for the other interface");
+    assert!(created.extra.contains_key("ironguard_unverified"), "{created:?}");
+    assert!(port(denied).is_none(), "a MAC the filter denies never becomes a port: {ports:?}");
+    assert!(port(attacker).is_none());
+
+    // The next inspection allows the node's own port only: the unverified one gets no DHCP.
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    assert_eq!(s.allow_reasons(MAC1).await, vec![format!("inspection:{N1}")]);
+    assert!(s.allow_reasons(extra).await.is_empty(), "an unverified port is not allowed");
+    let inspection = s.insp().get(NodeRequest { node: N1.into() }).await.unwrap().into_inner();
+    assert_eq!(inspection.macs, vec![MAC1.to_string()]);
 }

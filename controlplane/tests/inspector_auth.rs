@@ -99,11 +99,16 @@ async fn site(tag: &str, tweak: impl FnOnce(&mut ControlPlaneConfig, &std::path:
     ironic.add_port(Port { address: MAC2.into(), node_uuid: N2.into(), ..Default::default() }).unwrap();
     // The tests below send many wrong credentials from one address on purpose; the per-source budget of failed
     // authentications has its own test, `junk_credentials_spend_a_budget_then_get_429_unchecked`.
-    site_support::start(tag, ironic, |c, dir| {
+    let s = site_support::start(tag, ironic, |c, dir| {
         c.inspector_api.auth_failure_burst = 100_000;
         tweak(c, dir)
     })
-    .await
+    .await;
+    // Both machines boot through the filter whenever they are inspected (the evidence their ramdisks' data needs;
+    // its refusals have their own test, `inspection.rs::ramdisk_data_needs_evidence_...`).
+    s.boot(MAC1).await;
+    s.boot(MAC2).await;
+    s
 }
 
 impl Site {

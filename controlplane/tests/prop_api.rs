@@ -154,6 +154,10 @@ async fn site(tag: &str) -> Site {
         c.inspector_api.continue_rate_burst = 1_000_000;
     })
     .await;
+    // Both machines boot through the filter: data naming them as its boot interface has its evidence, so that a
+    // case's answer never depends on a report's timing (no 503 "retry").
+    s.boot(MAC1).await;
+    s.boot(MAC2).await;
     s.insp().start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() }).await.unwrap();
     s.settle().await;
     let data = data_for(MAC1, "10.0.0.1").to_string();

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
 use super::process::{self, Requests, StoredData};
-use crate::agents::AgentRegistry;
+use crate::agents::{AgentRegistry, DhcpEvidence};
 use crate::filter::{ReasonChange, Side};
 use crate::store::{FilterStore, InspectionStore, RuleStore, StoreError};
 
@@ -51,7 +51,37 @@ pub struct InspectionConfig {
     pub timeout_secs: u64,
     /// Finished inspections older than this are removed by the clean-up task, seconds.
     pub clean_up_after_secs: u64,
+    /// What ties a ramdisk's data (`POST /v1/continue`) to the node it names: "dhcp" (the default) or "none".
+    pub callback_evidence: CallbackEvidence,
 }
+
+/// What ties a ramdisk's data (`POST /v1/continue`, unauthenticated) to the node it names
+/// (`[inspection] callback_evidence`). Anyone on the PXE network hears a booting node's MAC in its broadcasts and
+/// can name it; only a PXE host's kernel knows which interface booted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallbackEvidence {
+    /// The data's boot interface must be a MAC the node's inspection allowed, and a PXE host's kernel must have
+    /// let DHCP from it through since the inspection started. Ports that processing creates for the node's other
+    /// interfaces are marked unverified and are not allowed in a later inspection.
+    #[default]
+    Dhcp,
+    /// None: data that names a waiting node is accepted, as ironic-inspector accepts it. Any machine on the PXE
+    /// network can then post data for a waiting node (and get its MACs made the node's ports).
+    None,
+}
+
+/// Who posts introspection data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poster {
+    /// A ramdisk on the PXE network (`POST /v1/continue`, unauthenticated): its data needs evidence.
+    Ramdisk,
+    /// An authenticated operator (`Inspection.Continue`, `ironguardctl inspect continue`): trusted as written.
+    Operator,
+}
+
+/// A kernel's DHCP time and the control plane's clock may differ by this much (same host: not at all).
+const EVIDENCE_SKEW_MS: u64 = 5_000;
 
 impl Default for InspectionConfig {
     fn default() -> Self {
@@ -65,6 +95,7 @@ impl Default for InspectionConfig {
             network: String::new(),
             timeout_secs: 3600,
             clean_up_after_secs: 86_400,
+            callback_evidence: CallbackEvidence::Dhcp,
         }
     }
 }
@@ -140,6 +171,12 @@ pub enum ApiError {
     NoMatch(String),
     #[error("invalid introspection data: {0}")]
     BadData(String),
+    /// Data from the PXE network that nothing ties to the node it names (`[inspection] callback_evidence`).
+    #[error("introspection data refused: {0}")]
+    NoEvidence(String),
+    /// The evidence cannot be read yet (reports lag a boot by seconds) or now: the poster should retry.
+    #[error("introspection data not accepted yet: {0}")]
+    EvidencePending(String),
     /// ironic-inspector's pre-processing failures (hooks' `before_processing`), in its words.
     #[error("The following failures happened during running pre-processing hooks:\n{0}")]
     PreProcessing(String),
@@ -294,20 +331,29 @@ impl Engine {
     ///
     /// `raw` is the body `data` was parsed from: the unprocessed data that is stored is parsed from it again once the
     /// data is accepted, so that a refused body (anyone's, from the PXE network) never costs a second copy.
+    ///
+    /// Data a ramdisk posts must carry the evidence `[inspection] callback_evidence` asks for ([`Engine::evidence`]).
     pub async fn continue_inspection(
         &self,
         data: Value,
         raw: &[u8],
         node_uuid: Option<String>,
+        poster: Poster,
     ) -> Result<String, ApiError> {
         let macs = if data.is_object() { lookup_attributes(&data, None).macs } else { Vec::new() };
-        let r = self.continue_checked(data, raw, node_uuid).await;
+        let r = self.continue_checked(data, raw, node_uuid, poster).await;
         self.callbacks.record(&macs, now_ms(), r.as_deref().map_err(|e| e.to_string()));
         r
     }
 
     /// [`Engine::continue_inspection`] without the record of its outcome.
-    async fn continue_checked(&self, data: Value, raw: &[u8], node_uuid: Option<String>) -> Result<String, ApiError> {
+    async fn continue_checked(
+        &self,
+        data: Value,
+        raw: &[u8],
+        node_uuid: Option<String>,
+        poster: Poster,
+    ) -> Result<String, ApiError> {
         if !data.is_object() {
             return Err(ApiError::BadData("expected a JSON object".into()));
         }
@@ -330,9 +376,16 @@ impl Engine {
             ));
         }
         let records = self.store.lookup_candidates(&attrs).await?;
+        // The boot interface the evidence ties to the node, when evidence is asked for.
+        let mut evidenced = None;
+        let mut enrolled = false;
         let node = match lookup::lookup(&attrs, &records) {
             Ok(n) => n,
             Err(LookupError::NotFound(_)) if self.discovery.enroll() && failures.is_empty() => {
+                // A machine no inspection knows: it must have booted through the filter (within the hour the kernel
+                // remembers) from one of its own interfaces before it becomes an Ironic node.
+                evidenced = self.evidence(poster, &data, "(a new machine)", &attrs.macs, None).await?;
+                enrolled = true;
                 self.enroll(&mut data, &attrs).await?
             }
             Err(e) => {
@@ -347,21 +400,122 @@ impl Engine {
             warn!(node = %node, failures = %failed, "pre-processing failed: refused, the inspection is unchanged");
             return Err(ApiError::PreProcessing(failed));
         }
-        let state = match records.iter().find(|r| r.uuid == node) {
-            Some(r) => r.state,
-            None => self.store.get(&node).await?.map(|r| r.state).unwrap_or(State::Finished),
+        let rec = match records.iter().find(|r| r.uuid == node) {
+            Some(r) => Some(r.clone()),
+            None => self.store.get(&node).await?,
         };
+        let state = rec.as_ref().map_or(State::Finished, |r| r.state);
         machine::advance(state, Event::Process).map_err(|source| ApiError::Illegal { node: node.clone(), source })?;
+        if !enrolled {
+            let (allowed, since) = rec.as_ref().map_or((&[][..], None), |r| (&r.macs[..], r.started_at));
+            evidenced = self.evidence(poster, &data, &node, allowed, Some(since.unwrap_or(u64::MAX))).await?;
+        }
         // Parsed within its bounds once already: the same bytes, without the logs.
         let unlimited = ironguard_inspection::bounded::Bounds { max_values: usize::MAX, max_depth: usize::MAX };
         let unprocessed = ironguard_inspection::bounded::parse_callback(raw, unlimited)
             .map_err(|e| ApiError::BadData(e.to_string()))?;
         let id = self
             .store
-            .enqueue(&node, Kind::Process, serde_json::json!({"data": data, "unprocessed": unprocessed}))
+            .enqueue(
+                &node,
+                Kind::Process,
+                serde_json::json!({
+                    "data": data,
+                    "unprocessed": unprocessed,
+                    "boot_mac": evidenced.map(|m| m.to_string()),
+                }),
+            )
             .await?;
         info!(node = %node, request = id, "introspection data received");
         Ok(node)
+    }
+
+    /// The evidence that ties data from the PXE network to the node it names (`[inspection] callback_evidence`):
+    /// its boot interface is one of `allowed` (the MACs the node's inspection allowed DHCP) and a PXE host's kernel
+    /// let DHCP from it through since `since` (the inspection's start; `None`: within the hour the kernel keeps).
+    /// Returns that interface; `None` when no evidence is asked for (an operator's data, or `"none"`).
+    ///
+    /// A refusal changes nothing: the node keeps waiting for its own ramdisk's data.
+    async fn evidence(
+        &self,
+        poster: Poster,
+        data: &Value,
+        node: &str,
+        allowed: &[MacAddr],
+        since: Option<u64>,
+    ) -> Result<Option<MacAddr>, ApiError> {
+        if poster == Poster::Operator || self.cfg.callback_evidence == CallbackEvidence::None {
+            return Ok(None);
+        }
+        let named = processing::boot_mac(data).ok_or_else(|| {
+            ApiError::NoEvidence(
+                "the data names no boot interface (`boot_interface`, which ironic-python-agent takes from the \
+                 kernel's BOOTIF=): data is accepted only from the interface that booted through ironguard's filter"
+                    .into(),
+            )
+        })?;
+        let boot: MacAddr = named.parse().map_err(|_| {
+            ApiError::NoEvidence(format!(
+                "the boot interface {:?} is not a MAC address",
+                ironguard_inspection::clip(&named, 64)
+            ))
+        })?;
+        if !allowed.contains(&boot) {
+            warn!(
+                node,
+                boot = %boot,
+                "introspection data refused: its boot interface is not a MAC this inspection allowed DHCP (another \
+                 machine posting data for the node, or a ramdisk booted from an interface that is no port of it)"
+            );
+            return Err(ApiError::NoEvidence(format!(
+                "the boot interface {boot} was not allowed DHCP for an inspection that waits for data"
+            )));
+        }
+        let (_, entries) = self.filters.entries(&[boot]);
+        if entries.iter().any(|(_, e)| e.allow.is_empty() && !e.deny.is_empty()) {
+            return Err(ApiError::NoEvidence(format!(
+                "the boot interface {boot} is denied DHCP: it cannot have booted through the filter"
+            )));
+        }
+        let network = match self.cfg.network.as_str() {
+            "" => self.agents.the_network().await.map_err(|e| {
+                error!(node, error = %e, "introspection data cannot be checked");
+                ApiError::EvidencePending("the data cannot be checked now; retry".into())
+            })?,
+            n => n.to_string(),
+        };
+        let since = since.unwrap_or_else(|| now_ms().saturating_sub(ironguard_dataplane::ruleset::SEEN_TIMEOUT_MS));
+        match self.agents.dhcp_passed(&network, boot).await {
+            DhcpEvidence::Passed { last_unix_ms, agent } if last_unix_ms.saturating_add(EVIDENCE_SKEW_MS) >= since => {
+                info!(node, boot = %boot, agent = %agent, "introspection data tied to the node: its boot interface got DHCP through the filter");
+                Ok(Some(boot))
+            }
+            DhcpEvidence::Passed { .. } | DhcpEvidence::NotPassed => {
+                warn!(
+                    node,
+                    boot = %boot,
+                    network = %network,
+                    "introspection data not accepted (yet): no PXE host let DHCP from its boot interface through since \
+                     the inspection started (the node did not boot through the filter, or another machine posts data \
+                     for it); ironic-python-agent retries"
+                );
+                Err(ApiError::EvidencePending(format!(
+                    "no DHCP from the boot interface {boot} has been let through since the inspection started; retry"
+                )))
+            }
+            DhcpEvidence::Unobservable(why) => {
+                error!(
+                    node,
+                    boot = %boot,
+                    network = %network,
+                    why = %why,
+                    "introspection data cannot be checked: no PXE host observes DHCP. Run the nftables backend on the \
+                     PXE hosts (only it observes), or set [inspection] callback_evidence = \"none\" to accept data \
+                     without evidence (any machine on the PXE network can then post data for a waiting node)"
+                );
+                Err(ApiError::EvidencePending("the data cannot be checked now; retry".into()))
+            }
+        }
     }
 
     /// The `enroll` hook: a machine no inspection knows becomes an Ironic node (refused when one of its MACs or its
@@ -766,7 +920,9 @@ impl Engine {
                     (Some(d), Some(u)) => (d.clone(), u.clone()),
                     _ => (args.clone(), args.clone()),
                 };
-                let node_state = self.process(rec, data, unprocessed).await?;
+                // The boot interface the evidence tied to the node: its other new ports are marked unverified.
+                let verified = args.get("boot_mac").and_then(Value::as_str).and_then(|m| m.parse::<MacAddr>().ok());
+                let node_state = self.process(rec, data, unprocessed, verified).await?;
                 self.remove_allow(&rec.uuid).await;
                 // [processing] power_off: an active node that sent data (active introspection) stays on.
                 if self.processing.power_off && node_state != "active" {
@@ -788,7 +944,7 @@ impl Engine {
                     let f = failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n");
                     return Err(format!("The following failures happened during running pre-processing hooks:\n{f}"));
                 }
-                self.process(rec, data, stored.unprocessed).await.map(|_| ())
+                self.process(rec, data, stored.unprocessed, None).await.map(|_| ())
             }
             Kind::Abort | Kind::Timeout => {
                 self.remove_allow(&rec.uuid).await;
@@ -799,8 +955,15 @@ impl Engine {
     }
 
     /// Processing proper (see [`process`]): the node from Ironic, the hooks, the stored data, the rules, the plan
-    /// written to Ironic. Returns the node's provision state.
-    async fn process(&self, rec: &NodeRecord, mut data: Value, unprocessed: Value) -> Result<String, String> {
+    /// written to Ironic. Returns the node's provision state. `verified`: the boot interface the callback's evidence
+    /// tied to the node (then every other port created is marked unverified).
+    async fn process(
+        &self,
+        rec: &NodeRecord,
+        mut data: Value,
+        unprocessed: Value,
+        verified: Option<MacAddr>,
+    ) -> Result<String, String> {
         let ironic = self.ironic.as_ref().ok_or("Ironic is not configured")?;
         let mut requests = Requests::default();
         let node_json = ironic.get_node_full(&rec.uuid).await.map_err(|e| e.to_string())?;
@@ -822,12 +985,40 @@ impl Engine {
         let rules = process::load_rules(&*self.rules).await?;
         let effects = rules::apply(&rules, &processed, &node_json).map_err(|e| format!("introspection rules: {e}"))?;
         let outcome = fold_effects(effects, &mut plan);
-        process::apply_plan(ironic, &view, &plan, &outcome, &mut requests).await?;
+        let gate = self.port_gate(rec, &plan, verified).await.map_err(|e| e.to_string())?;
+        process::apply_plan(ironic, &view, &plan, &outcome, &gate, &mut requests).await?;
         info!(reads = requests.reads, writes = requests.writes, "processed");
         match outcome.failed {
             Some(msg) => Err(msg),
             None => Ok(view.provision_state),
         }
+    }
+
+    /// Which of the plan's new ports are never created: a MAC the filter denies (an operator's deny, or a port of
+    /// another node in Ironic) or one another node's inspection holds. With `verified`, the others are marked.
+    async fn port_gate(
+        &self,
+        rec: &NodeRecord,
+        plan: &Plan,
+        verified: Option<MacAddr>,
+    ) -> Result<process::PortGate, StoreError> {
+        let mut gate = process::PortGate { refused: Default::default(), verified };
+        let macs: Vec<MacAddr> = plan.new_ports().iter().filter_map(|p| p.address.parse().ok()).collect();
+        if macs.is_empty() {
+            return Ok(gate);
+        }
+        let (_, entries) = self.filters.entries(&macs);
+        for (mac, e) in entries.iter().filter(|(_, e)| !e.deny.is_empty()) {
+            let reasons: Vec<&str> = e.deny.iter().collect();
+            gate.refused.insert(*mac, format!("the filter denies it ({})", reasons.join(", ")));
+        }
+        let attrs = Attributes { macs: macs.clone(), ..Default::default() };
+        for other in self.store.lookup_candidates(&attrs).await?.iter().filter(|r| r.uuid != rec.uuid) {
+            for mac in macs.iter().filter(|m| other.macs.contains(m)) {
+                gate.refused.entry(*mac).or_insert_with(|| format!("the inspection of node {} holds it", other.uuid));
+            }
+        }
+        Ok(gate)
     }
 
     async fn power_off(&self, rec: &NodeRecord) -> Result<(), String> {
@@ -851,10 +1042,34 @@ impl Engine {
                 return Err(format!("power interface invalid: {}", v.reason.unwrap_or_default()));
             }
         }
-        let ports = ironic.list_ports(Some(&rec.uuid)).await.map_err(|e| e.to_string())?;
-        let macs: Vec<MacAddr> = ports.iter().filter_map(|p| p.address.parse().ok()).collect();
+        let ports = ironic.list_ports_detail(&rec.uuid).await.map_err(|e| e.to_string())?;
+        let (mut macs, mut unverified) = (Vec::<MacAddr>::new(), Vec::<MacAddr>::new());
+        for p in &ports {
+            let Some(mac) = p["address"].as_str().and_then(|a| a.parse().ok()) else { continue };
+            match p["extra"].get(process::UNVERIFIED) {
+                Some(_) => unverified.push(mac),
+                None => macs.push(mac),
+            }
+        }
+        if !unverified.is_empty() {
+            let list: Vec<String> = unverified.iter().map(|m| m.to_string()).collect();
+            warn!(
+                ports = %list.join(", "),
+                "ports created from introspection data without evidence that the machine owns them are not allowed \
+                 DHCP (extra.{}): check each, then `openstack baremetal port unset --extra {} <port>`",
+                process::UNVERIFIED,
+                process::UNVERIFIED
+            );
+        }
         if macs.is_empty() {
-            return Err("the node has no ports with a valid MAC address: nothing to allow".into());
+            return Err(if unverified.is_empty() {
+                "the node has no ports with a valid MAC address: nothing to allow".into()
+            } else {
+                format!(
+                    "every port of the node is unverified (extra.{}): nothing to allow; check them, then remove the key",
+                    process::UNVERIFIED
+                )
+            });
         }
         rec.macs = macs.clone();
         rec.bmc_addresses = node.bmc_addresses();

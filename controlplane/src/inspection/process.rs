@@ -10,6 +10,9 @@
 //!    deletions and traits. A failure stops there and the inspection fails with a message that says which write
 //!    failed and which went through, so nothing half-written goes unreported.
 
+use std::collections::BTreeMap;
+
+use ironguard_dataplane::MacAddr;
 use ironguard_inspection::outcome::RuleOutcome;
 use ironguard_inspection::processing::{NodeView, PatchOp, Plan};
 use ironguard_inspection::rules;
@@ -75,12 +78,30 @@ fn ops_json(ops: &[PatchOp]) -> Value {
     serde_json::to_value(ops).unwrap_or(Value::Array(vec![]))
 }
 
+/// The key in a port's `extra` that marks a port processing created without evidence that the machine owns its
+/// MAC: ironguard's inspections do not allow it DHCP until an operator removes the key.
+pub const UNVERIFIED: &str = "ironguard_unverified";
+
+/// What a port marked [`UNVERIFIED`] says in Ironic.
+const UNVERIFIED_NOTE: &str = "created from introspection data whose boot interface was another MAC: no DHCP from \
+     this one was seen, so ironguard does not allow it in later inspections until this key is removed";
+
+/// Which of a plan's new ports are created, and how ([`apply_plan`]).
+#[derive(Debug, Default)]
+pub struct PortGate {
+    /// Never created, with why: a MAC the filter denies, or one another node's inspection holds.
+    pub refused: BTreeMap<MacAddr, String>,
+    /// The boot interface the callback's evidence tied to the node: every other new port is marked [`UNVERIFIED`].
+    pub verified: Option<MacAddr>,
+}
+
 /// Writes the plan to Ironic in ironic-inspector's order. `Err` names the failed write and lists the ones done.
 pub async fn apply_plan(
     ironic: &Ironic,
     node: &NodeView,
     plan: &Plan,
     outcome: &RuleOutcome,
+    gate: &PortGate,
     requests: &mut Requests,
 ) -> Result<Vec<String>, String> {
     let mut done: Vec<String> = Vec::new();
@@ -99,11 +120,20 @@ pub async fn apply_plan(
         done.push(format!("node patched ({} ops)", patch.len()));
     }
     for p in plan.new_ports() {
+        let mac = p.address.parse::<MacAddr>().ok();
+        if let Some(why) = mac.and_then(|m| gate.refused.get(&m)) {
+            warn!(node = %node.uuid, address = %p.address, why = %why, "a port for this MAC is not created");
+            continue;
+        }
+        let mut extra = p.extra.clone();
+        if gate.verified.is_some() && mac != gate.verified {
+            extra.insert(UNVERIFIED.into(), json!(UNVERIFIED_NOTE));
+        }
         let mut body = json!({
             "node_uuid": node.uuid,
             "address": p.address,
             "pxe_enabled": p.pxe_enabled,
-            "extra": p.extra,
+            "extra": extra,
         });
         if !p.local_link_connection.is_empty() {
             body["local_link_connection"] = Value::Object(p.local_link_connection.clone());

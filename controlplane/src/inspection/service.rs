@@ -39,9 +39,12 @@ fn status(e: ApiError) -> Status {
         | ApiError::NoIronic => Status::failed_precondition(msg),
         ApiError::Lookup(ironguard_inspection::lookup::LookupError::NotFound(_)) => Status::not_found(msg),
         ApiError::Lookup(_) => Status::failed_precondition(msg),
-        ApiError::BadData(_) | ApiError::PreProcessing(_) | ApiError::Discovery(_) | ApiError::BadRule(_) => {
-            Status::invalid_argument(msg)
-        }
+        ApiError::BadData(_)
+        | ApiError::PreProcessing(_)
+        | ApiError::Discovery(_)
+        | ApiError::BadRule(_)
+        | ApiError::NoEvidence(_) => Status::invalid_argument(msg),
+        ApiError::EvidencePending(_) => Status::unavailable(msg),
         ApiError::UnknownRule(_) => Status::not_found(msg),
         ApiError::RuleExists(_) => Status::already_exists(msg),
         ApiError::Ironic(_) => Status::unavailable(msg),
@@ -160,7 +163,11 @@ impl Inspection for InspectionService {
         let data = ironguard_inspection::bounded::parse_callback(r.data_json.as_bytes(), Default::default())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let node_uuid = Some(r.node_uuid).filter(|u| !u.is_empty());
-        let node = self.engine.continue_inspection(data, r.data_json.as_bytes(), node_uuid).await.map_err(status)?;
+        let node = self
+            .engine
+            .continue_inspection(data, r.data_json.as_bytes(), node_uuid, super::engine::Poster::Operator)
+            .await
+            .map_err(status)?;
         Ok(Response::new(ContinueResponse { node }))
     }
 

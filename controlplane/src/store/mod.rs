@@ -67,6 +67,9 @@ pub enum StoreError {
     /// The store forgot its state (replaced or restored etcd); writes wait until it is re-seeded.
     #[error("store amnesia: {0}; writes are refused until the state is re-seeded from a replica's copy")]
     Amnesia(String),
+    /// A singleton task's write after its replica lost the control-plane lead: nothing was written.
+    #[error("not written: this replica no longer leads the control plane ({0})")]
+    Fenced(String),
     #[error("the store is shutting down")]
     Closed,
 }
@@ -130,12 +133,41 @@ pub struct Counts {
     pub policy: UnknownMacPolicy,
 }
 
+/// The leadership a singleton task's write depends on: the candidacy key in the coordination store and its create
+/// revision (the fencing token). A write that carries it commits only while that key exists with that revision, so
+/// a replica paused past the end of its lead (a stopped VM, a long GC pause, a partition) cannot land a stale write
+/// after another replica took over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub key: String,
+    pub revision: i64,
+}
+
+impl From<&ironguard_coord::Leadership> for Fence {
+    fn from(l: &ironguard_coord::Leadership) -> Self {
+        Fence { key: l.key.clone(), revision: l.revision }
+    }
+}
+
 /// The filter state store.
 #[async_trait]
 pub trait FilterStore: Send + Sync + 'static {
     /// Applies `changes` (and the policy, if given) atomically and durably. A write that changes neither the
     /// effective sets nor the policy does not create a revision.
     async fn apply(&self, changes: Vec<ReasonChange>, policy: Option<UnknownMacPolicy>) -> Result<Applied, StoreError>;
+
+    /// [`FilterStore::apply`] for a singleton task: committed only while `fence` holds, else
+    /// [`StoreError::Fenced`] and nothing is written. The embedded store has one writing process, whose own
+    /// election is in memory: there, this is `apply`.
+    async fn apply_fenced(
+        &self,
+        changes: Vec<ReasonChange>,
+        policy: Option<UnknownMacPolicy>,
+        fence: &Fence,
+    ) -> Result<Applied, StoreError> {
+        let _ = fence;
+        self.apply(changes, policy).await
+    }
 
     /// The effective sets and policy at the current revision.
     fn snapshot(&self) -> Snapshot;

@@ -1,17 +1,21 @@
 //! What the in-process site tests share: the control plane on loopback ports over the fake Ironic (real HTTP and
 //! gRPC), with the short timings the tests need, and a stand-in leader agent that follows `WatchFilters` and
-//! reports every revision it receives as applied (the real agent and kernel are in tests/netns).
+//! reports every revision it receives as applied, with the MACs a test says booted as its kernel's DHCP seen (the
+//! real agent and kernel are in tests/netns).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use fake_ironic::{FakeIronic, Node};
 use ironguard_controlplane::ControlPlaneConfig;
 use ironguard_controlplane::inspection::engine::Engine;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
-use ironguard_proto::v1::{AgentStatus, GetFilterStateRequest, Mode, WatchFiltersRequest, filter_event::Event};
+use ironguard_proto::v1::{
+    AgentStatus, DhcpSeen, GetFilterStateRequest, Mode, SeenCount, WatchFiltersRequest, filter_event::Event,
+};
 use tonic::transport::Channel;
 
 pub struct Site {
@@ -26,7 +30,37 @@ pub struct Site {
     pub dir: PathBuf,
     /// The admin endpoint (`/metrics`, `/healthz`).
     pub admin: std::net::SocketAddr,
+    /// What the stand-in leader reports.
+    leader: Arc<Mutex<StandIn>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// The stand-in leader's state: the revision it applied, and the MACs its "kernel" lets through (machines that
+/// booted, and keep asking for DHCP: each report says they were let through just now).
+#[derive(Default)]
+struct StandIn {
+    revision: u64,
+    passed: BTreeSet<String>,
+}
+
+impl StandIn {
+    fn status(&self) -> AgentStatus {
+        let at = ironguard_proto::time::now_ms();
+        let count = |n: u64| Some(SeenCount { count: n, last_unix_ms: at });
+        AgentStatus {
+            agent_id: "test-leader".into(),
+            network: "n".into(),
+            applied_revision: self.revision,
+            mode: Mode::Leader as i32,
+            dhcp_seen_observed: true,
+            dhcp_seen: self
+                .passed
+                .iter()
+                .map(|mac| DhcpSeen { mac: mac.clone(), requests: count(1), passed: count(1), answers: count(1) })
+                .collect(),
+            ..Default::default()
+        }
+    }
 }
 
 impl Drop for Site {
@@ -81,12 +115,13 @@ pub async fn start(tag: &str, ironic: FakeIronic, tweak: impl FnOnce(&mut Contro
         let _ = rx.await;
     }));
     let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap();
-    tokio::spawn(stand_in_leader(channel.clone()));
-    Site { tag: tag.to_owned(), engine, ironic, channel, inspector, dir, admin, stop: Some(tx) }
+    let leader = Arc::new(Mutex::new(StandIn::default()));
+    tokio::spawn(stand_in_leader(channel.clone(), leader.clone()));
+    Site { tag: tag.to_owned(), engine, ironic, channel, inspector, dir, admin, leader, stop: Some(tx) }
 }
 
 /// The leader agent's part: reports every revision it receives as applied.
-async fn stand_in_leader(channel: Channel) {
+async fn stand_in_leader(channel: Channel, leader: Arc<Mutex<StandIn>>) {
     let mut c = PxeFilterClient::new(channel);
     let watch = WatchFiltersRequest { agent_id: "test-leader".into(), network: "n".into(), ..Default::default() };
     let mut w = c.watch_filters(watch).await.unwrap().into_inner();
@@ -97,12 +132,10 @@ async fn stand_in_leader(channel: Channel) {
             Some(Event::Heartbeat(h)) => h.revision,
             None => continue,
         };
-        let status = AgentStatus {
-            agent_id: "test-leader".into(),
-            network: "n".into(),
-            applied_revision: revision,
-            mode: Mode::Leader as i32,
-            ..Default::default()
+        let status = {
+            let mut l = leader.lock().unwrap();
+            l.revision = revision;
+            l.status()
         };
         let _ = c.report_status(status).await;
     }
@@ -132,6 +165,17 @@ impl Site {
         let mut buf = String::new();
         s.read_to_string(&mut buf).await.unwrap();
         buf
+    }
+
+    /// The machine with `mac` boots: the stand-in leader's kernel lets its DHCP through from now on, and says so at
+    /// once (the evidence `/v1/continue` asks of a ramdisk's data).
+    pub async fn boot(&self, mac: &str) {
+        let status = {
+            let mut l = self.leader.lock().unwrap();
+            l.passed.insert(mac.to_string());
+            l.status()
+        };
+        self.filters().report_status(status).await.unwrap();
     }
 
     /// The filter state's revision.

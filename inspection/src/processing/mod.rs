@@ -114,6 +114,16 @@ pub fn lookup_attributes(data: &Value) -> (Vec<String>, Vec<String>) {
     (data::all_macs(data), v4.into_iter().chain(v6).collect())
 }
 
+/// The MAC of the interface the ramdisk booted from, as the data names it: the top-level `boot_interface` (which
+/// ironic-python-agent takes from the kernel's `BOOTIF=`; the pxelinux form `01-aa-bb-...` too), else
+/// `inventory.boot.pxe_interface`. Lowercase; not checked to be a MAC.
+pub fn boot_mac(data: &Value) -> Option<String> {
+    data::pxe_mac(data).or_else(|| {
+        let pxe = data.get("inventory")?.get("boot")?.get("pxe_interface")?.as_str()?;
+        (!pxe.is_empty()).then(|| pxe.to_ascii_lowercase())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +140,18 @@ mod tests {
 
     fn add(path: &str, value: Value) -> PatchOp {
         PatchOp::new("add", path, Some(value))
+    }
+
+    #[test]
+    fn the_boot_mac_is_boot_interface_else_the_inventorys_pxe_interface() {
+        let both = json!({"boot_interface": "01-52-54-00-AB-CD-EF", "inventory": {"boot": {"pxe_interface": "52:54:00:00:00:01"}}});
+        assert_eq!(boot_mac(&both).as_deref(), Some("52:54:00:ab:cd:ef"));
+        let inventory_only =
+            json!({"boot_interface": null, "inventory": {"boot": {"pxe_interface": "52:54:00:AB:00:01"}}});
+        assert_eq!(boot_mac(&inventory_only).as_deref(), Some("52:54:00:ab:00:01"));
+        assert_eq!(boot_mac(&json!({"inventory": {"boot": {"pxe_interface": ""}}})), None);
+        assert_eq!(boot_mac(&json!({"inventory": {"boot": {"pxe_interface": 5}}})), None);
+        assert_eq!(boot_mac(&json!({"inventory": "junk"})), None);
     }
 
     const CPU_CAPS: &str = "cpu_vt:true,cpu_aes:true,cpu_hugepages:true,cpu_hugepages_1g:true,cpu_txt:true";

@@ -114,3 +114,51 @@ async fn etcd_store_keeps_every_reason_with_its_time() {
     .await;
     drop(etcd);
 }
+
+/// A singleton task's write carries the control-plane lead it runs under (O18). While that lead holds, the write
+/// commits; once another replica has won the election (the first replica paused past its lease: its session is
+/// gone), the first one's write is refused, says why, and writes nothing. Real etcd: the check is etcd's own
+/// compare in the commit's transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_singleton_write_after_the_lead_moved_is_refused_and_writes_nothing() {
+    use ironguard_controlplane::store::{Fence, StoreError};
+    use ironguard_coord::Coordinator as _;
+    use tokio_util::sync::CancellationToken;
+    let etcd = EtcdProcess::start_loopback("store-fence");
+    let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
+    let coord = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
+    let store = ironguard_controlplane::store::etcd::open(coord.clone(), 100).await.unwrap().filters;
+    let (m1, m2): (MacAddr, MacAddr) = ("52:54:00:44:01:01".parse().unwrap(), "52:54:00:44:01:02".parse().unwrap());
+    let ttl = std::time::Duration::from_secs(5);
+
+    let a = coord.session(ttl).await.unwrap();
+    let lead_a = coord.campaign("controlplane", "replica-a", &a, CancellationToken::new()).await.unwrap();
+    let fence_a = Fence::from(&lead_a);
+    let written = store.apply_fenced(inspection(m1, true), None, &fence_a).await.unwrap();
+    assert!(written.record.is_some(), "the leader's write commits");
+
+    // Replica a stops (its lease ends: revoked here, as etcd does when it expires); replica b takes the lead.
+    coord.revoke(&a).await.unwrap();
+    let b = coord.session(ttl).await.unwrap();
+    let lead_b = coord.campaign("controlplane", "replica-b", &b, CancellationToken::new()).await.unwrap();
+    assert_ne!(lead_b.revision, lead_a.revision);
+    let before = store.snapshot();
+    let refused = store.apply_fenced(inspection(m2, true), None, &fence_a).await.unwrap_err();
+    assert!(matches!(refused, StoreError::Fenced(_)), "{refused}");
+    assert!(refused.to_string().contains("no longer leads the control plane"), "{refused}");
+    // A write that moves no MAC (a second reason) is fenced the same way.
+    let second = vec![ReasonChange { mac: m1, side: Side::Allow, reason: "inspection:node-2".into(), present: true }];
+    assert!(matches!(store.apply_fenced(second, None, &fence_a).await, Err(StoreError::Fenced(_))));
+    // Nothing was written: read back from etcd by a store opened afresh, not from this replica's mirror.
+    let fresh = ironguard_controlplane::store::etcd::open(coord.clone(), 100).await.unwrap().filters;
+    assert_eq!(fresh.snapshot().revision, before.revision);
+    assert!(!fresh.snapshot().allow.contains(&m2));
+    let (_, e) = fresh.entries(&[m1]);
+    assert!(!e[0].1.allow.contains("inspection:node-2"), "{e:?}");
+
+    // The new leader's write commits.
+    let written = store.apply_fenced(inspection(m2, true), None, &Fence::from(&lead_b)).await.unwrap();
+    assert_eq!(written.revision, before.revision + 1);
+    let _ = coord.revoke(&b).await;
+    drop(etcd);
+}

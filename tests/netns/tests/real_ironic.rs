@@ -195,6 +195,8 @@ fn openstack_baremetal_introspection_commands_work_unchanged() {
     let (ok, out) = osc(&["start", &uuid]);
     assert!(ok, "introspection start again: {out}");
     site.wait_inspection(&uuid, "waiting", Duration::from_secs(20));
+    // The node boots through the filter: the evidence its ramdisk's data needs.
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], n, true, DEADLINE), "the inspected node boots");
     let (ok, _, err) =
         ipa_callback(&site.lan.nodes[0], "10.77.0.60", &site.lan.dir, &ipa_inventory(&[n], "10.1.39.60"));
     assert!(ok, "{err}");

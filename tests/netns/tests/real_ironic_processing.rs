@@ -186,6 +186,7 @@ fn processing_options_change_the_result() {
     let stale_port = port_uuid(&site, stale);
     site.ironic.drive_to(&uuid, "manageable");
     site.start_inspection("node-o", &uuid);
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], pxe, true, DEADLINE), "the node boots");
     let data = two_nics_two_disks(pxe, second, "10.1.41.10");
     let (ok, _, err) = ipa_callback(&site.lan.nodes[0], "10.77.0.21", &site.lan.dir, &data);
     assert!(ok, "{err}");
@@ -203,12 +204,21 @@ fn processing_options_change_the_result() {
         "add_ports = all creates the second NIC's port; keep_ports = present deletes the stale one"
     );
     assert!(!ports_after[&second.to_string()].0, "the new non-PXE port is not PXE-enabled");
+    // No DHCP from the second NIC was seen: its port is marked, and the next inspection does not allow it.
+    assert!(ports_after[&second.to_string()].1.get("ironguard_unverified").is_some(), "{ports_after:?}");
+    assert!(ports_after[&pxe.to_string()].1.get("ironguard_unverified").is_none(), "{ports_after:?}");
+    site.start_inspection(&uuid, &uuid);
+    let why: Value = serde_json::from_str(&site.ctl_ok(&["explain", &second.to_string(), "--json"])).unwrap();
+    assert!(!why["decision"].as_str().unwrap().starts_with("allowed"), "{why:#}");
+    let why: Value = serde_json::from_str(&site.ctl_ok(&["explain", &pxe.to_string(), "--json"])).unwrap();
+    assert!(why["decision"].as_str().unwrap().starts_with("allowed"), "{why:#}");
     let (status, _) = site.ironic.api("GET", &format!("/v1/ports/{stale_port}"), None);
     assert_eq!(status, 404, "the stale port is gone");
 }
 
-/// Lookup by BMC address alone, a tie refused without touching either node, and discovery: an unknown machine
-/// boots (unknown MACs are allowed while discovery is on) and is enrolled in Ironic with its BMC address.
+/// Lookup by BMC address alone refused (O26: anyone can name a BMC address), a tie refused without touching either
+/// node, and discovery: an unknown machine boots (unknown MACs are allowed while discovery is on) and is enrolled in
+/// Ironic with its BMC address.
 #[test]
 fn lookup_by_bmc_ties_and_discovery() {
     let site = Site::with_config(
@@ -233,16 +243,18 @@ fn lookup_by_bmc_ties_and_discovery() {
     assert_eq!(site.inspection_state(&node_a)["state"], "waiting");
     assert_eq!(site.inspection_state(&node_b)["state"], "waiting");
 
-    // By BMC address alone: node-b's BMC, a NIC Ironic does not know (add_ports = pxe makes it node-b's port).
+    // By BMC address alone: node-b's BMC and a NIC that is none of node-b's ports, booted from that NIC. The lookup
+    // finds node-b, but nothing ties the poster to node-b's inspection (it was not allowed DHCP for it): refused
+    // (ironic-inspector would give node-b this machine's hardware and a port for its NIC), nothing changes.
     let new_nic = mac("52:54:00:42:00:1b");
     let by_bmc = ipa_inventory(&[new_nic], "10.1.42.11");
-    let (ok, reply, err) = ipa_callback(&site.lan.nodes[1], "10.77.0.31", &site.lan.dir, &by_bmc);
-    assert!(ok, "{err}");
-    assert_eq!(serde_json::from_str::<Value>(&reply).unwrap()["uuid"], node_b.as_str());
-    site.wait_inspection(&node_b, "finished", Duration::from_secs(30));
-    assert!(ports(&site, &node_b).contains_key(&new_nic.to_string()), "the new NIC became node-b's port");
-    assert_eq!(props(&site, &node_b)["cpu_arch"], "x86_64");
+    let (ok, _, err) = ipa_callback(&site.lan.nodes[1], "10.77.0.31", &site.lan.dir, &by_bmc);
+    assert!(!ok && err.contains(&format!("boot interface {new_nic} was not allowed DHCP")), "{err}");
+    assert_eq!(site.inspection_state(&node_b)["state"], "waiting");
+    assert!(!ports(&site, &node_b).contains_key(&new_nic.to_string()), "no port for the poster's NIC");
+    assert!(props(&site, &node_b).get("cpu_arch").is_none(), "no property written");
     site.ctl_ok(&["inspect", "abort", &node_a]);
+    site.ctl_ok(&["inspect", "abort", &node_b]);
 
     // Discovery: a machine Ironic does not know gets DHCP, sends its data, and is enrolled.
     assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[2], c, true, DEADLINE), "unknown MACs boot for discovery");
@@ -265,22 +277,30 @@ fn lookup_by_bmc_ties_and_discovery() {
     assert!(!ok && err.contains("No node is waiting for introspection data from this machine"), "{err}");
     assert!(!err.contains(&new_uuid), "{err}");
     // A machine none of ironguard's inspections knows, but whose MAC or BMC address belongs to an Ironic node:
-    // refused, nothing enrolled.
+    // refused, nothing enrolled. A port's MAC is denied DHCP (the Ironic sync), so it cannot have booted through
+    // the filter: refused before Ironic is asked anything.
     let d = mac("52:54:00:42:00:0d");
     let node_d = site.ironic.enroll("node-d", &[d], "10.1.42.13", "agent");
+    let port_d = port_uuid(&site, d);
+    let denied = wait_for(Duration::from_secs(30), || {
+        let why: Value = serde_json::from_str(&site.ctl_ok(&["explain", &d.to_string(), "--json"])).ok()?;
+        why["decision"].as_str()?.starts_with("denied").then_some(())
+    });
+    assert!(denied.is_some(), "the Ironic sync denies node-d's port");
     let (ok, _, err) =
         ipa_callback(&site.lan.nodes[2], "10.77.0.32", &site.lan.dir, &ipa_inventory(&[d], "10.1.42.98"));
-    // (ironic-inspector names the port or node that is in the way; ironguard does not tell a caller on the
-    // provisioning network which node owns an address. The control plane's log says it.)
-    let port_d = port_uuid(&site, d);
+    assert!(!ok && err.contains(&format!("boot interface {d} is denied DHCP")), "{err}");
+    assert!(!err.contains(&port_d) && !err.contains(&node_d), "{err}");
+    // A new MAC that boots, with node-d's BMC address: the enroll hook refuses it. (ironic-inspector names the
+    // port or node that is in the way; ironguard does not tell a caller on the provisioning network which node
+    // owns an address. The control plane's log says it.)
     let refused = "this machine cannot be enrolled: one of its MAC or BMC addresses already belongs to an Ironic node";
-    assert!(!ok && err.contains(refused) && !err.contains(&port_d), "{err}");
     let e = mac("52:54:00:42:00:0e");
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[2], e, true, DEADLINE), "unknown MACs boot for discovery");
     let (ok, _, err) =
         ipa_callback(&site.lan.nodes[2], "10.77.0.32", &site.lan.dir, &ipa_inventory(&[e], "10.1.42.13"));
     assert!(!ok && err.contains(refused) && !err.contains(&node_d), "{err}");
     let log = site.cp.proc.log_text();
-    assert!(log.contains(&format!("Port {d} already exists, uuid: {port_d}")), "the log names the port");
     assert!(log.contains(&format!("Node {node_d} already has BMC address 10.1.42.13")), "the log names the node");
     let nodes = site.ironic.api_ok("GET", "/v1/nodes?fields=uuid", None);
     assert_eq!(nodes["nodes"].as_array().unwrap().len(), 4, "nothing more enrolled");
@@ -332,6 +352,7 @@ fn introspection_rules_through_the_openstack_client() {
 
     // node-a matches the first rule only (the second is scoped to rack 2).
     site.start_inspection("node-a", &node_a);
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], a, true, DEADLINE), "node-a boots");
     let (ok, _, err) =
         ipa_callback(&site.lan.nodes[0], "10.77.0.40", &site.lan.dir, &ipa_inventory(&[a], "10.1.43.10"));
     assert!(ok, "{err}");
@@ -345,6 +366,7 @@ fn introspection_rules_through_the_openstack_client() {
     // node-b is in rack 2: the failing rule applies; the inspection ends in error with its message.
     patch_node(&site, &node_b, json!([{"op": "add", "path": "/properties/inspection_scope", "value": "rack2"}]));
     site.start_inspection("node-b", &node_b);
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[1], b, true, DEADLINE), "node-b boots");
     let (ok, _, err) =
         ipa_callback(&site.lan.nodes[1], "10.77.0.41", &site.lan.dir, &ipa_inventory(&[b], "10.1.43.11"));
     assert!(ok, "the data was accepted; the rule fails the inspection afterwards: {err}");

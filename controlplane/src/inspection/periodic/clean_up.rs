@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::Task;
 use crate::inspection::engine::Engine;
+use crate::store::Fence;
 
 #[derive(Debug)]
 pub(super) struct CleanUp {
@@ -23,7 +24,7 @@ impl CleanUp {
 
 #[async_trait]
 impl Task for CleanUp {
-    async fn run(&self) -> anyhow::Result<()> {
+    async fn run(&self, _fence: &Fence) -> anyhow::Result<()> {
         let e = &self.engine;
         let limit = e.cfg.clean_up_after_secs * 1000;
         let now = now_ms();

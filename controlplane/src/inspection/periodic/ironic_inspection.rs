@@ -21,6 +21,7 @@ use super::mirror::ReasonMirror;
 use super::{IRONIC_INSPECTION, PolicySetting, SyncConfig, Task};
 use crate::filter::Side;
 use crate::inspection::engine::Engine;
+use crate::store::Fence;
 
 /// The provision states of a node Ironic is inspecting in band.
 const INSPECTING: [&str; 2] = ["inspect wait", "inspecting"];
@@ -60,19 +61,24 @@ impl IronicInspections {
         Ok(nodes.into_iter().filter(|n| self.counts(n)).collect())
     }
 
-    async fn allow_ports(&self, nodes: &[Node]) -> anyhow::Result<()> {
+    async fn allow_ports(&self, nodes: &[Node], fence: &Fence) -> anyhow::Result<()> {
         let mut macs = BTreeSet::new();
         for n in nodes {
-            for p in self.ironic.list_ports(Some(&n.uuid)).await? {
-                match p.address.parse::<MacAddr>() {
+            for p in self.ironic.list_ports_detail(&n.uuid).await? {
+                let address = p["address"].as_str().unwrap_or_default();
+                match address.parse::<MacAddr>() {
+                    // A port ironguard's processing created without evidence that the machine owns it.
+                    Ok(m) if p["extra"].get(crate::inspection::process::UNVERIFIED).is_some() => {
+                        debug!(node = %n.uuid, address = %m, "unverified port (extra.ironguard_unverified): not allowed");
+                    }
                     Ok(m) => {
                         macs.insert(m);
                     }
-                    Err(e) => warn!(node = %n.uuid, address = %p.address, "port address ironguard cannot use: {e}"),
+                    Err(e) => warn!(node = %n.uuid, address = %address, "port address ironguard cannot use: {e}"),
                 }
             }
         }
-        let synced = self.allow.sync(&self.engine, macs, None).await?;
+        let synced = self.allow.sync(&self.engine, macs, None, fence).await?;
         if synced.changed > 0 {
             info!(
                 nodes = nodes.len(),
@@ -85,13 +91,13 @@ impl IronicInspections {
     }
 
     /// Ironic did not answer: once that has lasted `ironic_inspection_unreachable_secs`, the allows go.
-    async fn expire_allows(&self) -> anyhow::Result<()> {
+    async fn expire_allows(&self, fence: &Fence) -> anyhow::Result<()> {
         let bound = Duration::from_secs(self.sync.ironic_inspection_unreachable_secs);
         let silent = self.answered.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
         if bound.is_zero() || silent < bound {
             return Ok(());
         }
-        let synced = self.allow.sync(&self.engine, BTreeSet::new(), None).await?;
+        let synced = self.allow.sync(&self.engine, BTreeSet::new(), None, fence).await?;
         if synced.changed > 0 {
             error!(
                 dropped = synced.changed,
@@ -107,7 +113,7 @@ impl IronicInspections {
     }
 
     /// `while-inspecting`: unknown MACs are allowed while any inspection runs (or with auto-discovery).
-    async fn publish_policy(&self, ironic_inspects: bool) -> anyhow::Result<()> {
+    async fn publish_policy(&self, ironic_inspects: bool, fence: &Fence) -> anyhow::Result<()> {
         let ours = self
             .engine
             .store
@@ -120,14 +126,14 @@ impl IronicInspections {
         } else {
             UnknownMacPolicy::Deny
         };
-        self.engine.filters.apply(vec![], Some(effective)).await?;
+        self.engine.filters.apply_fenced(vec![], Some(effective), fence).await?;
         Ok(())
     }
 }
 
 #[async_trait]
 impl Task for IronicInspections {
-    async fn run(&self) -> anyhow::Result<()> {
+    async fn run(&self, fence: &Fence) -> anyhow::Result<()> {
         let listed = self.inspected_nodes().await;
         let mut result = Ok(());
         if listed.is_ok() {
@@ -135,14 +141,14 @@ impl Task for IronicInspections {
         }
         if self.sync.ironic_inspection {
             match &listed {
-                Ok(nodes) => result = self.allow_ports(nodes).await,
-                Err(_) => result = self.expire_allows().await,
+                Ok(nodes) => result = self.allow_ports(nodes, fence).await,
+                Err(_) => result = self.expire_allows(fence).await,
             }
         }
         if self.policy == PolicySetting::WhileInspecting {
             // Ironic unreachable: only what ironguard knows counts, so unknown MACs are not left open on a guess.
             let ironic_inspects = listed.as_ref().is_ok_and(|n| !n.is_empty());
-            self.publish_policy(ironic_inspects).await?;
+            self.publish_policy(ironic_inspects, fence).await?;
         }
         listed?;
         result

@@ -20,6 +20,7 @@ use super::{IRONIC, Task};
 use crate::filter::Side;
 use crate::inspection::engine::Engine;
 use crate::metrics::WhatLabel;
+use crate::store::Fence;
 
 #[derive(Debug)]
 pub(super) struct IronicSync {
@@ -124,7 +125,7 @@ impl IronicSync {
 
 #[async_trait]
 impl Task for IronicSync {
-    async fn run(&self) -> anyhow::Result<()> {
+    async fn run(&self, fence: &Fence) -> anyhow::Result<()> {
         let ports = self.ironic.list_ports(None).await?;
         let mut known = BTreeSet::new();
         for p in &ports {
@@ -138,7 +139,7 @@ impl Task for IronicSync {
             }
         }
         let count = known.len();
-        let synced = self.deny.sync(&self.engine, known, Some(self.max_drop_percent)).await?;
+        let synced = self.deny.sync(&self.engine, known, Some(self.max_drop_percent), fence).await?;
         self.record_held(&synced).await;
         if synced.held > 0 {
             error!(

@@ -6,7 +6,7 @@ use ironguard_dataplane::MacAddr;
 
 use crate::filter::{ReasonChange, Side};
 use crate::inspection::engine::Engine;
-use crate::store::FilterStore;
+use crate::store::{Fence, FilterStore};
 
 /// "These MACs should carry `reason` on `side` now" becomes the reason changes against what the filter state holds
 /// at each run, not against the previous run: a reason an operator removed by hand (`ironguardctl filters remove
@@ -46,6 +46,7 @@ impl ReasonMirror {
         engine: &Engine,
         now: BTreeSet<MacAddr>,
         max_drop_percent: Option<u32>,
+        fence: &Fence,
     ) -> anyhow::Result<Synced> {
         let before = carrying(engine.filters.as_ref(), self.side, self.reason);
         let mut changes = diff(self.side, self.reason, &before, &now);
@@ -59,7 +60,7 @@ impl ReasonMirror {
         }
         let mut revision = None;
         if !changes.is_empty() {
-            revision = Some(engine.filters.apply(changes.clone(), None).await?.revision);
+            revision = Some(engine.filters.apply_fenced(changes.clone(), None, fence).await?.revision);
         }
         Ok(Synced { changed: changes.len(), revision, held, held_macs, before: before.len() })
     }

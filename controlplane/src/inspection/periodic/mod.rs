@@ -32,7 +32,8 @@ use serde::{Deserialize, Serialize};
 
 use super::engine::Engine;
 use crate::metrics::WhatLabel;
-use crate::singleton::PeriodicTask;
+use crate::singleton::{Lead, PeriodicTask};
+use crate::store::Fence;
 
 /// The deny reason of MACs known to Ironic.
 pub const IRONIC: &str = "ironic";
@@ -114,7 +115,9 @@ impl Default for SyncConfig {
 /// One periodic task: a run is idempotent (a new leader may repeat it at once).
 #[async_trait]
 trait Task: Send + Sync + 'static {
-    async fn run(&self) -> anyhow::Result<()>;
+    /// One run. Its filter writes carry `fence` ([`FilterStore::apply_fenced`]): a replica that lost the lead
+    /// while paused writes nothing.
+    async fn run(&self, fence: &Fence) -> anyhow::Result<()>;
 }
 
 fn schedule(name: &'static str, period: Duration, task: impl Task) -> PeriodicTask {
@@ -122,9 +125,9 @@ fn schedule(name: &'static str, period: Duration, task: impl Task) -> PeriodicTa
     PeriodicTask {
         name,
         period,
-        run: Arc::new(move |_stop| {
+        run: Arc::new(move |lead: Lead| {
             let task = task.clone();
-            Box::pin(async move { task.run().await })
+            Box::pin(async move { task.run(&lead.fence).await })
         }),
     }
 }

@@ -12,6 +12,7 @@ use tracing::warn;
 use super::Task;
 use crate::filter::{ReasonChange, Side};
 use crate::inspection::engine::Engine;
+use crate::store::Fence;
 
 /// The allow reasons of ironguard's own inspections start with this.
 const PREFIX: &str = "inspection:";
@@ -29,7 +30,7 @@ impl StaleAllows {
 
 #[async_trait]
 impl Task for StaleAllows {
-    async fn run(&self) -> anyhow::Result<()> {
+    async fn run(&self, fence: &Fence) -> anyhow::Result<()> {
         let e = &self.engine;
         let (_, entries) = e.filters.entries(&[]);
         let mut by_node: BTreeMap<String, Vec<ironguard_dataplane::MacAddr>> = BTreeMap::new();
@@ -59,7 +60,7 @@ impl Task for StaleAllows {
             }
         }
         if !changes.is_empty() {
-            e.filters.apply(changes, None).await?;
+            e.filters.apply_fenced(changes, None, fence).await?;
         }
         Ok(())
     }

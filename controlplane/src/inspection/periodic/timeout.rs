@@ -10,6 +10,7 @@ use tracing::info;
 
 use super::Task;
 use crate::inspection::engine::Engine;
+use crate::store::Fence;
 
 #[derive(Debug)]
 pub(super) struct InspectionTimeout {
@@ -24,7 +25,7 @@ impl InspectionTimeout {
 
 #[async_trait]
 impl Task for InspectionTimeout {
-    async fn run(&self) -> anyhow::Result<()> {
+    async fn run(&self, _fence: &Fence) -> anyhow::Result<()> {
         let e = &self.engine;
         let limit = e.cfg.timeout_secs * 1000;
         let now = now_ms();

@@ -33,7 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::filter::{Entry, FilterState, ReasonChange, RevisionDelta, WriteStamp, apply_changes};
 use crate::store::mirror::Mirror;
-use crate::store::{Applied, Backend, Counts, FilterStore, Snapshot, StoreError};
+use crate::store::{Applied, Backend, Counts, Fence, FilterStore, Snapshot, StoreError};
 
 /// Distinct MACs written by one transaction (2 ops each at most is fine: one put or delete per MAC, plus meta,
 /// log record and log trim — well under etcd's default limit of 128 operations).
@@ -79,6 +79,8 @@ fn etcd_err(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> Sto
 struct WriteRequest {
     changes: Vec<ReasonChange>,
     policy: Option<UnknownMacPolicy>,
+    /// A singleton task's write: committed only while this leadership holds.
+    fence: Option<Fence>,
     reply: oneshot::Sender<Result<Applied, StoreError>>,
 }
 
@@ -444,10 +446,16 @@ async fn writer(
             cur.push(ch);
         }
         let mut group = vec![(first.reply, first.policy)];
-        // Small requests waiting behind it share its last transaction.
+        let fence = first.fence;
+        // Small requests waiting behind it share its last transaction (not across a fence: each fenced write is
+        // its own, so that a lost lead refuses only that write).
         while let Ok(next) = rx.try_recv() {
             let distinct: BTreeSet<MacAddr> = next.changes.iter().map(|c| c.mac).collect();
-            if macs.union(&distinct).count() > MACS_PER_TXN || next.policy.is_some() {
+            if macs.union(&distinct).count() > MACS_PER_TXN
+                || next.policy.is_some()
+                || next.fence.is_some()
+                || fence.is_some()
+            {
                 carry = Some(next);
                 break;
             }
@@ -461,7 +469,7 @@ async fn writer(
         for (i, chunk) in chunks.iter().enumerate() {
             let pol = if i == 0 { policy } else { None };
             let f = floor.read().unwrap_or_else(|e| e.into_inner()).clone();
-            result = commit(&c, &keys, chunk, pol, log_len, &f).await;
+            result = commit(&c, &keys, chunk, pol, log_len, &f, fence.as_ref()).await;
             if result.is_err() {
                 break;
             }
@@ -475,6 +483,7 @@ async fn writer(
             let _ = reply.send(match &result {
                 Ok(a) => Ok(a.clone()),
                 Err(StoreError::Amnesia(d)) => Err(StoreError::Amnesia(d.clone())),
+                Err(StoreError::Fenced(d)) => Err(StoreError::Fenced(d.clone())),
                 Err(e) => Err(StoreError::Backend {
                     backend: Backend::Etcd,
                     op: "commit to etcd",
@@ -493,9 +502,15 @@ async fn commit(
     policy: Option<UnknownMacPolicy>,
     log_len: usize,
     floor: &Floor,
+    fence: Option<&Fence>,
 ) -> Result<Applied, StoreError> {
     let macs: Vec<MacAddr> = changes.iter().map(|c| c.mac).collect::<BTreeSet<_>>().into_iter().collect();
+    // The leader key as it must be: still there, with the create revision the lead was won at.
+    let held = fence.map(|f| Compare::create_revision(f.key.clone(), CompareOp::Equal, f.revision));
     for attempt in 0..20u32 {
+        if let Some(f) = fence {
+            check_fence(c, f).await?;
+        }
         // Read meta and the named entries at one etcd revision.
         let mut ops = vec![TxnOp::get(keys.meta.clone(), None)];
         ops.extend(macs.iter().map(|m| TxnOp::get(keys.entry(m), None)));
@@ -538,7 +553,7 @@ async fn commit(
             }
             // Reasons changed but no membership (a second allow reason, say): no revision, but the entries must be
             // stored, compared against the meta key and the entries as read so that no other write slips in between.
-            if write_reasons_only(c, keys, &updated, meta_mod, &entry_mods).await? {
+            if write_reasons_only(c, keys, &updated, meta_mod, &entry_mods, held.clone()).await? {
                 return Ok(Applied { revision: meta.revision, record: None });
             }
             debug!(attempt, "another replica wrote first; retrying on the new state");
@@ -577,7 +592,8 @@ async fn commit(
         };
         let r = c
             .retry("commit", |mut cl| {
-                let txn = Txn::new().when([guard.clone()]).and_then(w.clone());
+                let guards: Vec<Compare> = held.iter().cloned().chain([guard.clone()]).collect();
+                let txn = Txn::new().when(guards).and_then(w.clone());
                 async move { cl.txn(txn).await }
             })
             .await
@@ -595,6 +611,24 @@ async fn commit(
     })
 }
 
+/// `Err(Fenced)` unless the leader key `fence` names still exists with its create revision. Checked before each
+/// attempt (a transaction that failed may have failed on the fence), and the commit compares it again.
+async fn check_fence(c: &EtcdCoordinator, fence: &Fence) -> Result<(), StoreError> {
+    let key = fence.key.clone();
+    let r = c
+        .retry("read the leader key", |mut cl| {
+            let key = key.clone();
+            async move { cl.get(key, None).await }
+        })
+        .await
+        .map_err(etcd_err("read the leader key"))?;
+    match r.kvs().first().map(|kv| kv.create_revision()) {
+        Some(rev) if rev == fence.revision => Ok(()),
+        Some(rev) => Err(StoreError::Fenced(format!("the leader key was created again at revision {rev}"))),
+        None => Err(StoreError::Fenced("the leader key is gone".into())),
+    }
+}
+
 /// Stores entries whose reasons changed without a new revision, if the meta key is still at `meta_mod` and each
 /// entry at its mod revision in `entry_mods` (0 or absent: it does not exist). False: another write came first.
 async fn write_reasons_only(
@@ -603,6 +637,7 @@ async fn write_reasons_only(
     updated: &BTreeMap<MacAddr, Entry>,
     meta_mod: i64,
     entry_mods: &BTreeMap<MacAddr, i64>,
+    held: Option<Compare>,
 ) -> Result<bool, StoreError> {
     let mut w: Vec<TxnOp> = Vec::with_capacity(updated.len());
     for (mac, e) in updated {
@@ -617,7 +652,8 @@ async fn write_reasons_only(
         0 => Compare::create_revision(key, CompareOp::Equal, 0),
         m => Compare::mod_revision(key, CompareOp::Equal, m),
     };
-    let mut guards = vec![unchanged(keys.meta.clone(), meta_mod)];
+    let mut guards: Vec<Compare> = held.into_iter().collect();
+    guards.push(unchanged(keys.meta.clone(), meta_mod));
     guards.extend(updated.keys().map(|mac| unchanged(keys.entry(mac), entry_mods.get(mac).copied().unwrap_or(0))));
     let r = c
         .retry("store reasons", |mut cl| {
@@ -633,7 +669,19 @@ async fn write_reasons_only(
 impl FilterStore for EtcdFilters {
     async fn apply(&self, changes: Vec<ReasonChange>, policy: Option<UnknownMacPolicy>) -> Result<Applied, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.writes.send(WriteRequest { changes, policy, reply }).await.map_err(|_| StoreError::Closed)?;
+        self.writes.send(WriteRequest { changes, policy, fence: None, reply }).await.map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn apply_fenced(
+        &self,
+        changes: Vec<ReasonChange>,
+        policy: Option<UnknownMacPolicy>,
+        fence: &Fence,
+    ) -> Result<Applied, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        let req = WriteRequest { changes, policy, fence: Some(fence.clone()), reply };
+        self.writes.send(req).await.map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
