@@ -736,6 +736,12 @@ async fn continue_holds_out_against_complex_bodies_and_slow_senders() {
         .await
         .unwrap();
     s.wait_state(N1, "waiting").await;
+    // The start request is consumed after its state is saved: the snapshot is taken once it is (T30).
+    let t = Instant::now();
+    while !s.engine.store.pending().await.unwrap().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the start request was never consumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     s.ironic.clear_calls();
     let before = s.snapshot().await;
 
