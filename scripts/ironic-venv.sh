@@ -5,6 +5,8 @@
 #   baremetal (python-ironicclient)           Ironic's own CLI
 #   openstack baremetal introspection ...     python-ironic-inspector-client + python-openstackclient
 #   ironic_python_agent.inspector             ironic-python-agent's own callback code
+#   keystone, keystone-manage, gunicorn       a real Keystone (sqlite, fernet tokens) served by a WSGI server, for
+#                                             the inspector API's `auth_strategy = "keystone"` (tests/netns/src/keystone.rs)
 # Every package version is pinned in tests/ironic/constraints.txt (the set this project was tested with). The
 # environment is cached in $IRONGUARD_IRONIC_VENV (default /var/cache/ironguard/ironic-39.0.0) and rebuilt only
 # when the constraints change. Needs Debian's python3 and python3-venv (scripts/install-deps.sh) and PyPI.
@@ -12,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 constraints=$here/tests/ironic/constraints.txt
 venv=${IRONGUARD_IRONIC_VENV:-/var/cache/ironguard/ironic-39.0.0}
-packages=(ironic python-ironicclient python-ironic-inspector-client python-openstackclient ironic-python-agent)
+packages=(ironic python-ironicclient python-ironic-inspector-client python-openstackclient ironic-python-agent keystone gunicorn)
 stamp=$venv/.ironguard-constraints
 
 ready() { [ -x "$venv/bin/ironic" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$constraints"; }
@@ -25,7 +27,7 @@ if ready; then echo "$venv"; exit 0; fi   # another run made it while this one w
 
 python=/usr/bin/python3
 [ -x "$python" ] || { echo "ironic-venv: $python is missing (scripts/install-deps.sh installs python3-venv)" >&2; exit 1; }
-echo "ironic-venv: creating $venv (Ironic 39 and the OpenStack clients from PyPI; about a minute)" >&2
+echo "ironic-venv: creating $venv (Ironic 39, Keystone and the OpenStack clients from PyPI; about two minutes)" >&2
 t0=$(date +%s)
 rm -rf "$venv"
 "$python" -m venv "$venv"

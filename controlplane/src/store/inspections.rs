@@ -5,9 +5,12 @@
 //! *consume* it before the lease ends (it died), the request is delivered again. Requests of a node whose older
 //! request is in flight are not handed out, so a node's requests run in order.
 
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ironguard_dataplane::MacAddr;
+use ironguard_inspection::lookup::{Attributes, normalise_bmc};
 use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -55,22 +58,85 @@ pub(crate) fn pick(entries: &[QueueEntry], now: u64) -> Option<usize> {
     None
 }
 
+/// Which nodes hold which lookup keys: a record's MACs and its BMC addresses as the lookup compares them
+/// ([`normalise_bmc`](ironguard_inspection::lookup::normalise_bmc)). `/v1/continue`'s lookup then costs the keys the
+/// caller names (at most [`MAX_CALLER_MACS`](ironguard_inspection::lookup::MAX_CALLER_MACS) MACs and a few BMC
+/// addresses), not the number of records: a storm of callbacks from the PXE network does not read every record once
+/// per callback. The embedded store keeps one in memory beside its records; the etcd store keeps the same keys in
+/// etcd, written in the transaction that writes the record.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct LookupIndex {
+    by_mac: HashMap<MacAddr, BTreeSet<String>>,
+    by_bmc: HashMap<String, BTreeSet<String>>,
+}
+
+/// The lookup keys of one record: its MACs and its normalised BMC addresses (each once).
+pub(crate) fn lookup_keys(r: &NodeRecord) -> (BTreeSet<MacAddr>, BTreeSet<String>) {
+    let macs = r.macs.iter().copied().collect();
+    let bmcs = r.bmc_addresses.iter().filter_map(|b| normalise_bmc(b)).collect();
+    (macs, bmcs)
+}
+
+impl LookupIndex {
+    /// Indexes `r` (call [`LookupIndex::remove`] with the record it replaces first).
+    pub(crate) fn insert(&mut self, r: &NodeRecord) {
+        let (macs, bmcs) = lookup_keys(r);
+        for m in macs {
+            self.by_mac.entry(m).or_default().insert(r.uuid.clone());
+        }
+        for b in bmcs {
+            self.by_bmc.entry(b).or_default().insert(r.uuid.clone());
+        }
+    }
+
+    /// Forgets `r`'s keys.
+    pub(crate) fn remove(&mut self, r: &NodeRecord) {
+        let (macs, bmcs) = lookup_keys(r);
+        for m in macs {
+            if let Some(s) = self.by_mac.get_mut(&m) {
+                s.remove(&r.uuid);
+                if s.is_empty() {
+                    self.by_mac.remove(&m);
+                }
+            }
+        }
+        for b in bmcs {
+            if let Some(s) = self.by_bmc.get_mut(&b) {
+                s.remove(&r.uuid);
+                if s.is_empty() {
+                    self.by_bmc.remove(&b);
+                }
+            }
+        }
+    }
+
+    /// The nodes sharing a MAC or a BMC address with `attrs` (`bmcs`: its addresses, normalised), and the node it
+    /// names: a superset of the records [`score`](ironguard_inspection::lookup::score) puts above zero.
+    pub(crate) fn nodes(&self, attrs: &Attributes, bmcs: &[String]) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for m in &attrs.macs {
+            out.extend(self.by_mac.get(m).into_iter().flatten().cloned());
+        }
+        for b in bmcs {
+            out.extend(self.by_bmc.get(b).into_iter().flatten().cloned());
+        }
+        if let Some(u) = &attrs.node_uuid {
+            out.insert(u.clone());
+        }
+        out
+    }
+}
+
 /// Node records, ramdisk data and the work queue.
 #[async_trait]
 pub trait InspectionStore: Send + Sync + 'static {
     async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError>;
     async fn list(&self) -> Result<Vec<NodeRecord>, StoreError>;
     /// The records `/v1/continue`'s lookup scores above zero (sharing a MAC or BMC address with `attrs`, or
-    /// named by it): [`lookup::lookup`](ironguard_inspection::lookup::lookup) over them decides as over every record.
-    async fn lookup_candidates(
-        &self,
-        attrs: &ironguard_inspection::lookup::Attributes,
-    ) -> Result<Vec<NodeRecord>, StoreError> {
-        let bmcs = attrs.normalised_bmcs();
-        let mut all = self.list().await?;
-        all.retain(|r| ironguard_inspection::lookup::score(attrs, &bmcs, r) > 0);
-        Ok(all)
-    }
+    /// named by it), in UUID order: [`lookup::lookup`](ironguard_inspection::lookup::lookup) over them decides as
+    /// over every record. Both backends answer from a [`LookupIndex`], at a cost that grows with the keys `attrs`
+    /// names, not with the number of records.
+    async fn lookup_candidates(&self, attrs: &Attributes) -> Result<Vec<NodeRecord>, StoreError>;
     /// Saves `rec` if the stored version is still `rec.version` (0: absent), then increments `rec.version`.
     async fn save(&self, rec: &mut NodeRecord) -> Result<(), StoreError>;
     /// Removes a node's record and data.

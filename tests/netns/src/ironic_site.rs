@@ -10,6 +10,7 @@ use ironguard_dataplane::MacAddr;
 use serde_json::Value;
 
 use crate::ironic::{RealIronic, venv_bin};
+use crate::keystone::{RealKeystone, SERVICE_PASSWORD};
 use crate::{
     ControlPlane, Netns, Proc, PxeLan, SETUP_DEADLINE, TempDir, agent_toml, ctl, dhcp, dhcp_refused, kernel_decision,
     start_agent, verdict, wait_for,
@@ -26,6 +27,8 @@ pub struct IronicSite {
     // directory holding those logs.
     pub agent: Proc,
     pub cp: ControlPlane,
+    /// With [`IronicSite::with_keystone`]: the Keystone the inspector API validates tokens with.
+    pub keystone: Option<RealKeystone>,
     pub ironic: RealIronic,
     pub lan: PxeLan,
     page_size: u32,
@@ -40,15 +43,35 @@ impl IronicSite {
     /// Like [`IronicSite::new`], with more control-plane configuration (TOML) merged over the base configuration:
     /// its keys win, e.g. `[filter]\nunknown_mac_policy = "while-inspecting"\n[processing]\nadd_ports = "all"`.
     pub fn with_config(n: usize, page_size: u32, extra: &str) -> Self {
+        Self::build(n, page_size, extra, false)
+    }
+
+    /// Like [`IronicSite::new`], with a real Keystone in the PXE host's namespace ([`RealKeystone`]) and the
+    /// inspector API's `auth_strategy = "keystone"` validating tokens with it as user `ironguard`.
+    pub fn with_keystone(n: usize, page_size: u32) -> Self {
+        Self::build(n, page_size, "", true)
+    }
+
+    fn build(n: usize, page_size: u32, extra: &str, keystone: bool) -> Self {
         let lan = PxeLan::new(n);
         let ironic = RealIronic::start(&lan.pxe, &lan.dir, 6385);
+        let keystone = keystone.then(|| RealKeystone::start(&lan.pxe, &lan.dir));
+        let extra = match &keystone {
+            Some(k) => format!(
+                "[inspector_api]\ninsecure = false\nauth_strategy = \"keystone\"\nkeystone_url = \"{}\"\n\
+                 keystone_username = \"ironguard\"\nkeystone_password = \"{SERVICE_PASSWORD}\"\n\
+                 keystone_project_name = \"service\"\n{extra}",
+                k.url
+            ),
+            None => extra.to_string(),
+        };
         let cfg = lan.dir.join("controlplane.toml");
-        std::fs::write(&cfg, config(&ironic.url, page_size, extra)).expect("write controlplane.toml");
+        std::fs::write(&cfg, config(&ironic.url, page_size, &extra)).expect("write controlplane.toml");
         let cp = ControlPlane::start(&lan.pxe, &lan.dir, 9100, 9101, &["--config", cfg.to_str().unwrap_or_default()]);
         let agent = start_agent(&lan.pxe, &lan.dir, &agent_toml("agent-r", &cp.url(), "br0", AGENT_ADMIN, 30), None);
         let leader = wait_for(SETUP_DEADLINE, || (verdict(&lan.pxe) == "LEADER").then_some(()));
         assert!(leader.is_some(), "the agent did not lead:\n{}", agent.log_text());
-        Self { agent, cp, ironic, lan, page_size }
+        Self { agent, cp, keystone, ironic, lan, page_size }
     }
 
     /// Stops the control plane (SIGTERM), rewrites its configuration with `extra` instead, and starts it again on

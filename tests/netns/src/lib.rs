@@ -30,6 +30,7 @@ pub mod guest;
 pub mod ha;
 pub mod ironic;
 pub mod ironic_site;
+pub mod keystone;
 pub mod pki;
 pub mod secrets;
 pub mod shapes;

@@ -1,15 +1,18 @@
 //! The filter store's contract, run against both backends — the embedded store and a real etcd on loopback: a
 //! change of reasons that moves no MAC between sets makes no revision but is stored (a second allow reason must
 //! outlive the first, and survive a restart), each reason keeps the time it was added, and each entry the revision
-//! that last changed its membership (what `ironguardctl explain` reports).
+//! that last changed its membership (what `ironguardctl explain` reports). And the inspection store's lookup index,
+//! on both backends.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ironguard_controlplane::filter::{ReasonChange, Side, api_changes};
-use ironguard_controlplane::store::FilterStore;
+use ironguard_controlplane::store::{FilterStore, InspectionStore};
 use ironguard_dataplane::MacAddr;
+use ironguard_inspection::lookup::Attributes;
+use ironguard_inspection::records::NodeRecord;
 use ironguard_netns_tests::etcd::EtcdProcess;
 
 fn now_ms() -> u64 {
@@ -160,5 +163,129 @@ async fn a_singleton_write_after_the_lead_moved_is_refused_and_writes_nothing() 
     let written = store.apply_fenced(inspection(m2, true), None, &Fence::from(&lead_b)).await.unwrap();
     assert_eq!(written.revision, before.revision + 1);
     let _ = coord.revoke(&b).await;
+    drop(etcd);
+}
+
+/// The inspection store's lookup index against both backends (`/v1/continue` looks nodes up through it): a record
+/// is found by each of its MACs and BMC addresses and by its UUID, by its new keys only once they change, by none
+/// once removed, and after a restart; a record with more MACs than one etcd transaction may hold is indexed as well.
+async fn lookup_contract<F, Fut>(open: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn InspectionStore>>,
+{
+    let mac = |i: u32| -> MacAddr { format!("52:54:00:45:{:02x}:{:02x}", i / 256, i % 256).parse().unwrap() };
+    let by_macs = |macs: Vec<MacAddr>| Attributes { macs, ..Default::default() };
+    let by_bmc = |b: &str| Attributes { bmc_addresses: vec![b.into()], ..Default::default() };
+    async fn uuids(s: &dyn InspectionStore, a: &Attributes) -> Vec<String> {
+        let mut v: Vec<String> = s.lookup_candidates(a).await.unwrap().into_iter().map(|r| r.uuid).collect();
+        v.sort();
+        v
+    }
+    {
+        let s = open().await;
+        let mut a = NodeRecord::new("node-a", now_ms());
+        a.macs = vec![mac(1)];
+        a.bmc_addresses = vec!["redfish+https://10.0.0.1:8000/redfish/v1/Systems/1".into()];
+        s.save(&mut a).await.unwrap();
+        let mut b = NodeRecord::new("node-b", now_ms());
+        b.macs = vec![mac(2), mac(3)];
+        s.save(&mut b).await.unwrap();
+        assert_eq!(uuids(s.as_ref(), &by_macs(vec![mac(1)])).await, ["node-a"]);
+        assert_eq!(uuids(s.as_ref(), &by_bmc("10.0.0.1")).await, ["node-a"], "the BMC address, normalised");
+        assert_eq!(uuids(s.as_ref(), &by_macs(vec![mac(1), mac(3)])).await, ["node-a", "node-b"]);
+        assert!(uuids(s.as_ref(), &by_macs(vec![mac(9)])).await.is_empty());
+        let named = Attributes { node_uuid: Some("node-b".into()), ..Default::default() };
+        assert_eq!(uuids(s.as_ref(), &named).await, ["node-b"]);
+        // new keys replace the old ones
+        b.macs = vec![mac(4)];
+        s.save(&mut b).await.unwrap();
+        assert!(uuids(s.as_ref(), &by_macs(vec![mac(2), mac(3)])).await.is_empty(), "the old MACs are gone");
+        assert_eq!(uuids(s.as_ref(), &by_macs(vec![mac(4)])).await, ["node-b"]);
+        // a save that lost its race changes nothing the lookup sees
+        let mut stale = b.clone();
+        stale.version -= 1;
+        stale.macs = vec![mac(2)];
+        assert!(s.save(&mut stale).await.is_err());
+        assert!(uuids(s.as_ref(), &by_macs(vec![mac(2)])).await.is_empty());
+        // a record with more keys than one transaction holds (etcd: 128 operations by default)
+        let mut big = NodeRecord::new("node-big", now_ms());
+        big.macs = (100..400).map(mac).collect();
+        s.save(&mut big).await.unwrap();
+        assert_eq!(uuids(s.as_ref(), &by_macs(vec![mac(399)])).await, ["node-big"]);
+        big.macs = (400..700).map(mac).collect();
+        s.save(&mut big).await.unwrap();
+        assert!(uuids(s.as_ref(), &by_macs(vec![mac(100), mac(399)])).await.is_empty());
+        assert_eq!(uuids(s.as_ref(), &by_macs(vec![mac(699)])).await, ["node-big"]);
+        s.remove("node-big").await.unwrap();
+        assert!(uuids(s.as_ref(), &by_macs(vec![mac(400), mac(699)])).await.is_empty());
+        s.remove("node-a").await.unwrap();
+        assert!(uuids(s.as_ref(), &by_macs(vec![mac(1)])).await.is_empty());
+        assert!(uuids(s.as_ref(), &by_bmc("10.0.0.1")).await.is_empty());
+    }
+    let s = open().await;
+    assert_eq!(uuids(s.as_ref(), &by_macs(vec![mac(1), mac(4)])).await, ["node-b"], "after a restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_lookup_index_follows_every_record() {
+    let dir = std::env::temp_dir().join(format!("ig-lookup-contract-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.clone();
+    lookup_contract(move || {
+        let d = d.clone();
+        async move { ironguard_controlplane::store::embedded::open(&d, 100).unwrap().inspections }
+    })
+    .await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// As above on a real etcd; and records written before the index existed (by an older version) are indexed by the
+/// first lookup of a store opened on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lookup_index_follows_every_record_and_is_built_for_older_records() {
+    let etcd = EtcdProcess::start_loopback("lookup-contract");
+    let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
+    let open = move || {
+        let cfg = cfg.clone();
+        async move {
+            let c = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
+            ironguard_controlplane::store::etcd::open(c, 100).await.unwrap().inspections
+        }
+    };
+    lookup_contract(open.clone()).await;
+
+    // An older version's records: saved, then their index keys and the marker deleted, as if never written.
+    let s = open().await;
+    let m: MacAddr = "52:54:00:45:ff:01".parse().unwrap();
+    let mut old = NodeRecord::new("node-old", now_ms());
+    old.macs = vec![m];
+    old.bmc_addresses = vec!["10.0.0.77".into()];
+    s.save(&mut old).await.unwrap();
+    let c = ironguard_coord::etcd::EtcdCoordinator::connect(&ironguard_coord::EtcdConfig {
+        endpoints: vec![etcd.url.clone()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let lookup_prefix = c.full("inspect/lookup/");
+    let mut client = c.client();
+    let gone =
+        client.delete(lookup_prefix.clone(), Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    assert!(gone.deleted() >= 3, "node-b's MAC, node-old's MAC and BMC, the marker: {}", gone.deleted());
+    let fresh = open().await;
+    let found: Vec<String> = fresh
+        .lookup_candidates(&Attributes { macs: vec![m], ..Default::default() })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uuid)
+        .collect();
+    assert_eq!(found, ["node-old"], "the index was built from the records");
+    let keys =
+        client.get(lookup_prefix, Some(etcd_client::GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    let keys: Vec<String> = keys.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect();
+    assert!(keys.iter().any(|k| k.ends_with("lookup/complete")), "{keys:?}");
+    assert!(keys.iter().any(|k| k.ends_with("/node-b")), "every record, not only the one looked up: {keys:?}");
     drop(etcd);
 }

@@ -158,17 +158,23 @@ impl Site {
     }
 }
 
-/// Samples the kernel's allow_mac set in the PXE namespace; returns the first time `mac` was present.
+/// Samples the kernel's allow_mac set in the PXE namespace until `mac` is present; returns when the last read that
+/// found it absent began. That read proves the MAC was absent at some moment at or after that time, however late
+/// the sampler ran; a time taken after a read that found it present would only bound the insertion from above, and a
+/// sampler starved beside a CPU hog took it after the power-on call although the MAC was in the kernel first (T31).
 fn watch_allow(ns: &Netns, mac: ironguard_dataplane::MacAddr) -> std::thread::JoinHandle<Option<SystemTime>> {
     let path = format!("/run/netns/{}", ns.name());
     std::thread::spawn(move || {
         let f = std::fs::File::open(&path).unwrap();
         nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
         let t = Instant::now();
+        let mut absent_at = None;
         while t.elapsed() < Duration::from_secs(30) {
+            let began = SystemTime::now();
             if ironguard_dataplane::set_members("allow_mac").is_ok_and(|m| m.contains(&mac)) {
-                return Some(SystemTime::now());
+                return absent_at;
             }
+            absent_at = Some(began);
             std::thread::sleep(Duration::from_millis(1));
         }
         None
@@ -185,13 +191,13 @@ fn full_flow_allow_before_power_on_then_denied_at_once() {
     let watcher = watch_allow(&site.lan.pxe, mac(NODE_MAC));
     site.start();
     site.wait_state("waiting", Duration::from_secs(20));
-    let allowed_at = watcher.join().unwrap().expect("the node's MAC reached the leader's kernel");
+    let absent_at = watcher.join().unwrap().expect("absent at first, then in the leader's kernel");
     let powered = site.power_calls("power on");
     assert_eq!(powered.len(), 1, "one power-on call");
     assert!(
-        allowed_at < powered[0],
-        "the MAC was allowed in the leader's kernel {:?} before the power-on call",
-        powered[0].duration_since(allowed_at).unwrap_or_default()
+        absent_at < powered[0],
+        "the MAC was still absent from the leader's kernel {:?} after the power-on call",
+        absent_at.duration_since(powered[0]).unwrap_or_default()
     );
     assert_eq!(site.ironic.power_state(NODE).as_deref(), Some("power on"));
     assert!(dhcp(&site.lan.nodes[0], "eth0", mac(NODE_MAC)).is_some(), "the node being inspected gets a lease");

@@ -217,3 +217,78 @@ fn openstack_baremetal_introspection_commands_work_unchanged() {
     let (ok, out) = osc(&["status", "no-such-node"]);
     assert!(!ok && out.to_lowercase().contains("not found"), "an unknown node is reported: {out}");
 }
+
+/// `auth_strategy = "keystone"` against a real Keystone (`tests/netns/src/keystone.rs`): the OpenStack client logs
+/// in to Keystone and sends its token; ironguard validates it with Keystone as its own service user. An operator's
+/// token runs `openstack baremetal introspection rule import|start|status|list`; no token, a token Keystone never
+/// issued and a reader's token are refused (401, 401, 403) and change nothing: no inspection, no rule, the node
+/// still `manageable` in Ironic.
+#[test]
+fn openstack_baremetal_introspection_with_a_real_keystone_token() {
+    use ironguard_netns_tests::ironic_site::INSPECTOR;
+    use ironguard_netns_tests::keystone::{ADMIN_PASSWORD, VIEWER_PASSWORD};
+    let site = Site::with_keystone(1, 1000);
+    let ks = site.keystone.as_ref().unwrap();
+    let n = mac("52:54:00:39:05:01");
+    let uuid = site.ironic.enroll("node-ks", &[n], "10.1.39.70", "agent");
+    site.ironic.drive_to(&uuid, "manageable");
+    let introspection = |user: &str, password: &str, args: &[&str]| {
+        let all: Vec<&str> = ["--inspector-url", INSPECTOR, "baremetal", "introspection"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        ks.openstack(&site.lan.pxe, user, password, &all)
+    };
+    let rules = site.lan.dir.join("rules.json");
+    let rule = serde_json::json!([{"description": "keystone rule", "conditions": [
+        {"op": "eq", "field": "node://driver", "value": "fake-hardware"}],
+        "actions": [{"action": "set-attribute", "path": "/extra/checked_by", "value": "keystone"}]}]);
+    std::fs::write(&rules, rule.to_string()).unwrap();
+    let rules = rules.to_str().unwrap();
+
+    // Refused, each for its reason.
+    // The words of a 401 and a 403 as keystonemiddleware and webob give them (the OpenStack client prints the
+    // body's message, not the status code).
+    let unauthenticated = |out: &str| out.contains("The request you have made requires authentication");
+    let forbidden = |out: &str| out.contains("Access was denied to this resource");
+    let (ok, out) = site.openstack(&["start", "node-ks"]);
+    assert!(!ok && unauthenticated(&out), "no token: {out}");
+    let forged = site
+        .lan
+        .pxe
+        .cmd("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["-H", "X-Auth-Token: gAAAAABforgedforgedforgedforgedforgedforgedforged"])
+        .arg(format!("{INSPECTOR}/v1/introspection/{uuid}"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&forged.stdout), "401", "a token Keystone never issued");
+    let (ok, out) = introspection("viewer", VIEWER_PASSWORD, &["start", "node-ks"]);
+    assert!(!ok && forbidden(&out), "a reader's token: {out}");
+    let (ok, out) = introspection("viewer", VIEWER_PASSWORD, &["rule", "import", rules]);
+    assert!(!ok && forbidden(&out), "a reader's token: {out}");
+    let (ok, out) = introspection("admin", "wrong-password", &["list"]);
+    assert!(!ok && unauthenticated(&out), "Keystone itself refuses a wrong password: {out}");
+    assert!(!site.ctl(&["inspect", "status", &uuid]).status.success(), "no inspection was started");
+    let listed: Value = serde_json::from_str(&site.ctl_ok(&["rules", "list", "--json"])).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(0), "no rule was stored: {listed}");
+    assert_eq!(site.ironic.provision_state(&uuid), "manageable");
+
+    // The operator's token.
+    let (ok, out) = introspection("admin", ADMIN_PASSWORD, &["rule", "import", rules, "-f", "json"]);
+    assert!(ok, "rule import: {out}");
+    let (ok, out) = introspection("admin", ADMIN_PASSWORD, &["rule", "list", "-f", "json"]);
+    assert!(ok && out.contains("keystone rule"), "rule list: {out}");
+    let (ok, out) = introspection("admin", ADMIN_PASSWORD, &["start", "node-ks"]);
+    assert!(ok, "introspection start: {out}");
+    site.wait_inspection(&uuid, "waiting", Duration::from_secs(30));
+    let (ok, out) = introspection("admin", ADMIN_PASSWORD, &["status", &uuid, "-f", "json"]);
+    assert!(ok, "introspection status: {out}");
+    let status: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((status["state"].as_str(), status["finished"].as_bool()), (Some("waiting"), Some(false)), "{status}");
+    let (ok, out) = introspection("admin", ADMIN_PASSWORD, &["list", "-f", "json"]);
+    assert!(ok && out.contains(&uuid), "introspection list: {out}");
+    // The started inspection is real: Ironic powered the node on for it, and it boots through the filter.
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[0], n, true, DEADLINE), "the inspected node boots");
+    drop(site.agent);
+}

@@ -12,7 +12,7 @@ use ironguard_proto::time::now_ms;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::watch;
 
-use crate::store::inspections::{InspectionStore, QueueEntry, pick};
+use crate::store::inspections::{InspectionStore, LookupIndex, QueueEntry, pick};
 use crate::store::{Backend, StoreError, embedded as backend};
 
 pub(super) const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("inspection_nodes");
@@ -136,20 +136,43 @@ fn write_batch(db: &Database, batch: &[Waiting]) -> Result<u64, StoreError> {
     Ok(first)
 }
 
-/// The node records as committed. A writer holds `write` from its transaction's start to the update of `map`, so
-/// the map changes in commit order; readers only take `map`, briefly.
+/// The node records as committed, with their lookup index. A writer holds `write` from its transaction's start to
+/// the update of `map`, so the map changes in commit order; readers only take `map`, briefly.
 #[derive(Default)]
 struct Records {
     write: Mutex<()>,
-    map: RwLock<BTreeMap<String, NodeRecord>>,
+    map: RwLock<Indexed>,
+}
+
+/// The records by UUID and by lookup key, changed together.
+#[derive(Default)]
+struct Indexed {
+    nodes: BTreeMap<String, NodeRecord>,
+    index: LookupIndex,
+}
+
+impl Indexed {
+    fn insert(&mut self, r: NodeRecord) {
+        if let Some(old) = self.nodes.get(&r.uuid) {
+            self.index.remove(old);
+        }
+        self.index.insert(&r);
+        self.nodes.insert(r.uuid.clone(), r);
+    }
+
+    fn remove(&mut self, node: &str) {
+        if let Some(old) = self.nodes.remove(node) {
+            self.index.remove(&old);
+        }
+    }
 }
 
 impl Records {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, NodeRecord>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Indexed> {
         self.map.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, NodeRecord>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Indexed> {
         self.map.write().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -181,7 +204,14 @@ impl EmbeddedInspections {
             let mut map = records.write();
             for row in t.iter().map_err(backend("list nodes"))? {
                 let (k, v) = row.map_err(backend("list nodes"))?;
-                map.insert(k.value().to_string(), serde_json::from_slice(v.value()).map_err(corrupt)?);
+                let rec: NodeRecord = serde_json::from_slice(v.value()).map_err(corrupt)?;
+                if rec.uuid != k.value() {
+                    return Err(StoreError::corrupt(
+                        Backend::Embedded,
+                        format!("the record under {:?} is node {:?}", k.value(), rec.uuid),
+                    ));
+                }
+                map.insert(rec);
             }
         }
         Ok(Self { db, wake: watch::channel(0).0, records, enqueues: Arc::default() })
@@ -242,16 +272,18 @@ impl EmbeddedInspections {
 #[async_trait]
 impl InspectionStore for EmbeddedInspections {
     async fn get(&self, node: &str) -> Result<Option<NodeRecord>, StoreError> {
-        Ok(self.records.read().get(node).cloned())
+        Ok(self.records.read().nodes.get(node).cloned())
     }
 
     async fn list(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        Ok(self.records.read().values().cloned().collect())
+        Ok(self.records.read().nodes.values().cloned().collect())
     }
 
     async fn lookup_candidates(&self, attrs: &Attributes) -> Result<Vec<NodeRecord>, StoreError> {
         let bmcs = attrs.normalised_bmcs();
-        Ok(self.records.read().values().filter(|r| lookup::score(attrs, &bmcs, r) > 0).cloned().collect())
+        let m = self.records.read();
+        let found = m.index.nodes(attrs, &bmcs).into_iter().filter_map(|u| m.nodes.get(&u));
+        Ok(found.filter(|r| lookup::score(attrs, &bmcs, r) > 0).cloned().collect())
     }
 
     async fn save(&self, rec: &mut NodeRecord) -> Result<(), StoreError> {
@@ -277,7 +309,7 @@ impl InspectionStore for EmbeddedInspections {
                 t.insert(next.uuid.as_str(), v.as_slice()).map_err(backend("write a node"))?;
             }
             w.commit().map_err(backend("commit"))?;
-            records.write().insert(next.uuid.clone(), next);
+            records.write().insert(next);
             Ok(())
         })
         .await?;
@@ -519,6 +551,7 @@ mod tests {
     async fn records_in_memory_follow_every_commit() {
         let d = dir("cache");
         let (m1, m2): (MacAddr, MacAddr) = ("52:54:00:00:00:01".parse().unwrap(), "52:54:00:00:00:02".parse().unwrap());
+        let m3: MacAddr = "52:54:00:00:00:03".parse().unwrap();
         {
             let s = open(&d);
             let mut a = NodeRecord::new("a", now_ms());
@@ -546,10 +579,34 @@ mod tests {
             assert_eq!(uuids(s.lookup_candidates(&attrs(vec![], vec!["10.0.0.1"])).await.unwrap()), ["a"]);
             assert_eq!(uuids(s.lookup_candidates(&attrs(vec![m1, m2], vec![])).await.unwrap()), ["a", "b"]);
             assert!(s.lookup_candidates(&attrs(vec![], vec!["10.9.9.9"])).await.unwrap().is_empty());
+            // a record saved with other keys is found by the new ones only; a conflicting save changed nothing
+            let mut b2 = s.get("b").await.unwrap().unwrap();
+            b2.macs = vec![m3];
+            b2.bmc_addresses = vec!["https://[fd00::9]:443/redfish".into()];
+            let mut stale = b2.clone();
+            stale.version = 0;
+            stale.macs = vec![m1];
+            assert!(s.save(&mut stale).await.is_err());
+            s.save(&mut b2).await.unwrap();
+            assert!(s.lookup_candidates(&attrs(vec![m2], vec![])).await.unwrap().is_empty(), "the old MAC is gone");
+            assert_eq!(uuids(s.lookup_candidates(&attrs(vec![m1], vec![])).await.unwrap()), ["a"]);
+            assert_eq!(uuids(s.lookup_candidates(&attrs(vec![m3], vec![])).await.unwrap()), ["b"]);
+            assert_eq!(uuids(s.lookup_candidates(&attrs(vec![], vec!["fd00::9"])).await.unwrap()), ["b"]);
+            // a named node is a candidate whatever it shares; a name of no record is none
+            let named = Attributes { node_uuid: Some("a".into()), ..Default::default() };
+            assert_eq!(uuids(s.lookup_candidates(&named).await.unwrap()), ["a"]);
+            let ghost = Attributes { node_uuid: Some("c".into()), macs: vec![m3], ..Default::default() };
+            assert!(s.lookup_candidates(&ghost).await.unwrap().is_empty(), "c was removed; b is not c");
         }
         let s = open(&d);
         let r = s.list().await.unwrap();
-        assert_eq!(r.iter().map(|r| (r.uuid.as_str(), r.version)).collect::<Vec<_>>(), [("a", 1), ("b", 2)]);
+        assert_eq!(r.iter().map(|r| (r.uuid.as_str(), r.version)).collect::<Vec<_>>(), [("a", 1), ("b", 3)]);
+        // the index is rebuilt from the records on disk
+        let uuids = |v: Vec<NodeRecord>| v.into_iter().map(|r| r.uuid).collect::<Vec<_>>();
+        let by_mac = |m| Attributes { macs: vec![m], ..Default::default() };
+        assert_eq!(uuids(s.lookup_candidates(&by_mac(m3)).await.unwrap()), ["b"]);
+        assert_eq!(uuids(s.lookup_candidates(&by_mac(m1)).await.unwrap()), ["a"]);
+        assert!(s.lookup_candidates(&by_mac(m2)).await.unwrap().is_empty());
         std::fs::remove_dir_all(&d).unwrap();
     }
 

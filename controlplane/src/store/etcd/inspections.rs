@@ -6,7 +6,15 @@
 //! <prefix>/inspect/queue/<id:020>   queued request and who holds it
 //! <prefix>/inspect/queue-args/<id:020>  its arguments (a ramdisk's data), apart: taking reads the entries only
 //! <prefix>/inspect/seq              the last request id
+//! <prefix>/inspect/lookup/mac/<mac>/<uuid>      the lookup index: node <uuid> has this MAC (empty value)
+//! <prefix>/inspect/lookup/bmc/<hex>/<uuid>      ... this BMC address (normalised, hex-encoded)
+//! <prefix>/inspect/lookup/complete             the index covers every record (written once it was built)
 //! ```
+//!
+//! A record and its index keys change in one transaction (a record with more keys than one transaction may hold
+//! has its new keys written before it and its old ones deleted after it). Every key a record has is in the index
+//! whenever the record is; a key left over (a save that lost its race) only costs `/v1/continue` one skipped read,
+//! as the lookup scores the records it reads.
 //!
 //! Taking a request is a transaction guarded by the entry's modification revision, so two replicas never take the
 //! same request at once; a watch on the queue wakes this replica's workers when another replica enqueues.
@@ -14,14 +22,18 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
+use std::collections::BTreeSet;
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use ironguard_coord::etcd::EtcdCoordinator;
+use ironguard_dataplane::MacAddr;
+use ironguard_inspection::lookup::{self, Attributes};
 use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
 use ironguard_proto::time::now_ms;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::inspections::{InspectionStore, QueueEntry, pick};
+use crate::store::inspections::{InspectionStore, QueueEntry, lookup_keys, pick};
 use crate::store::{Backend, StoreError};
 
 fn e(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> StoreError {
@@ -32,12 +44,17 @@ fn corrupt(e: serde_json::Error) -> StoreError {
     StoreError::corrupt(Backend::Etcd, e.to_string())
 }
 
+/// Operations per transaction, under etcd's default `--max-txn-ops` (128).
+const TXN_OPS: usize = 100;
+
 /// Inspections in etcd.
 pub struct EtcdInspections {
     c: EtcdCoordinator,
     root: String,
     wake: watch::Sender<u64>,
     stop: CancellationToken,
+    /// The lookup index was found complete (or built) once by this process.
+    indexed: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for EtcdInspections {
@@ -73,7 +90,97 @@ impl EtcdInspections {
                 tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop2.cancelled() => return }
             }
         });
-        Self { c, root, wake, stop }
+        Self { c, root, wake, stop, indexed: tokio::sync::OnceCell::new() }
+    }
+
+    fn mac_prefix(&self, mac: &MacAddr) -> String {
+        format!("{}lookup/mac/{mac}/", self.root)
+    }
+
+    fn bmc_prefix(&self, bmc: &str) -> String {
+        // hex: a host name may hold any character, '/' too
+        let hex: String = bmc.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("{}lookup/bmc/{hex}/", self.root)
+    }
+
+    /// The index keys of `r`.
+    fn index_keys(&self, r: &NodeRecord) -> BTreeSet<String> {
+        let (macs, bmcs) = lookup_keys(r);
+        let macs = macs.iter().map(|m| format!("{}{}", self.mac_prefix(m), r.uuid));
+        macs.chain(bmcs.iter().map(|b| format!("{}{}", self.bmc_prefix(b), r.uuid))).collect()
+    }
+
+    /// Runs `ops` in transactions of at most [`TXN_OPS`], unconditionally.
+    async fn run_ops(&self, op: &'static str, ops: Vec<TxnOp>) -> Result<(), StoreError> {
+        for chunk in ops.chunks(TXN_OPS) {
+            let chunk = chunk.to_vec();
+            self.c
+                .retry(op, |mut cl| {
+                    let txn = Txn::new().and_then(chunk.clone());
+                    async move { cl.txn(txn).await }
+                })
+                .await
+                .map_err(e(op))?;
+        }
+        Ok(())
+    }
+
+    /// Gets `keys` (with `options`) in transactions of at most [`TXN_OPS`]: one answer per key, in order.
+    async fn get_many(
+        &self,
+        op: &'static str,
+        keys: &[String],
+        options: Option<GetOptions>,
+    ) -> Result<Vec<etcd_client::GetResponse>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(TXN_OPS) {
+            let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), options.clone())).collect();
+            let r = self
+                .c
+                .retry(op, |mut cl| {
+                    let txn = Txn::new().and_then(ops.clone());
+                    async move { cl.txn(txn).await }
+                })
+                .await
+                .map_err(e(op))?;
+            for resp in r.op_responses() {
+                if let TxnOpResponse::Get(g) = resp {
+                    out.push(g);
+                }
+            }
+        }
+        if out.len() != keys.len() {
+            return Err(StoreError::corrupt(
+                Backend::Etcd,
+                format!("{op}: {} answers to {} reads", out.len(), keys.len()),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Builds the lookup index from the records once, if no replica did (records written by a version before the
+    /// index): idempotent, so replicas starting together may both do it.
+    async fn ensure_index(&self) -> Result<(), StoreError> {
+        self.indexed
+            .get_or_try_init(|| async {
+                let marker = format!("{}lookup/complete", self.root);
+                if self.get_raw(marker.clone()).await?.is_some() {
+                    return Ok::<(), StoreError>(());
+                }
+                let records = self.list().await?;
+                let puts: Vec<TxnOp> = records
+                    .iter()
+                    .flat_map(|r| self.index_keys(r))
+                    .map(|k| TxnOp::put(k, Vec::<u8>::new(), None))
+                    .collect();
+                let keys = puts.len();
+                self.run_ops("build the lookup index", puts).await?;
+                self.run_ops("build the lookup index", vec![TxnOp::put(marker, b"1".to_vec(), None)]).await?;
+                tracing::info!(records = records.len(), keys, "etcd inspection store: lookup index built");
+                Ok(())
+            })
+            .await
+            .map(|_| ())
     }
 
     fn node_key(&self, node: &str) -> String {
@@ -197,10 +304,11 @@ impl InspectionStore for EtcdInspections {
         next.updated_at = now_ms();
         let v = serde_json::to_vec(&next).map_err(corrupt)?;
         // The stored version must be the one we read.
-        let (found, rev) = match self.get_raw(key.clone()).await? {
-            Some((raw, rev)) => (serde_json::from_slice::<NodeRecord>(&raw).map_err(corrupt)?.version, rev),
-            None => (0, 0),
+        let (old, rev) = match self.get_raw(key.clone()).await? {
+            Some((raw, rev)) => (Some(serde_json::from_slice::<NodeRecord>(&raw).map_err(corrupt)?), rev),
+            None => (None, 0),
         };
+        let found = old.as_ref().map_or(0, |o| o.version);
         if found != rec.version {
             return Err(StoreError::Conflict { node: rec.uuid.clone(), expected: rec.version, found });
         }
@@ -209,10 +317,24 @@ impl InspectionStore for EtcdInspections {
         } else {
             Compare::mod_revision(key.clone(), CompareOp::Equal, rev)
         };
+        // The index keys change with the record: in its transaction, or around it when they do not fit in one.
+        let (old_keys, new_keys) = (old.map(|o| self.index_keys(&o)).unwrap_or_default(), self.index_keys(&next));
+        let adds: Vec<TxnOp> =
+            new_keys.difference(&old_keys).map(|k| TxnOp::put(k.clone(), Vec::<u8>::new(), None)).collect();
+        let dels: Vec<TxnOp> = old_keys.difference(&new_keys).map(|k| TxnOp::delete(k.clone(), None)).collect();
+        let mut ops = vec![TxnOp::put(key.clone(), v.clone(), None)];
+        let (before, after) = if 1 + adds.len() + dels.len() <= TXN_OPS {
+            ops.extend(adds);
+            ops.extend(dels);
+            (vec![], vec![])
+        } else {
+            (adds, dels)
+        };
+        self.run_ops("index a node", before).await?;
         let r = self
             .c
             .retry("save a node", |mut cl| {
-                let txn = Txn::new().when([guard.clone()]).and_then([TxnOp::put(key.clone(), v.clone(), None)]);
+                let txn = Txn::new().when([guard.clone()]).and_then(ops.clone());
                 async move { cl.txn(txn).await }
             })
             .await
@@ -220,21 +342,72 @@ impl InspectionStore for EtcdInspections {
         if !r.succeeded() {
             return Err(StoreError::Conflict { node: rec.uuid.clone(), expected: rec.version, found: rec.version + 1 });
         }
+        self.run_ops("index a node", after).await?;
         *rec = next;
         Ok(())
     }
 
     async fn remove(&self, node: &str) -> Result<(), StoreError> {
-        for key in [self.node_key(node), self.data_key(node)] {
-            self.c
+        let key = self.node_key(node);
+        for _ in 0..20 {
+            // The record, its data and its index keys go together, unless the record changed meanwhile.
+            let (keys, guard) = match self.get_raw(key.clone()).await? {
+                Some((raw, rev)) => (
+                    self.index_keys(&serde_json::from_slice::<NodeRecord>(&raw).map_err(corrupt)?),
+                    Compare::mod_revision(key.clone(), CompareOp::Equal, rev),
+                ),
+                None => (BTreeSet::new(), Compare::create_revision(key.clone(), CompareOp::Equal, 0)),
+            };
+            let mut ops = vec![TxnOp::delete(key.clone(), None), TxnOp::delete(self.data_key(node), None)];
+            let fits = ops.len() + keys.len() <= TXN_OPS;
+            let index_ops: Vec<TxnOp> = keys.iter().map(|k| TxnOp::delete(k.clone(), None)).collect();
+            if fits {
+                ops.extend(index_ops.iter().cloned());
+            }
+            let r = self
+                .c
                 .retry("remove a node", |mut cl| {
-                    let k = key.clone();
-                    async move { cl.delete(k, None).await }
+                    let txn = Txn::new().when([guard.clone()]).and_then(ops.clone());
+                    async move { cl.txn(txn).await }
                 })
                 .await
                 .map_err(e("remove a node"))?;
+            if r.succeeded() {
+                if !fits {
+                    self.run_ops("remove a node", index_ops).await?;
+                }
+                return Ok(());
+            }
         }
-        Ok(())
+        Err(StoreError::Backend { backend: Backend::Etcd, op: "remove a node", source: "too much contention".into() })
+    }
+
+    async fn lookup_candidates(&self, attrs: &Attributes) -> Result<Vec<NodeRecord>, StoreError> {
+        self.ensure_index().await?;
+        let bmcs = attrs.normalised_bmcs();
+        let prefixes: Vec<String> =
+            attrs.macs.iter().map(|m| self.mac_prefix(m)).chain(bmcs.iter().map(|b| self.bmc_prefix(b))).collect();
+        let mut nodes: BTreeSet<String> = attrs.node_uuid.iter().cloned().collect();
+        let found =
+            self.get_many("look a node up", &prefixes, Some(GetOptions::new().with_prefix().with_keys_only())).await?;
+        for (prefix, g) in prefixes.iter().zip(found) {
+            for kv in g.kvs() {
+                if let Some(uuid) = kv.key().strip_prefix(prefix.as_bytes()) {
+                    nodes.insert(String::from_utf8_lossy(uuid).into_owned());
+                }
+            }
+        }
+        let keys: Vec<String> = nodes.iter().map(|n| self.node_key(n)).collect();
+        let mut out = Vec::new();
+        for g in self.get_many("read the candidates", &keys, None).await? {
+            for kv in g.kvs() {
+                let r: NodeRecord = serde_json::from_slice(kv.value()).map_err(corrupt)?;
+                if lookup::score(attrs, &bmcs, &r) > 0 {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
     }
 
     async fn put_data(&self, node: &str, data: &serde_json::Value) -> Result<(), StoreError> {
