@@ -377,12 +377,21 @@ async fn start(mut cfg: AgentConfig) -> anyhow::Result<(Core, Shell, Sources, to
     let (status, status_rx) = watch::channel(AgentStatus::default());
     let lease_wall = Arc::new(AtomicU64::new(0));
     let seen = seen_source(dp.clone(), probe.as_ref().map(|p| p.mac));
+    // The etcd servers' versions: a server without the lease fixes the fence relies on is logged, counted and
+    // reported (the control plane lists it in `ironguardctl agents`).
+    let etcd_warnings = {
+        let gauge = metrics.etcd_outdated.clone();
+        ironguard_coord::versions::watch(&cfg.etcd, move |n| {
+            gauge.set(n as i64);
+        })
+    };
     let report = stream::report_loop(
         cfg.controlplane.clone(),
         status_rx,
         lease_wall.clone(),
         Some(seen),
         metrics.clone(),
+        etcd_warnings,
         stop_rx.clone(),
     );
     tokio::spawn(report);

@@ -61,6 +61,9 @@ pub struct Metrics {
     pub readback_errors: Counter,
     pub dhcp_healthy: Gauge,
     pub stream_connected: Gauge,
+    /// etcd endpoints whose server lacks fixes the agent's leases rely on (`ironguard_coord::versions`); 0 without
+    /// etcd, -1 until read.
+    pub etcd_outdated: Gauge,
 }
 
 impl Metrics {
@@ -122,6 +125,14 @@ impl Metrics {
         r.register("dhcp_healthy", "1 if the local DHCP service is healthy", dhcp_healthy.clone());
         let stream_connected = Gauge::default();
         r.register("stream_connected", "1 while a WatchFilters stream is open", stream_connected.clone());
+        let etcd_outdated = Gauge::default();
+        etcd_outdated.set(-1);
+        r.register(
+            "etcd_servers_outdated",
+            "etcd endpoints whose server version lacks lease or read fixes the agent relies on (see the log; -1 until \
+             read)",
+            etcd_outdated.clone(),
+        );
         Self {
             registry: r,
             apply_seconds,
@@ -143,6 +154,7 @@ impl Metrics {
             readback_errors,
             dhcp_healthy,
             stream_connected,
+            etcd_outdated,
         }
     }
 

@@ -201,6 +201,7 @@ pub async fn report_loop(
     lease: Arc<std::sync::atomic::AtomicU64>,
     seen: Option<crate::seen::SeenSource>,
     metrics: Arc<Metrics>,
+    etcd_warnings: Arc<std::sync::Mutex<Vec<String>>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut reporter = Reporter { cfg, client: None, idx: 0 };
@@ -218,6 +219,7 @@ pub async fn report_loop(
             continue; // the core has not said anything yet (the channel's first value): nothing to report
         }
         s.lease_until_unix_ms = lease.load(std::sync::atomic::Ordering::SeqCst);
+        s.etcd_warnings = etcd_warnings.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if let Some(source) = &seen {
             let r = read_seen(source.clone()).await;
             (s.dhcp_seen_observed, s.dhcp_seen, s.dhcp_seen_error, s.dhcp_seen_full) =
@@ -436,6 +438,7 @@ mod tests {
             lease,
             None,
             Arc::new(Metrics::new()),
+            Arc::default(),
             stop_rx,
         ));
         tokio::time::timeout(STUCK, accepts.recv()).await.expect("connected").expect("listener");

@@ -285,6 +285,17 @@ pub fn conflicts(all: &[(AgentStatus, Duration)], stale_after: Duration) -> Vec<
             list.join(", ")
         ));
     }
+    // The same etcd server reported by several agents is one warning naming them all.
+    let mut etcd: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for s in &live {
+        for w in &s.etcd_warnings {
+            etcd.entry(w).or_default().insert(&s.agent_id);
+        }
+    }
+    for (w, ids) in &etcd {
+        let list: Vec<&str> = ids.iter().copied().collect();
+        out.push(format!("agent{} {}: {w}", if list.len() > 1 { "s" } else { "" }, list.join(", ")));
+    }
     for (network, ids) in local.iter().filter(|(_, ids)| ids.len() > 1) {
         let list: Vec<&str> = ids.iter().copied().collect();
         out.push(format!(
@@ -326,6 +337,28 @@ mod tests {
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(w[0].contains("\"pxe-1\" is reported by 2 hosts (host-a, host-b)"), "{w:?}");
         assert!(w[1].contains("network \"lab\": agents pxe-2, pxe-3 run without etcd"), "{w:?}");
+    }
+
+    /// What the agents say of their etcd servers is listed once per server, with every agent that says it; a
+    /// stale agent's report is not.
+    #[test]
+    fn outdated_etcd_servers_are_listed_once_with_the_agents_that_report_them() {
+        let old = ironguard_coord::versions::warning("http://10.0.0.1:2379", "3.4.23").unwrap_or_default();
+        let other = ironguard_coord::versions::warning("http://10.0.0.2:2379", "3.5.16").unwrap_or_default();
+        let with = |id: &str, host: &str, w: &[&String]| {
+            let mut s = status(id, host, "prov", "etcd");
+            s.etcd_warnings = w.iter().map(|w| w.to_string()).collect();
+            s
+        };
+        let all = vec![
+            (with("pxe-1", "host-a", &[&old, &other]), FRESH),
+            (with("pxe-2", "host-b", &[&old]), FRESH),
+            (with("pxe-3", "host-c", &[]), FRESH),
+            (with("pxe-9", "host-z", &[&other]), BOUND * 2),
+        ];
+        let w = conflicts(&all, BOUND);
+        assert_eq!(w, vec![format!("agents pxe-1, pxe-2: {old}"), format!("agent pxe-1: {other}")], "{w:?}");
+        assert!(w[0].contains("3.4.23") && w[0].contains("upgrade etcd"), "{w:?}");
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod agents;
 pub mod authz;
 pub mod cli;
 pub mod config;
+pub mod discovery;
 pub mod explain;
 pub mod filter;
 pub mod http_access;
@@ -146,6 +147,15 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         };
         Some(Arc::new(Ironic::new(config.ironic.clone()).context("configuring the Ironic client")?.with_health(health)))
     };
+    // Discovery windows open unknown MACs' DHCP only where the unknown-MAC policy lets anything open it.
+    let window_dhcp = match config.filter.unknown_mac_policy {
+        PolicySetting::WhileInspecting | PolicySetting::Allow => Ok(()),
+        PolicySetting::Deny => Err("[filter] unknown_mac_policy = \"deny\": unknown MACs get no DHCP, window or not \
+                                    (windows still let the enroll hook enroll machines that boot otherwise); set it \
+                                    to \"while-inspecting\" for windows to open DHCP"
+            .to_string()),
+    };
+    let windows = discovery::Windows::new(coord.clone(), window_dhcp, config.discovery.enroll_per_minute);
     let engine = Arc::new(Engine {
         store: inspections,
         filters: store.clone(),
@@ -156,6 +166,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         pipeline: Pipeline::new(&config.processing).map_err(|e| anyhow::anyhow!("[processing]: {e}"))?,
         processing: config.processing.clone(),
         discovery: config.discovery.clone(),
+        windows: windows.clone(),
         rules: stores.rules.clone(),
         callbacks: Default::default(),
         #[cfg(feature = "test-hooks")]
@@ -171,6 +182,13 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         agents,
         metrics: metrics.clone(),
         heartbeat: Duration::from_secs(config.server.heartbeat_secs),
+        windows,
+        etcd_warnings: {
+            let gauge = metrics.etcd_outdated.clone();
+            ironguard_coord::versions::watch(&config.etcd, move |n| {
+                gauge.set(n as i64);
+            })
+        },
     };
     let counts = store.counts();
     metrics.revision.set(counts.revision as i64);
@@ -189,12 +207,11 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         config.server.replica_id.clone()
     };
     let (leading_tx, leading) = tokio::sync::watch::channel(false);
-    // Discovery needs unknown machines to boot: while-inspecting then keeps unknown MACs open, as auto_discovery.
-    let mut sync = config.sync.clone();
-    sync.auto_discovery |= config.discovery.enroll();
+    // Discovery (the enroll hook) opens unknown MACs' DHCP only inside the windows operators open (`discovery`),
+    // not for ever: `[sync] auto_discovery` is the explicit way to keep them open.
     let periodic = inspection::periodic::tasks(
         engine.clone(),
-        sync,
+        config.sync.clone(),
         config.filter.unknown_mac_policy,
         metrics.ironic_sync_held.clone(),
     );

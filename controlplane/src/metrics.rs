@@ -47,6 +47,9 @@ pub struct Metrics {
     /// What the Ironic sync holds back as a mass drop (`[sync] ironic_drop_max_percent`), by what: "denies"
     /// (`ironic` denies of ports Ironic no longer lists), "inspections" (of nodes it no longer lists). 0: nothing.
     pub ironic_sync_held: Family<WhatLabel, Gauge>,
+    /// etcd endpoints whose server lacks fixes ironguard's leases rely on (`ironguard_coord::versions`), as read at
+    /// start: 0 when all have them, or without etcd; -1 until read.
+    pub etcd_outdated: Gauge,
 }
 
 impl Metrics {
@@ -114,6 +117,14 @@ impl Metrics {
              inspections of nodes, that Ironic no longer lists (0: nothing held)",
             ironic_sync_held.clone(),
         );
+        let etcd_outdated = Gauge::default();
+        etcd_outdated.set(-1);
+        registry.register(
+            "etcd_servers_outdated",
+            "etcd endpoints whose server version lacks lease or read fixes ironguard relies on (see the log and \
+             ironguardctl agents for which; -1 until read)",
+            etcd_outdated.clone(),
+        );
         registry.register(
             "refusals",
             "Calls refused (bad or missing credentials, rate limit, oversized body), by kind; logged at most once a minute per kind and source",
@@ -135,6 +146,7 @@ impl Metrics {
             ironic_failed_attempts,
             ironic_up,
             ironic_sync_held,
+            etcd_outdated,
         }
     }
 

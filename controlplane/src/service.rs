@@ -34,6 +34,10 @@ pub struct PxeFilterService {
     pub heartbeat: Duration,
     /// Becomes true on shutdown: open watch streams end, so the server can stop.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// The discovery windows (sent to the agents of their network on their streams).
+    pub windows: Arc<crate::discovery::Windows>,
+    /// What this replica found wrong with its etcd servers' versions ([`ironguard_coord::versions::watch`]).
+    pub etcd_warnings: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl std::fmt::Debug for PxeFilterService {
@@ -79,7 +83,36 @@ fn delta_event(d: RevisionDelta, epoch: &str) -> FilterEvent {
     }
 }
 
+fn discovery_event(open_for: Duration) -> FilterEvent {
+    let w = pb::DiscoveryWindow { open_for_ms: open_for.as_millis() as u64 };
+    FilterEvent { event: Some(Event::Discovery(w)) }
+}
+
+fn window_status(e: crate::discovery::WindowError) -> Status {
+    match e {
+        crate::discovery::WindowError::Invalid(m) => Status::invalid_argument(m),
+        e @ crate::discovery::WindowError::Store(_) => Status::unavailable(e.to_string()),
+    }
+}
+
 impl PxeFilterService {
+    /// The open windows, for the discovery calls.
+    fn discovery_windows(&self) -> pb::DiscoveryWindows {
+        let now = ironguard_proto::time::now_ms();
+        let windows = self
+            .windows
+            .list()
+            .into_iter()
+            .map(|(network, w)| pb::DiscoveryWindowInfo {
+                network,
+                until_unix_ms: w.until_unix_ms,
+                remaining_ms: w.until_unix_ms.saturating_sub(now),
+                opened_by: w.opened_by,
+            })
+            .collect();
+        pb::DiscoveryWindows { windows, note: self.windows.dhcp_note().unwrap_or_default().to_string() }
+    }
+
     fn publish_gauges(&self) {
         let c = self.store.counts();
         self.metrics.revision.set(c.revision as i64);
@@ -145,6 +178,7 @@ impl PxeFilter for PxeFilterService {
         let metrics = self.metrics.clone();
         let heartbeat = self.heartbeat;
         let mut stopping = self.stopping.clone();
+        let windows = self.windows.clone();
         let span = info_span!("watch", agent = %r.agent_id, host = %r.host, network = %r.network);
         tokio::spawn(
             async move {
@@ -191,6 +225,14 @@ impl PxeFilter for PxeFilterService {
                         rev
                     }
                 };
+                // The network's discovery window, if open (an agent's new stream starts closed), and its changes.
+                let mut windows_rx = windows.changes();
+                let open = windows.open_for(&r.network);
+                let mut told_open = !open.is_zero();
+                if told_open && tx.send(Ok(discovery_event(open))).await.is_err() {
+                    metrics.watchers.dec();
+                    return;
+                }
                 let mut tick = tokio::time::interval(heartbeat);
                 tick.tick().await;
                 loop {
@@ -219,6 +261,14 @@ impl PxeFilter for PxeFilterService {
                             let hb = Heartbeat { revision: last, epoch: epoch.clone() };
                             let hb = FilterEvent { event: Some(Event::Heartbeat(hb)) };
                             if tx.send(Ok(hb)).await.is_err() { break; }
+                        }
+                        changed = windows_rx.changed() => {
+                            if changed.is_err() { break; }
+                            let open = windows.open_for(&r.network);
+                            if !open.is_zero() || told_open {
+                                told_open = !open.is_zero();
+                                if tx.send(Ok(discovery_event(open))).await.is_err() { break; }
+                            }
                         }
                         _ = tx.closed() => break,
                         _ = async { let _ = stopping.wait_for(|s| *s).await; } => break,
@@ -278,7 +328,9 @@ impl PxeFilter for PxeFilterService {
     async fn list_agents(&self, request: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
         self.authz.operator(&request, "ListAgents")?;
         let current = *self.store.revision().borrow();
-        let (agents, leaders, warnings) = self.agents.list(current).await;
+        let (agents, leaders, mut warnings) = self.agents.list(current).await;
+        let own = self.etcd_warnings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        warnings.splice(0..0, own.into_iter().map(|w| format!("control plane: {w}")));
         Ok(Response::new(ListAgentsResponse {
             current_revision: current,
             agents,
@@ -287,6 +339,34 @@ impl PxeFilter for PxeFilterService {
             store_amnesia: self.store.amnesia().unwrap_or_default(),
             warnings,
         }))
+    }
+
+    async fn open_discovery(
+        &self,
+        request: Request<pb::OpenDiscoveryRequest>,
+    ) -> Result<Response<pb::DiscoveryWindows>, Status> {
+        let operator = self.authz.operator(&request, "OpenDiscovery")?;
+        let r = request.into_inner();
+        self.windows.open(&r.network, r.seconds, &operator).await.map_err(window_status)?;
+        Ok(Response::new(self.discovery_windows()))
+    }
+
+    async fn close_discovery(
+        &self,
+        request: Request<pb::CloseDiscoveryRequest>,
+    ) -> Result<Response<pb::DiscoveryWindows>, Status> {
+        let operator = self.authz.operator(&request, "CloseDiscovery")?;
+        let r = request.into_inner();
+        self.windows.close(&r.network, &operator).await.map_err(window_status)?;
+        Ok(Response::new(self.discovery_windows()))
+    }
+
+    async fn list_discovery(
+        &self,
+        request: Request<pb::ListDiscoveryRequest>,
+    ) -> Result<Response<pb::DiscoveryWindows>, Status> {
+        self.authz.operator(&request, "ListDiscovery")?;
+        Ok(Response::new(self.discovery_windows()))
     }
 
     async fn explain_mac(&self, request: Request<ExplainMacRequest>) -> Result<Response<MacExplanation>, Status> {

@@ -171,3 +171,63 @@ fn print_config_shows_the_effective_configuration() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("grpc_listne"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The next event of `w` that is not a heartbeat.
+async fn next_news(
+    w: &mut tonic::Streaming<ironguard_proto::v1::FilterEvent>,
+) -> ironguard_proto::v1::filter_event::Event {
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(10), w.message()).await.expect("an event").unwrap().unwrap();
+        match ev.event {
+            Some(Event::Heartbeat(_)) | None => continue,
+            Some(e) => return e,
+        }
+    }
+}
+
+/// A network's discovery window reaches the filter streams of that network's agents, and only theirs: when it
+/// opens (with its remaining time), on a new stream while it is open (after the snapshot), and when it closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_window_is_sent_to_its_networks_agents() {
+    use ironguard_proto::v1::{CloseDiscoveryRequest, OpenDiscoveryRequest};
+    let mut cfg = config("discovery");
+    cfg.filter.unknown_mac_policy = ironguard_controlplane::inspection::periodic::PolicySetting::WhileInspecting;
+    let server = ironguard_controlplane::serve(&cfg).await.unwrap();
+    let grpc = server.grpc_addr;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async move {
+        let _ = stop_rx.await;
+    }));
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
+    let mut c = PxeFilterClient::new(channel);
+    let watch = |network: &str| WatchFiltersRequest {
+        agent_id: format!("agent-{network}"),
+        network: network.into(),
+        ..Default::default()
+    };
+    let mut prov = c.watch_filters(watch("prov")).await.unwrap().into_inner();
+    let mut lab = c.watch_filters(watch("lab")).await.unwrap().into_inner();
+    assert!(matches!(next_news(&mut prov).await, Event::Snapshot(_)));
+    assert!(matches!(next_news(&mut lab).await, Event::Snapshot(_)));
+
+    let opened = c.open_discovery(OpenDiscoveryRequest { network: "prov".into(), seconds: 600 }).await.unwrap();
+    assert_eq!(opened.into_inner().windows.len(), 1);
+    let Event::Discovery(w) = next_news(&mut prov).await else { panic!("the window reaches prov's agent") };
+    assert!(w.open_for_ms > 590_000 && w.open_for_ms <= 600_000, "{w:?}");
+    // A new stream of the network while the window is open: the snapshot, then the window.
+    let mut again = c.watch_filters(watch("prov")).await.unwrap().into_inner();
+    assert!(matches!(next_news(&mut again).await, Event::Snapshot(_)));
+    assert!(matches!(next_news(&mut again).await, Event::Discovery(w) if w.open_for_ms > 0));
+
+    let bad = c.open_discovery(OpenDiscoveryRequest { network: "prov".into(), seconds: 0 }).await.unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    c.close_discovery(CloseDiscoveryRequest { network: "prov".into() }).await.unwrap();
+    assert!(matches!(next_news(&mut prov).await, Event::Discovery(w) if w.open_for_ms == 0), "closed");
+    // Another network's agent heard nothing but heartbeats all along.
+    let quiet = tokio::time::timeout(Duration::from_millis(2500), next_news(&mut lab)).await;
+    assert!(quiet.is_err(), "lab's agent was told of prov's window: {quiet:?}");
+
+    let _ = stop_tx.send(());
+    let _ = task.await;
+    let _ = std::fs::remove_dir_all(&cfg.store.data_dir);
+}

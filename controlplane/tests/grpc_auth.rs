@@ -13,8 +13,9 @@ use ironguard_proto::client::ClientAuth;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    AgentStatus, ExplainMacRequest, GetFilterStateRequest, ListAgentsRequest, ListRulesRequest, NodeRequest, Rule,
-    StartRequest, UpdatePxeFiltersRequest, WatchFiltersRequest,
+    AgentStatus, CloseDiscoveryRequest, ExplainMacRequest, GetFilterStateRequest, ListAgentsRequest,
+    ListDiscoveryRequest, ListRulesRequest, NodeRequest, OpenDiscoveryRequest, Rule, StartRequest,
+    UpdatePxeFiltersRequest, WatchFiltersRequest,
 };
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use tonic::Code;
@@ -24,6 +25,8 @@ const N1: &str = "11111111-1111-1111-1111-111111111111";
 const MAC1: &str = "52:54:00:aa:00:01";
 const SERVER: &str = "controlplane.ironguard.test";
 const TOKEN: &str = "an-operator-token-0123456789";
+/// The longest a test connection or call may wait for an answer.
+const CALL_BOUND: Duration = Duration::from_secs(30);
 
 struct Ca(Issuer<'static, KeyPair>);
 
@@ -140,8 +143,13 @@ impl Site {
         &self,
         auth: &ClientAuth,
     ) -> Result<(Channel, Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>), String> {
-        let ch = auth.endpoint(&self.url).unwrap().connect_timeout(Duration::from_secs(3)).connect().await;
-        let ch = ch.map_err(|e| format!("{e:?}"))?;
+        // Every wait is bounded (T32): a connection or a call that gets no answer is an error with the codes, not
+        // a test that hangs until nextest stops it without a word.
+        let endpoint = auth.endpoint(&self.url).unwrap().connect_timeout(Duration::from_secs(3)).timeout(CALL_BOUND);
+        let ch = match tokio::time::timeout(CALL_BOUND, endpoint.connect()).await {
+            Ok(ch) => ch.map_err(|e| format!("{e:?}"))?,
+            Err(_) => return Err(format!("no connection within {CALL_BOUND:?}")),
+        };
         Ok((ch, auth.bearer().unwrap()))
     }
 
@@ -189,7 +197,20 @@ async fn operator_calls(site: &Site, auth: &ClientAuth) -> Result<Vec<Code>, Str
         ),
         code(i.list_rules(with(ListRulesRequest {}, &bearer)).await.map(|_| ())),
         code(i.delete_all_rules(with(ListRulesRequest {}, &bearer)).await.map(|_| ())),
+        code(f.open_discovery(with(open_window(), &bearer)).await.map(|_| ())),
+        code(f.list_discovery(with(ListDiscoveryRequest {}, &bearer)).await.map(|_| ())),
+        code(f.close_discovery(with(CloseDiscoveryRequest { network: "n".into() }, &bearer)).await.map(|_| ())),
     ])
+}
+
+fn open_window() -> OpenDiscoveryRequest {
+    OpenDiscoveryRequest { network: "n".into(), seconds: 600 }
+}
+
+/// The discovery windows open, as the operator lists them.
+async fn windows(site: &Site) -> usize {
+    let (ch, _) = site.channel(&site.auth(Some("operator"), None)).await.unwrap();
+    PxeFilterClient::new(ch).list_discovery(ListDiscoveryRequest {}).await.unwrap().into_inner().windows.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -212,14 +233,18 @@ async fn operator_calls_need_an_operator_and_refusals_change_nothing() {
         match operator_calls(&site, &site.auth(Some(cert), None)).await {
             Err(_) => {}
             Ok(codes) => assert!(
-                codes.iter().all(|c| matches!(c, Code::Unavailable | Code::Unknown | Code::Cancelled)),
+                codes
+                    .iter()
+                    .all(|c| matches!(c, Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded)),
                 "{cert}: calls must fail at the handshake: {codes:?}"
             ),
         }
     }
 
-    // Nothing changed: the filter state, and Ironic (no call at all, so no power or boot device).
+    // Nothing changed: the filter state, no discovery window, and Ironic (no call at all, so no power or boot
+    // device).
     assert_eq!(site.state().await, before, "the filter state changed");
+    assert_eq!(windows(&site).await, 0, "a refused caller opened a discovery window");
     let calls: Vec<String> =
         site.ironic.calls()[calls_before..].iter().map(|c| format!("{} {}", c.method, c.path)).collect();
     assert!(calls.is_empty(), "Ironic was called: {calls:?}");
@@ -228,7 +253,8 @@ async fn operator_calls_need_an_operator_and_refusals_change_nothing() {
     let codes = operator_calls(&site, &site.auth(Some("operator"), None)).await.unwrap();
     assert_eq!(codes[0], Code::Ok, "UpdatePxeFilters by the operator: {codes:?}");
     assert_eq!(codes[3], Code::Ok, "ExplainMac by the operator: {codes:?}");
-    assert_eq!(&codes[6..], &[Code::Ok, Code::Ok, Code::Ok], "{codes:?}");
+    assert_eq!(&codes[6..9], &[Code::Ok, Code::Ok, Code::Ok], "{codes:?}");
+    assert_eq!(&codes[9..], &[Code::Ok, Code::Ok, Code::Ok], "discovery open, list, close: {codes:?}");
     let codes = operator_calls(&site, &site.auth(None, Some(TOKEN))).await.unwrap();
     assert_eq!(codes[0], Code::Ok, "by token: {codes:?}");
     assert!(site.state().await.0 > before.0);

@@ -159,6 +159,34 @@ impl EtcdCoordinator {
         })
     }
 
+    /// Each configured endpoint's etcd server version (etcd's `Maintenance.Status`), or why it could not be read:
+    /// each endpoint is asked on a connection of its own, bounded by the dial and request timeouts.
+    pub async fn server_versions(cfg: &EtcdConfig) -> Vec<(String, Result<String, String>)> {
+        let mut out = Vec::with_capacity(cfg.endpoints.len());
+        for endpoint in &cfg.endpoints {
+            let one = EtcdConfig { endpoints: vec![endpoint.clone()], ..cfg.clone() };
+            let version = match Self::connect(&one).await {
+                Ok(c) => {
+                    let mut client = c.client();
+                    match tokio::time::timeout(c.request_timeout, client.status()).await {
+                        Ok(Ok(s)) => Ok(s.version().to_string()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err("no answer within the request timeout".to_string()),
+                    }
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            out.push((endpoint.clone(), version));
+        }
+        out
+    }
+
+    /// What to warn about the servers [`EtcdCoordinator::server_versions`] read ([`crate::versions::warning`]);
+    /// an endpoint that did not answer is not warned about here (the connection's own errors say it).
+    pub fn version_warnings(versions: &[(String, Result<String, String>)]) -> Vec<String> {
+        versions.iter().filter_map(|(e, v)| v.as_ref().ok().and_then(|v| crate::versions::warning(e, v))).collect()
+    }
+
     /// The raw client, for backends that need more than the trait (the control plane's filter store).
     pub fn client(&self) -> Client {
         self.client.clone()

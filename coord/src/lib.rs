@@ -19,6 +19,7 @@ pub mod etcd;
 pub mod local;
 pub mod secret;
 mod session;
+pub mod versions;
 
 use std::time::Duration;
 

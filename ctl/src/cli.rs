@@ -167,6 +167,56 @@ pub enum Command {
         #[command(subcommand)]
         command: RulesCommand,
     },
+    /// Discovery windows: while a network's window is open, machines nobody enrolled may boot there (unknown MACs
+    /// get DHCP with unknown_mac_policy = "while-inspecting") and the enroll hook enrolls them. A window closes by
+    /// itself.
+    Discovery {
+        #[command(subcommand)]
+        command: DiscoveryCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DiscoveryCommand {
+    /// Open a network's window (again: its end is set anew).
+    Open {
+        /// The network ([agent] network of its PXE hosts' agents).
+        #[arg(long)]
+        network: String,
+        /// How long: 90s, 30m, 2h (at most 24h).
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_duration)]
+        duration: std::time::Duration,
+    },
+    /// Close a network's window now.
+    Close {
+        #[arg(long)]
+        network: String,
+    },
+    /// The windows open now.
+    List {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `90s`, `30m`, `2h`, `1d`, or a number of seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?}: a duration is a number and a unit: 90s, 30m, 2h"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86_400),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h or d)")),
+    };
+    if secs == 0 {
+        return Err(format!("{s:?}: a window lasts at least one second"));
+    }
+    Ok(std::time::Duration::from_secs(secs))
 }
 
 #[derive(Debug, Subcommand)]

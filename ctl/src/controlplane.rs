@@ -238,6 +238,31 @@ impl ControlPlane {
         self.answer("ListAgents", answer)
     }
 
+    /// Opens `network`'s discovery window for `seconds` (`OpenDiscovery`).
+    pub async fn open_discovery(
+        &mut self,
+        network: &str,
+        seconds: u64,
+    ) -> Result<ironguard_proto::v1::DiscoveryWindows, ControlPlaneError> {
+        let r = ironguard_proto::v1::OpenDiscoveryRequest { network: network.to_string(), seconds };
+        let answer = self.client.open_discovery(r).await;
+        self.answer("OpenDiscovery", answer)
+    }
+
+    pub async fn close_discovery(
+        &mut self,
+        network: &str,
+    ) -> Result<ironguard_proto::v1::DiscoveryWindows, ControlPlaneError> {
+        let r = ironguard_proto::v1::CloseDiscoveryRequest { network: network.to_string() };
+        let answer = self.client.close_discovery(r).await;
+        self.answer("CloseDiscovery", answer)
+    }
+
+    pub async fn list_discovery(&mut self) -> Result<ironguard_proto::v1::DiscoveryWindows, ControlPlaneError> {
+        let answer = self.client.list_discovery(ironguard_proto::v1::ListDiscoveryRequest {}).await;
+        self.answer("ListDiscovery", answer)
+    }
+
     pub async fn start_inspection(&mut self, request: StartRequest) -> Result<StartResponse, ControlPlaneError> {
         let answer = self.inspection.start(request).await;
         self.answer("Start", answer)

@@ -25,6 +25,7 @@ pub mod agents;
 pub mod chains;
 pub mod cli;
 pub mod controlplane;
+pub mod discovery;
 pub mod explain;
 pub mod filters;
 pub mod inspect;

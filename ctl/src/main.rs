@@ -11,7 +11,7 @@ use ironguard_proto::v1::{ListRequest, StartRequest};
 use ironguardctl::agents::AgentsReport;
 use ironguardctl::chains::ChainsReport;
 use ironguardctl::cli::{
-    Cli, Command, FiltersCommand, InspectCommand, LogFormat, RulesCommand, error_json, error_text,
+    Cli, Command, DiscoveryCommand, FiltersCommand, InspectCommand, LogFormat, RulesCommand, error_json, error_text,
 };
 use ironguardctl::controlplane::{ControlPlane, Target};
 use ironguardctl::explain::ExplainReport;
@@ -64,7 +64,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Inspect { command } => block_on(inspect(target?, command)),
         Command::Rules { command } => block_on(rules(target?, command)),
+        Command::Discovery { command } => block_on(discovery(target?, command)),
     }
+}
+
+async fn discovery(target: Target, command: DiscoveryCommand) -> anyhow::Result<ExitCode> {
+    let mut controlplane = ControlPlane::connect(&target).await?;
+    let (answer, json) = match command {
+        DiscoveryCommand::Open { network, duration } => {
+            (controlplane.open_discovery(&network, duration.as_secs()).await?, false)
+        }
+        DiscoveryCommand::Close { network } => (controlplane.close_discovery(&network).await?, false),
+        DiscoveryCommand::List { json } => (controlplane.list_discovery().await?, json),
+    };
+    let report = ironguardctl::discovery::WindowsReport::from(answer);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs a gRPC command. Its runtime is built here, after parsing and only for these commands, so that `chains`

@@ -77,6 +77,27 @@ impl PxeFilter for FakeControlPlane {
         Err(Status::unimplemented("not in this fake"))
     }
 
+    async fn open_discovery(
+        &self,
+        _request: Request<ironguard_proto::v1::OpenDiscoveryRequest>,
+    ) -> Result<Response<ironguard_proto::v1::DiscoveryWindows>, Status> {
+        Err(Status::unimplemented("not in this fake"))
+    }
+
+    async fn close_discovery(
+        &self,
+        _request: Request<ironguard_proto::v1::CloseDiscoveryRequest>,
+    ) -> Result<Response<ironguard_proto::v1::DiscoveryWindows>, Status> {
+        Err(Status::unimplemented("not in this fake"))
+    }
+
+    async fn list_discovery(
+        &self,
+        _request: Request<ironguard_proto::v1::ListDiscoveryRequest>,
+    ) -> Result<Response<ironguard_proto::v1::DiscoveryWindows>, Status> {
+        Err(Status::unimplemented("not in this fake"))
+    }
+
     async fn list_agents(&self, _request: Request<ListAgentsRequest>) -> Result<Response<ListAgentsResponse>, Status> {
         Ok(Response::new(ListAgentsResponse {
             current_revision: 42,

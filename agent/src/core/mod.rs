@@ -357,7 +357,13 @@ pub struct Core {
     /// The control plane store's epoch of the state applied here (empty: none yet, or a control plane that does
     /// not say). Revisions count within one epoch: a delta or heartbeat of another is never applied.
     epoch: String,
+    /// The unknown-MAC policy of the filter state (the store's).
     policy: UnknownMacPolicy,
+    /// Until when this network's discovery window is open (unknown MACs get DHCP meanwhile, whatever `policy`
+    /// says). Forgotten when the stream is replaced: the control plane sends it again if it is still open.
+    discovery_until: Option<Instant>,
+    /// The policy in the kernel: `policy`, or allow while the discovery window is open.
+    kernel_policy: UnknownMacPolicy,
     stream: StreamLink,
     dhcp: Health,
     coord: CoordState,
@@ -429,6 +435,8 @@ impl Core {
             epoch: String::new(),
             // Until a snapshot says otherwise, unknown MACs are denied (a snapshot without a policy keeps this).
             policy: UnknownMacPolicy::Deny,
+            discovery_until: None,
+            kernel_policy: UnknownMacPolicy::Deny,
             stream: StreamLink { generation: 0, first_event_pending: false, lost_since: Some(now) },
             dhcp: Health { healthy: false, detail: "not checked yet".into() },
             coord: CoordState::default(),
@@ -617,6 +625,11 @@ impl Core {
             }
             Event::LinkChanged => self.reconcile(dp, now, &mut fx)?,
             Event::Tick => {
+                if self.discovery_until.is_some_and(|u| now >= u) {
+                    info!("the discovery window closed: unknown MACs get DHCP no more");
+                    self.discovery_until = None;
+                    self.apply_policy(dp, now, &mut fx)?;
+                }
                 if self.mode == Mode::Leader && self.coord.expiry == Expiry::Never {
                     self.refresh_lease(dp, now)?;
                 }
@@ -672,6 +685,44 @@ impl Core {
         }
     }
 
+    /// The policy for the kernel: `policy`, or allow while the discovery window is open.
+    fn effective_policy(&self, policy: UnknownMacPolicy, now: Instant) -> UnknownMacPolicy {
+        if self.discovery_until.is_some_and(|u| now < u) { UnknownMacPolicy::Allow } else { policy }
+    }
+
+    /// Puts the effective policy in the kernel if it changed (the mode's rules are written again).
+    fn apply_policy(&mut self, dp: &mut dyn Dataplane, now: Instant, fx: &mut Vec<Effect>) -> Result<(), CoreError> {
+        let policy = self.effective_policy(self.policy, now);
+        if policy == self.kernel_policy {
+            return Ok(());
+        }
+        let r = dp.set_mode(self.mode, policy);
+        self.record("mode", &r);
+        if let Err(e) = r {
+            return self.apply_failed(dp, now, "switching the unknown-MAC policy", &e, fx);
+        }
+        self.kernel_policy = policy;
+        info!(policy = %policy, "unknown MACs: policy in the kernel changed");
+        Ok(())
+    }
+
+    /// The network's discovery window opened (for `open_for_ms` from now), changed or closed (0).
+    fn on_discovery(
+        &mut self,
+        dp: &mut dyn Dataplane,
+        now: Instant,
+        open_for_ms: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Result<(), CoreError> {
+        self.discovery_until = (open_for_ms > 0).then(|| now + Duration::from_millis(open_for_ms));
+        if open_for_ms > 0 {
+            info!(open_for_secs = open_for_ms / 1000, "discovery window open: unknown MACs get DHCP until it closes");
+        } else {
+            info!("discovery window closed");
+        }
+        self.apply_policy(dp, now, fx)
+    }
+
     /// Brings the table to the mode it should be in. A failure is fatal (see [`CoreError`]).
     fn converge(&mut self, dp: &mut dyn Dataplane, now: Instant) -> Result<(), CoreError> {
         let (mode, reason) = decide(&self.inputs(now));
@@ -682,9 +733,11 @@ impl Core {
                 // The lease first: the marking rules are useless (and harmless) without it.
                 self.refresh_lease(dp, now)?;
             }
-            let r = dp.set_mode(mode, self.policy);
+            let policy = self.effective_policy(self.policy, now);
+            let r = dp.set_mode(mode, policy);
             self.record("mode", &r);
             r.map_err(|source| CoreError::ModeSwitch { mode, source })?;
+            self.kernel_policy = policy;
             if mode == Mode::Blocked {
                 if let Some(cause) = reason.cause() {
                     self.metrics.fail_closed.get_or_create(&CauseLabel { cause }).inc();
@@ -815,7 +868,7 @@ impl Core {
         let desired = DesiredState {
             config: self.cfg.dataplane.clone(),
             mode,
-            unknown_mac_policy: policy,
+            unknown_mac_policy: self.effective_policy(policy, now),
             allow: allow.into_iter().collect(),
             deny: deny.into_iter().collect(),
         };
@@ -825,6 +878,7 @@ impl Core {
             Ok(rep) => {
                 self.sync = FilterSync::Applied { rev: s.revision };
                 self.policy = policy;
+                self.kernel_policy = desired.unknown_mac_policy;
                 self.floor = floor.max(s.revision);
                 self.epoch = s.epoch;
                 self.snapshots += 1;
@@ -917,13 +971,9 @@ impl Core {
             return self.apply_failed(dp, now, "applying a delta", &e, fx);
         }
         if policy != self.policy {
-            let r = dp.set_mode(self.mode, policy);
-            self.record("mode", &r);
-            if let Err(e) = r {
-                return self.apply_failed(dp, now, "switching the unknown-MAC policy", &e, fx);
-            }
             self.policy = policy;
             info!(policy = %policy, "unknown-MAC policy changed");
+            self.apply_policy(dp, now, fx)?;
         }
         self.sync = FilterSync::Applied { rev: last };
         self.floor = self.floor.max(last);
@@ -946,6 +996,9 @@ impl Core {
                 StreamMsg::Connected { generation, endpoint, since } => {
                     self.on_deltas(dp, now, std::mem::take(&mut pending), fx)?;
                     self.stream = StreamLink { generation, first_event_pending: true, lost_since: None };
+                    // A window is the old connection's news: the new one sends it again if it is still open.
+                    self.discovery_until = None;
+                    self.apply_policy(dp, now, fx)?;
                     self.metrics.stream_connected.set(1);
                     info!(endpoint, since, "watching filters");
                     self.converge(dp, now)?;
@@ -1000,6 +1053,10 @@ impl Core {
                                     self.apply_failed(dp, now, "following the stream", &e, fx)?;
                                 }
                             }
+                        }
+                        Some(FilterEventKind::Discovery(w)) => {
+                            self.on_deltas(dp, now, std::mem::take(&mut pending), fx)?;
+                            self.on_discovery(dp, now, w.open_for_ms, fx)?;
                         }
                         None => {}
                     }

@@ -651,3 +651,38 @@ fn the_lease_is_written_again_when_due_and_only_while_leading() {
     h.step_at(1.5, Event::LeaseDue);
     assert_eq!(h.transactions(), before, "a follower writes no lease");
 }
+
+/// A discovery window gives unknown MACs DHCP until it closes: by the control plane's word, or by the agent's own
+/// clock when its time is up (a control plane that went away leaves no window open), and a replaced stream forgets
+/// it. The filter state's policy is untouched meanwhile.
+#[test]
+fn a_discovery_window_opens_unknown_macs_until_it_closes_by_itself() {
+    let discovery = |ms: u64| Ev::Discovery(pb::DiscoveryWindow { open_for_ms: ms });
+    let mut h = Host::leader(&[1], 10);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Deny);
+    h.send(vec![discovery(5_000)]);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Allow, "open");
+    assert_eq!(h.core.mode(), Mode::Leader);
+    // a snapshot meanwhile keeps the window (the state's policy is deny)
+    h.send(vec![snapshot(11, &[1], &[], pb::UnknownMacPolicy::Deny)]);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Allow, "still open after a snapshot");
+    h.session(2.0, 5.0, true);
+    h.step_at(4.9, Event::Tick);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Allow, "before its end");
+    h.session(4.9, 8.0, true);
+    h.step_at(5.0, Event::Tick);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Deny, "closed by the agent's clock");
+    // closed by the control plane
+    h.send(vec![discovery(60_000)]);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Allow);
+    h.send(vec![discovery(0)]);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Deny, "closed by the control plane");
+    // forgotten with the stream it came on
+    h.send(vec![discovery(60_000)]);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Allow);
+    h.connect();
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Deny, "a new stream starts closed");
+    // a state whose policy is allow stays allow when a window closes
+    h.send(vec![snapshot(12, &[1], &[], pb::UnknownMacPolicy::Allow), discovery(1_000), discovery(0)]);
+    assert_eq!(h.kernel().unknown_mac_policy, UnknownMacPolicy::Allow);
+}

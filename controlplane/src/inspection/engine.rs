@@ -113,6 +113,9 @@ pub struct DiscoveryConfig {
     pub enroll_node_fields: serde_json::Map<String, Value>,
     /// Which BMC address becomes `driver_info.ipmi_address`, in order of preference: "4", "6".
     pub enabled_bmc_address_version: Vec<String>,
+    /// The most machines enrolled per network and minute while its discovery window is open (more get 503 and
+    /// retry).
+    pub enroll_per_minute: u32,
 }
 
 impl Default for DiscoveryConfig {
@@ -122,6 +125,7 @@ impl Default for DiscoveryConfig {
             enroll_node_driver: "fake-hardware".into(),
             enroll_node_fields: serde_json::Map::new(),
             enabled_bmc_address_version: vec!["4".into(), "6".into()],
+            enroll_per_minute: 60,
         }
     }
 }
@@ -136,6 +140,9 @@ impl DiscoveryConfig {
         }
         if self.enroll_node_driver.is_empty() {
             return Err("[discovery] enroll_node_driver must not be empty".into());
+        }
+        if self.enroll_per_minute == 0 {
+            return Err("[discovery] enroll_per_minute must be at least 1".into());
         }
         for v in &self.enabled_bmc_address_version {
             if v != "4" && v != "6" {
@@ -247,6 +254,8 @@ pub struct Engine {
     pub pipeline: Pipeline,
     /// `[discovery]`: what happens to data from a machine no inspection knows.
     pub discovery: DiscoveryConfig,
+    /// The discovery windows: the `enroll` hook enrolls only machines booted on a network whose window is open.
+    pub windows: Arc<crate::discovery::Windows>,
     pub rules: Arc<dyn RuleStore>,
     /// The last callbacks by the MACs they named (this replica's, in memory).
     pub callbacks: super::callbacks::CallbackLog,
@@ -381,10 +390,25 @@ impl Engine {
         let mut enrolled = false;
         let node = match lookup::lookup(&attrs, &records) {
             Ok(n) => n,
-            Err(LookupError::NotFound(_)) if self.discovery.enroll() && failures.is_empty() => {
+            Err(LookupError::NotFound(described)) if self.discovery.enroll() && failures.is_empty() => {
                 // A machine no inspection knows: it must have booted through the filter (within the hour the kernel
-                // remembers) from one of its own interfaces before it becomes an Ironic node.
+                // remembers) from one of its own interfaces before it becomes an Ironic node, on a network whose
+                // discovery window an operator opened (an operator's own data needs no window).
                 evidenced = self.evidence(poster, &data, "(a new machine)", &attrs.macs, None).await?;
+                if poster != Poster::Operator {
+                    let network = self.callback_network("(a new machine)").await?;
+                    match self.windows.admit_enrollment(&network) {
+                        Ok(()) => {}
+                        Err(crate::discovery::Admission::Closed(why)) => {
+                            info!(network = %network, "data from an unknown machine not enrolled: {why}");
+                            return Err(ApiError::Lookup(LookupError::NotFound(described)));
+                        }
+                        Err(crate::discovery::Admission::Busy(why)) => {
+                            warn!(network = %network, "data from an unknown machine not enrolled yet: {why}");
+                            return Err(ApiError::EvidencePending(why));
+                        }
+                    }
+                }
                 enrolled = true;
                 self.enroll(&mut data, &attrs).await?
             }
@@ -477,13 +501,7 @@ impl Engine {
                 "the boot interface {boot} is denied DHCP: it cannot have booted through the filter"
             )));
         }
-        let network = match self.cfg.network.as_str() {
-            "" => self.agents.the_network().await.map_err(|e| {
-                error!(node, error = %e, "introspection data cannot be checked");
-                ApiError::EvidencePending("the data cannot be checked now; retry".into())
-            })?,
-            n => n.to_string(),
-        };
+        let network = self.callback_network(node).await?;
         let since = since.unwrap_or_else(|| now_ms().saturating_sub(ironguard_dataplane::ruleset::SEEN_TIMEOUT_MS));
         match self.agents.dhcp_passed(&network, boot).await {
             DhcpEvidence::Passed { last_unix_ms, agent } if last_unix_ms.saturating_add(EVIDENCE_SKEW_MS) >= since => {
@@ -515,6 +533,17 @@ impl Engine {
                 );
                 Err(ApiError::EvidencePending("the data cannot be checked now; retry".into()))
             }
+        }
+    }
+
+    /// The network the ramdisks post from: `[inspection] network`, or the one network whose agents report.
+    async fn callback_network(&self, node: &str) -> Result<String, ApiError> {
+        match self.cfg.network.as_str() {
+            "" => self.agents.the_network().await.map_err(|e| {
+                error!(node, error = %e, "introspection data cannot be checked");
+                ApiError::EvidencePending("the data cannot be checked now; retry".into())
+            }),
+            n => Ok(n.to_string()),
         }
     }
 

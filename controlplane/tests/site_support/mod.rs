@@ -130,7 +130,7 @@ async fn stand_in_leader(channel: Channel, leader: Arc<Mutex<StandIn>>) {
             Some(Event::Snapshot(s)) => s.revision,
             Some(Event::Delta(d)) => d.revision,
             Some(Event::Heartbeat(h)) => h.revision,
-            None => continue,
+            Some(Event::Discovery(_)) | None => continue,
         };
         let status = {
             let mut l = leader.lock().unwrap();

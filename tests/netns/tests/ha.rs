@@ -77,6 +77,29 @@ fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
     })
     .expect("three agents reported, the kernel's leader elected");
     assert_eq!(j["coordination"], "etcd");
+    // The etcd under test, read from its own binary: if it lacks fixes the leases rely on (Debian 12's 3.4.23
+    // does), every agent and the control plane say so, in one warning per server naming all the agents.
+    let out = run_ok(std::process::Command::new("etcd").arg("--version"));
+    let version = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd Version: ").map(|v| v.trim().to_string()))
+        .expect("etcd --version names its version");
+    let lacking = ironguard_coord::versions::missing(&version).expect("a version ironguard reads");
+    let warnings = wait_for(Duration::from_secs(60), || {
+        let j = agents_json(&site);
+        let w: Vec<String> = j["warnings"].as_array()?.iter().filter_map(|w| w.as_str().map(String::from)).collect();
+        let agents = w.iter().any(|w| w.starts_with("agents pxe-0, pxe-1, pxe-2: etcd at "));
+        let cp = w.iter().any(|w| w.starts_with("control plane: etcd at "));
+        (lacking.is_empty() || (agents && cp)).then_some(w)
+    })
+    .expect("the agents and the control plane reported the etcd version");
+    if lacking.is_empty() {
+        assert!(!warnings.iter().any(|w| w.contains("etcd at")), "etcd {version} has every fix: {warnings:?}");
+    } else {
+        let w = warnings.iter().find(|w| w.starts_with("agents ")).cloned().unwrap_or_default();
+        assert!(w.contains(&format!("runs {version}")) && w.contains(lacking[0].what), "{w}");
+        assert!(w.contains(ironguard_coord::versions::RECOMMENDED), "says what to upgrade to: {w}");
+    }
 }
 
 /// SIGTERM: the leader is closed by the time it exits (exit 0), and the successor opens only after it closed, with

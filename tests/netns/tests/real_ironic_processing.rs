@@ -217,8 +217,8 @@ fn processing_options_change_the_result() {
 }
 
 /// Lookup by BMC address alone refused (O26: anyone can name a BMC address), a tie refused without touching either
-/// node, and discovery: an unknown machine boots (unknown MACs are allowed while discovery is on) and is enrolled in
-/// Ironic with its BMC address.
+/// node, and discovery: an unknown machine boots only while an operator's discovery window is open on its network,
+/// and is then enrolled in Ironic with its BMC address; once the window is closed, unknown machines boot no more.
 #[test]
 fn lookup_by_bmc_ties_and_discovery() {
     let site = Site::with_config(
@@ -256,7 +256,15 @@ fn lookup_by_bmc_ties_and_discovery() {
     site.ctl_ok(&["inspect", "abort", &node_a]);
     site.ctl_ok(&["inspect", "abort", &node_b]);
 
-    // Discovery: a machine Ironic does not know gets DHCP, sends its data, and is enrolled.
+    // Discovery: no window, no DHCP for a machine nobody knows (the enroll hook alone does not open the network).
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[2], c, false, DEADLINE), "no window: unknown MACs get nothing");
+    let listed = site.ctl_ok(&["discovery", "list"]);
+    assert!(listed.contains("no discovery window is open"), "{listed}");
+    let bad = site.ctl(&["discovery", "open", "--network", "test", "--for", "3d"]);
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("24 hours"), "{bad:?}");
+    let opened = site.ctl_ok(&["discovery", "open", "--network", "test", "--for", "10m"]);
+    assert!(opened.contains("test") && (opened.contains("9m") || opened.contains("10m")), "{opened}");
+    // Inside the window: a machine Ironic does not know gets DHCP, sends its data, and is enrolled.
     assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[2], c, true, DEADLINE), "unknown MACs boot for discovery");
     let unknown = ipa_inventory(&[c], "10.1.42.99");
     let (ok, reply, err) = ipa_callback(&site.lan.nodes[2], "10.77.0.32", &site.lan.dir, &unknown);
@@ -304,6 +312,11 @@ fn lookup_by_bmc_ties_and_discovery() {
     assert!(log.contains(&format!("Node {node_d} already has BMC address 10.1.42.13")), "the log names the node");
     let nodes = site.ironic.api_ok("GET", "/v1/nodes?fields=uuid", None);
     assert_eq!(nodes["nodes"].as_array().unwrap().len(), 4, "nothing more enrolled");
+    // The window closed: unknown machines get no DHCP again.
+    let closed = site.ctl_ok(&["discovery", "close", "--network", "test"]);
+    assert!(closed.contains("no discovery window is open"), "{closed}");
+    let f = mac("52:54:00:42:00:0f");
+    assert!(dhcp_becomes(&site.lan.pxe, &site.lan.nodes[2], f, false, DEADLINE), "closed: unknown MACs get nothing");
 }
 
 /// Introspection rules through `openstack baremetal introspection rule ...` and `ironguardctl rules`: conditions on
