@@ -88,6 +88,17 @@ BUILD_ONLY=0
 mkdir -p "$CI_DIR"
 trap finish EXIT
 
+# A full disk shows up as compiler or test errors far from their cause ("No space left on device" in the middle of
+# the build): say how much there is first. A whole run on a fresh machine wrote about 7 GB (the build 2.5 GB, the
+# fresh Debian root 2-4 GB, the Python environment 0.8 GB, Debian's packages).
+free_mb=$(df -Pm . | awk 'NR == 2 { print $4 }')
+tmp_mb=$(df -Pm "${TMPDIR:-/tmp}" | awk 'NR == 2 { print $4 }')
+stage "disk: ${free_mb} MB free for the checkout, ${tmp_mb} MB under ${TMPDIR:-/tmp}"
+if [ "${free_mb:-0}" -lt 8000 ] || [ "${tmp_mb:-0}" -lt 4000 ]; then
+  echo "test.sh: WARNING: the run needs about 7 GB of free disk (4 GB of it under ${TMPDIR:-/tmp}, for the fresh" \
+    "root); with less, it fails with 'No space left on device'. Free some (cargo clean in old checkouts)." >&2
+fi
+
 run_stage "install (scripts/install-deps.sh)" source scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 source scripts/cargo-env.sh
