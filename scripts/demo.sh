@@ -295,6 +295,13 @@ code=$(ip netns exec "${NODES[3]}" curl -s -o "$WORK/hijack.out" -w '%{http_code
   --data-binary @"$WORK/hijack.json" "$INSPECTOR/v1/continue")
 echo "   POST $INSPECTOR/v1/continue -> $code $(cat "$WORK/hijack.out")"
 [ "$code" = 400 ] || fail "the stranger's data for node1 was answered $code"
+echo "-- it tries again with node1's own NIC as the boot interface (node1 booted from it): the control plane's"
+echo "   neighbour table gives the stranger's address to the stranger's NIC, not to node1's: refused too"
+sed -e 's/"ipv4_address": "10.77.0.11"/"ipv4_address": "10.77.0.14"/' "$WORK/node1-inventory.json" >"$WORK/own-boot.json"
+code=$(ip netns exec "${NODES[3]}" curl -s -o "$WORK/own-boot.out" -w '%{http_code}' -H 'Content-Type: application/json' \
+  --data-binary @"$WORK/own-boot.json" "$INSPECTOR/v1/continue")
+echo "   POST $INSPECTOR/v1/continue -> $code $(cat "$WORK/own-boot.out")"
+[ "$code" = 400 ] || fail "the stranger's data naming node1's boot interface was answered $code"
 ip netns exec "${NODES[3]}" ip addr flush dev eth0
 ctl inspect status "$UUID1" | grep -q 'state: waiting' || fail "the stranger's data changed node1's inspection"
 reply=$(ip netns exec "${NODES[0]}" "$VENV/bin/python" tests/ironic/ipa_callback.py "$WORK/node1-inventory.json" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (as root): installs what it needs, builds with clippy's lints, runs unit,
 # integration and privileged end-to-end tests in one pool (cargo-nextest: network namespaces, real nftables,
-# dnsmasq, udhcpc, ISC dhcpd, etcd, a real Ironic 39), the tests that boot a stock Debian kernel under qemu,
+# dnsmasq, udhcpc, ISC dhcpd, etcd 3.4 and 3.5, a real Ironic 39), the tests that boot a stock Debian kernel under qemu,
 # benchmark smoke runs (dataplane, boot storm), and the README's two commands in a brand-new Debian 12 root
 # (scripts/fresh-root.sh), which proves the install step is complete. Independent stages run side by side; the
 # table at the end gives each stage's start and duration (also in target/ci/stages.txt).
@@ -105,6 +105,11 @@ source scripts/cargo-env.sh
 if [ "$BUILD_ONLY" = 0 ] && ! cargo nextest --version >/dev/null 2>&1; then
   # The test runner (one pool across all test binaries); from crates.io when the machine has none.
   run_stage "install cargo-nextest (crates.io)" cargo install --locked cargo-nextest
+fi
+
+if [ "$BUILD_ONLY" = 0 ]; then
+  # The etcd-backed tests run on Debian 12's etcd 3.4 (installed above) and Debian 13's 3.5 (fetched once, cached).
+  run_stage "etcd 3.5 (Debian 13's etcd-server package, cached)" scripts/etcd-release.sh
 fi
 
 fresh_root=0

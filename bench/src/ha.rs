@@ -15,7 +15,7 @@ use ironguard_netns_tests::faults::{Fault, Round, run_round};
 use ironguard_netns_tests::ha::{
     HaOptions, HaSite, MARGIN_MS, TTL_SECS, Watcher, certain_runs, dual_open, probe_results, signal_agent,
 };
-use ironguard_netns_tests::{PxeLan, agent_toml, chains_json, ctl, in_netns, mac, start_agent, wait_for};
+use ironguard_netns_tests::{EtcdRelease, PxeLan, agent_toml, chains_json, ctl, in_netns, mac, start_agent, wait_for};
 use nix::sys::signal::Signal;
 use serde_json::json;
 
@@ -37,6 +37,9 @@ pub struct Args {
     tamper_rounds: usize,
     #[arg(long, default_value = "bench-results/ha.json")]
     json: PathBuf,
+    /// Run the site on Debian 13's etcd 3.5 (scripts/etcd-release.sh) instead of Debian 12's 3.4.
+    #[arg(long)]
+    etcd_3_5: bool,
 }
 
 const KNOWN: &str = "52:54:00:fb:00:01";
@@ -106,12 +109,15 @@ pub(crate) struct FaultResult {
     handovers: usize,
 }
 
-fn run_fault(fault: Fault, rounds: usize) -> anyhow::Result<FaultResult> {
+/// One fault's rounds on a fresh site: etcd of `release`, a three-member cluster for [`Fault::CLUSTER`]'s faults.
+fn run_fault(fault: Fault, rounds: usize, release: EtcdRelease) -> anyhow::Result<FaultResult> {
     let mut site = HaSite::with_options(HaOptions {
         hosts: 3,
         nodes: 2,
         policy: "deny",
         lost_after_secs: 3,
+        etcd: release,
+        etcd_members: if Fault::CLUSTER.contains(&fault) { 3 } else { 1 },
         ..Default::default()
     });
     site.wait_leader(None, Duration::from_secs(30)).context("no first leader")?;
@@ -216,6 +222,11 @@ fn goal(f: Fault) -> String {
         }
         Fault::DhcpFrozen | Fault::DhcpNoRange => "serving again ≤ 3 s after the fault; 0 dual-open".into(),
         Fault::EtcdStall => "no gap, no hand-over".into(),
+        Fault::EtcdLeaderMemberKill
+        | Fault::EtcdFollowerMemberKill
+        | Fault::EtcdLeaderMemberCut
+        | Fault::EtcdRollingRestart => "no gap (etcd keeps its quorum)".into(),
+        Fault::EtcdQuorumLoss => "all closed; a leader ≤ TTL + 1 s after the quorum returns".into(),
         _ => "0 dual-open, 0 double offers".into(),
     }
 }
@@ -285,14 +296,16 @@ fn tamper_repairs(rounds: usize) -> anyhow::Result<Vec<(&'static str, Samples)>>
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let release = if args.etcd_3_5 { EtcdRelease::Debian13 } else { EtcdRelease::Debian12 };
     let faults: Vec<Fault> = Fault::ALL
         .into_iter()
+        .chain(Fault::CLUSTER)
         .filter(|f| args.faults.is_empty() || args.faults.iter().any(|n| n == f.name()))
         .collect();
     let mut results = Vec::new();
     for f in faults {
         eprintln!("== {} ({} rounds)", f.name(), args.rounds);
-        results.push(run_fault(f, args.rounds)?);
+        results.push(run_fault(f, args.rounds, release)?);
     }
     eprintln!("== SIGTERM with etcd down ({} rounds)", args.etcd_down_sigterm_rounds);
     let etcd_down_exit = sigterm_with_etcd_down(args.etcd_down_sigterm_rounds)?;

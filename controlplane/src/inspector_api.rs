@@ -554,7 +554,8 @@ async fn continue_(
         }
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let accepted = api.engine.continue_inspection(data, &body, q.get("node_uuid").cloned(), Poster::Ramdisk).await;
+    let accepted = api.engine.continue_inspection(data, &body, q.get("node_uuid").cloned(), Poster::Ramdisk { from: peer.ip() })
+        .await;
     drop((body, held));
     match accepted {
         Ok(uuid) => reply(StatusCode::OK, json!({"uuid": uuid})),

@@ -803,6 +803,29 @@ async fn the_ironic_inspector_v1_rest_api() {
     assert_eq!(st["finished"], true);
 }
 
+/// With the default `callback_source = "link"`, data whose boot interface booted through the filter is still
+/// refused when its sender is on no link of the control plane's host (here 127.0.0.1: the real kernel's neighbour
+/// table has no entry for it), with a reply that says so, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sender_on_no_link_is_refused_by_default() {
+    use ironguard_controlplane::inspection::engine::CallbackSource;
+    let s = site("no-link", |c| c.inspection.callback_source = CallbackSource::Link).await;
+    s.insp().start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() }).await.unwrap();
+    s.wait_state(N1, "waiting").await;
+    s.boot(MAC1).await;
+    let mut d: serde_json::Value = serde_json::from_str(&data_for(MAC1)).unwrap();
+    d["boot_interface"] = format!("01-{}", MAC1.replace(':', "-")).into();
+    let r = reqwest::Client::new().post(format!("{}/v1/continue", s.inspector)).body(d.to_string()).send().await;
+    let r = r.unwrap();
+    let status = r.status().as_u16();
+    let v: serde_json::Value = r.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("the data came from 127.0.0.1, which is on no link of the control plane's host"), "{msg}");
+    assert_eq!(s.state(N1).await.0, "waiting", "the refusal changed nothing");
+    assert!(s.calls("/v1/nodes/").iter().all(|c| c.method != "PATCH"), "no property was written");
+}
+
 /// `/v1/continue` data is accepted for a node only with evidence that ties the poster to the node's inspection:
 /// its boot interface is a MAC the inspection allowed and the leader's kernel let DHCP from it through since the
 /// inspection started (here a stand-in kernel; the real agent's in tests/netns). A machine on the PXE network that

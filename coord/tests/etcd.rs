@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use ironguard_coord::etcd::EtcdCoordinator;
 use ironguard_coord::{Coordinator, EtcdConfig, Expiry};
-use ironguard_netns_tests::EtcdProcess;
+use ironguard_netns_tests::{EtcdProcess, EtcdRelease, on_both_etcd_releases as on_both};
 use tokio_util::sync::CancellationToken;
 
 async fn coord(e: &EtcdProcess) -> EtcdCoordinator {
@@ -21,9 +21,14 @@ async fn coord(e: &EtcdProcess) -> EtcdCoordinator {
     panic!("cannot connect to etcd at {}", e.url);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_elections_and_lease_expiry() {
-    let e = EtcdProcess::start_loopback("elect");
+// Each runs on Debian 12's etcd 3.4 and on Debian 13's 3.5 (issue 24).
+on_both!(check_sessions_elections_and_lease_expiry: sessions_elections_and_lease_expiry, sessions_elections_and_lease_expiry_on_etcd_3_5);
+on_both!(check_unreachable_etcd_lets_the_session_expire_on_the_local_clock: unreachable_etcd_lets_the_session_expire_on_the_local_clock, unreachable_etcd_lets_the_session_expire_on_the_local_clock_on_etcd_3_5);
+on_both!(check_a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel: a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel, a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel_on_etcd_3_5);
+on_both!(check_members_locks_and_watch: members_locks_and_watch, members_locks_and_watch_on_etcd_3_5);
+
+async fn check_sessions_elections_and_lease_expiry(release: EtcdRelease) {
+    let e = EtcdProcess::start_loopback_release("elect", release);
     let c = coord(&e).await;
     let before = Instant::now();
     let a = c.session(Duration::from_secs(3)).await.unwrap();
@@ -74,9 +79,8 @@ async fn sessions_elections_and_lease_expiry() {
     assert_eq!(c.get_prefix("election/net2/").await.unwrap().len(), 1, "only the leader's candidacy remains");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_etcd_lets_the_session_expire_on_the_local_clock() {
-    let mut e = EtcdProcess::start_loopback("down");
+async fn check_unreachable_etcd_lets_the_session_expire_on_the_local_clock(release: EtcdRelease) {
+    let mut e = EtcdProcess::start_loopback_release("down", release);
     let c = coord(&e).await;
     let s = c.session(Duration::from_secs(3)).await.unwrap();
     let mut w = s.watch();
@@ -112,9 +116,8 @@ async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
 /// A wedged etcd (frozen: it accepts connections and answers nothing): every call ends by its bound with an error,
 /// a campaign still waiting for its first answer ends when cancelled (`Cancelled`, not the error its call would
 /// have ended with), and one waiting behind the leader ends too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel() {
-    let e = EtcdProcess::start_loopback("wedged");
+async fn check_a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel(release: EtcdRelease) {
+    let e = EtcdProcess::start_loopback_release("wedged", release);
     coord(&e).await;
     let cfg = EtcdConfig {
         endpoints: vec![e.url.clone()],
@@ -160,9 +163,8 @@ async fn a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel
     e.thaw();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn members_locks_and_watch() {
-    let e = EtcdProcess::start_loopback("kv");
+async fn check_members_locks_and_watch(release: EtcdRelease) {
+    let e = EtcdProcess::start_loopback_release("kv", release);
     let c = coord(&e).await;
     let s = c.session(Duration::from_secs(3)).await.unwrap();
     let rev = c.put("members/n/a", b"{}".to_vec(), Some(&s)).await.unwrap();

@@ -12,6 +12,7 @@
 //! - [`ipset`]: [`IpsetDataplane`], iptables-legacy and `hash:mac` ipsets for hosts without nftables.
 //! - [`guard`]: install / remove / status of the guard table (`owner, persist` where the kernel has it).
 //! - [`monitor`]: nf_tables change notifications, so a tampered guard is repaired at once.
+//! - [`neighbour`]: the interface (MAC) that holds an address on a link of this host, from the neighbour table.
 //! - [`observe`]: read-back of both tables, the verdict line and drift detection; what the kernel saw of each
 //!   MAC's DHCP ([`dhcp_seen`]).
 //! - `fake`: [`FakeDataplane`], the in-memory implementation for unit tests elsewhere.
@@ -34,6 +35,7 @@ mod kernel;
 pub mod mac;
 pub mod model;
 pub mod monitor;
+pub mod neighbour;
 mod netlink;
 pub mod observe;
 #[cfg(test)]

@@ -53,6 +53,23 @@ pub struct InspectionConfig {
     pub clean_up_after_secs: u64,
     /// What ties a ramdisk's data (`POST /v1/continue`) to the node it names: "dhcp" (the default) or "none".
     pub callback_evidence: CallbackEvidence,
+    /// Where that data may come from, with `callback_evidence = "dhcp"`: "link" (the default) or "any".
+    pub callback_source: CallbackSource,
+}
+
+/// Where a ramdisk's data may come from (`[inspection] callback_source`), checked with `callback_evidence =
+/// "dhcp"`. The evidence ties the data's boot interface to the node; this ties the *sender* to it, so that another
+/// machine that names the node's boot interface (it is in the node's DHCP broadcasts) is refused too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallbackSource {
+    /// From an address on a link of the control plane's host that its neighbour table (ARP, NDP) gives to one of
+    /// the node's interfaces that got DHCP through the filter during the inspection (as a rule its boot interface).
+    #[default]
+    Link,
+    /// From anywhere: for ramdisks that post through a router, a NAT or a reverse proxy. A machine that names a
+    /// booting node's boot interface can then post data for the node before the node's own ramdisk does.
+    Any,
 }
 
 /// What ties a ramdisk's data (`POST /v1/continue`, unauthenticated) to the node it names
@@ -74,8 +91,9 @@ pub enum CallbackEvidence {
 /// Who posts introspection data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Poster {
-    /// A ramdisk on the PXE network (`POST /v1/continue`, unauthenticated): its data needs evidence.
-    Ramdisk,
+    /// A ramdisk on the PXE network (`POST /v1/continue`, unauthenticated), from this address: its data needs
+    /// evidence.
+    Ramdisk { from: std::net::IpAddr },
     /// An authenticated operator (`Inspection.Continue`, `ironguardctl inspect continue`): trusted as written.
     Operator,
 }
@@ -96,6 +114,7 @@ impl Default for InspectionConfig {
             timeout_secs: 3600,
             clean_up_after_secs: 86_400,
             callback_evidence: CallbackEvidence::Dhcp,
+            callback_source: CallbackSource::Link,
         }
     }
 }
@@ -505,6 +524,9 @@ impl Engine {
         let since = since.unwrap_or_else(|| now_ms().saturating_sub(ironguard_dataplane::ruleset::SEEN_TIMEOUT_MS));
         match self.agents.dhcp_passed(&network, boot).await {
             DhcpEvidence::Passed { last_unix_ms, agent } if last_unix_ms.saturating_add(EVIDENCE_SKEW_MS) >= since => {
+                if let Poster::Ramdisk { from } = poster {
+                    self.sender_is_the_node(from, node, boot, allowed, since, &network).await?;
+                }
                 info!(node, boot = %boot, agent = %agent, "introspection data tied to the node: its boot interface got DHCP through the filter");
                 Ok(Some(boot))
             }
@@ -534,6 +556,73 @@ impl Engine {
                 Err(ApiError::EvidencePending("the data cannot be checked now; retry".into()))
             }
         }
+    }
+
+    /// `[inspection] callback_source = "link"`: the data came from one of the node's interfaces. This host's
+    /// neighbour table gives the sender's address `from` to `boot` or to another of `allowed` that got DHCP through
+    /// the filter since `since` (a TCP connection from an address on a link made this host resolve that address
+    /// before it answered). Refused, changing nothing: a sender on no link of this host, or whose address another
+    /// interface holds (another machine naming the node's boot interface).
+    async fn sender_is_the_node(
+        &self,
+        from: std::net::IpAddr,
+        node: &str,
+        boot: MacAddr,
+        allowed: &[MacAddr],
+        since: u64,
+        network: &str,
+    ) -> Result<(), ApiError> {
+        if self.cfg.callback_source == CallbackSource::Any {
+            return Ok(());
+        }
+        let read = tokio::task::spawn_blocking(move || ironguard_dataplane::neighbour::neighbour_macs(from)).await;
+        let holders = match read {
+            Ok(Ok(macs)) => macs,
+            Ok(Err(e)) => {
+                error!(node, from = %from, error = %e, "introspection data cannot be checked: the neighbour table cannot be read");
+                return Err(ApiError::EvidencePending("the data cannot be checked now; retry".into()));
+            }
+            Err(e) => {
+                error!(node, from = %from, error = %e, "introspection data cannot be checked");
+                return Err(ApiError::EvidencePending("the data cannot be checked now; retry".into()));
+            }
+        };
+        if holders.is_empty() {
+            warn!(
+                node,
+                from = %from,
+                "introspection data refused: its sender is on no link of this host, so nothing ties it to the node's \
+                 interfaces; if ramdisks post through a router or a proxy, set [inspection] callback_source = \"any\""
+            );
+            return Err(ApiError::NoEvidence(format!(
+                "the data came from {from}, which is on no link of the control plane's host: it cannot be tied to the \
+                 node's interfaces"
+            )));
+        }
+        for mac in holders {
+            if mac == boot {
+                continue;
+            }
+            let passed = match self.agents.dhcp_passed(network, mac).await {
+                DhcpEvidence::Passed { last_unix_ms, .. } => last_unix_ms.saturating_add(EVIDENCE_SKEW_MS) >= since,
+                _ => false,
+            };
+            if !allowed.contains(&mac) || !passed {
+                warn!(
+                    node,
+                    from = %from,
+                    holder = %mac,
+                    boot = %boot,
+                    "introspection data refused: its sender's address is held by an interface that is not one of the \
+                     node's that booted through the filter (another machine naming the node's boot interface)"
+                );
+                return Err(ApiError::NoEvidence(format!(
+                    "the data came from {from}, held by the interface {mac}, which is not an interface of the node that \
+                     got DHCP through the filter during this inspection"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The network the ramdisks post from: `[inspection] network`, or the one network whose agents report.

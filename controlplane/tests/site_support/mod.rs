@@ -103,6 +103,10 @@ pub async fn start(tag: &str, ironic: FakeIronic, tweak: impl FnOnce(&mut Contro
     c.inspection.allow_timeout_secs = 5;
     c.sync.ironic_sync_secs = 0;
     c.sync.ironic_inspection = false;
+    // Every post here comes from 127.0.0.1, which is on no link: the sender check (`callback_source = "link"`, the
+    // default) is proven against real neighbour tables in tests/netns (`hostile_client.rs`), and its refusal of a
+    // sender on no link by `inspection.rs::a_sender_on_no_link_is_refused_by_default`.
+    c.inspection.callback_source = ironguard_controlplane::inspection::engine::CallbackSource::Any;
     tweak(&mut c, &dir);
     let server = ironguard_controlplane::serve(&c).await.unwrap();
     let engine = server.engine.clone();

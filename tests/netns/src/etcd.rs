@@ -1,9 +1,70 @@
-//! A real etcd for tests: a single-member cluster on loopback (or inside a namespace), removed on drop.
+//! A real etcd for tests: a single-member cluster on loopback (or inside a namespace), removed on drop, of either
+//! release a site may run ([`EtcdRelease`]).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// Which etcd server: Debian 12's package (3.4, on PATH: scripts/install-deps.sh) or Debian 13's (3.5, fetched and
+/// cached by scripts/etcd-release.sh, which the README's test command runs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EtcdRelease {
+    /// etcd 3.4.23 (Debian 12's etcd-server).
+    #[default]
+    Debian12,
+    /// etcd 3.5.16 (Debian 13's etcd-server).
+    Debian13,
+}
+
+impl EtcdRelease {
+    /// The server's `major.minor`, as its version call reports it.
+    pub fn minor(self) -> &'static str {
+        match self {
+            EtcdRelease::Debian12 => "3.4",
+            EtcdRelease::Debian13 => "3.5",
+        }
+    }
+
+    /// The etcd binary. Debian 13's comes from scripts/etcd-release.sh (run here when it is not cached yet, so that
+    /// a single test run by hand finds it too).
+    pub fn binary(self) -> String {
+        match self {
+            EtcdRelease::Debian12 => "etcd".into(),
+            EtcdRelease::Debian13 => {
+                static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                BIN.get_or_init(|| {
+                    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/etcd-release.sh");
+                    let out = Command::new(&script).stderr(Stdio::inherit()).output().expect("run etcd-release.sh");
+                    assert!(
+                        out.status.success(),
+                        "{} failed: Debian 13's etcd 3.5 cannot be fetched ({:?})",
+                        script.display(),
+                        out.status
+                    );
+                    String::from_utf8_lossy(&out.stdout).trim().to_string()
+                })
+                .clone()
+            }
+        }
+    }
+}
+
+/// Two tokio tests of one body: `$body(release)` on Debian 12's etcd 3.4 (the test `$on_34`) and on Debian 13's 3.5
+/// (`$on_35`), for the etcd-backed tests that run on both releases a site may run.
+#[macro_export]
+macro_rules! on_both_etcd_releases {
+    ($body:ident: $on_34:ident, $on_35:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_34() {
+            $body($crate::EtcdRelease::Debian12).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_35() {
+            $body($crate::EtcdRelease::Debian13).await
+        }
+    };
+}
 
 /// A running etcd.
 #[derive(Debug)]
@@ -16,6 +77,14 @@ pub struct EtcdProcess {
     netns: Option<String>,
     host: String,
     port: u16,
+    /// The etcd binary ([`EtcdRelease::binary`]).
+    binary: String,
+}
+
+/// Sets the value that follows `flag` in `args`.
+fn set_arg(args: &mut [String], flag: &str, value: &str) {
+    let i = args.iter().position(|a| a == flag).unwrap_or_else(|| panic!("no {flag} in {args:?}"));
+    args[i + 1] = value.to_string();
 }
 
 fn free_port() -> u16 {
@@ -28,17 +97,22 @@ impl EtcdProcess {
         Self::start(tag, None, "127.0.0.1", free_port(), free_port())
     }
 
+    /// [`EtcdProcess::start_loopback`] of the given release.
+    pub fn start_loopback_release(tag: &str, release: EtcdRelease) -> Self {
+        let mut e = Self::prepare(tag, None, "127.0.0.1", free_port(), free_port());
+        e.binary = release.binary();
+        e.spawn();
+        e
+    }
+
     /// Starts etcd on 127.0.0.1 serving clients over TLS and requiring client certificates signed by `tls.ca`.
     pub fn start_loopback_tls(tag: &str, tls: &TlsFiles) -> Self {
         let (client, peer) = (free_port(), free_port());
         let mut e = Self::prepare(tag, None, "127.0.0.1", client, peer);
         e.url = format!("https://127.0.0.1:{client}");
         let mut args = e.args.clone();
-        for (i, a) in args.clone().iter().enumerate() {
-            if a == "--listen-client-urls" || a == "--advertise-client-urls" {
-                args[i + 1] = e.url.clone();
-            }
-        }
+        set_arg(&mut args, "--listen-client-urls", &e.url);
+        set_arg(&mut args, "--advertise-client-urls", &e.url);
         args.extend(
             [
                 "--cert-file",
@@ -59,7 +133,43 @@ impl EtcdProcess {
 
     /// Starts etcd listening on `host` inside the named namespace (ports may be fixed: the namespace is private).
     pub fn start_in(tag: &str, netns: &str, host: &str, client_port: u16, peer_port: u16) -> Self {
-        Self::start(tag, Some(netns.to_string()), host, client_port, peer_port)
+        Self::start_in_release(tag, netns, host, client_port, peer_port, EtcdRelease::Debian12)
+    }
+
+    /// [`EtcdProcess::start_in`] of the given release.
+    pub fn start_in_release(
+        tag: &str,
+        netns: &str,
+        host: &str,
+        client_port: u16,
+        peer_port: u16,
+        release: EtcdRelease,
+    ) -> Self {
+        let mut e = Self::prepare(tag, Some(netns.to_string()), host, client_port, peer_port);
+        e.binary = release.binary();
+        e.spawn();
+        e
+    }
+
+    /// Launches member `name` of the cluster `initial_cluster` (`m0=http://10.90.0.21:2380,m1=…`; every member is
+    /// given the same `token`), listening on `host` (ports 2379 and 2380) inside the named namespace; not waited for
+    /// ([`EtcdProcess::launch`]).
+    pub fn launch_member(
+        netns: &str,
+        host: &str,
+        name: &str,
+        initial_cluster: &str,
+        token: &str,
+        release: EtcdRelease,
+    ) -> Self {
+        let tag = format!("{token}-{name}");
+        let mut e = Self::prepare(&tag, Some(netns.to_string()), host, 2379, 2380);
+        e.binary = release.binary();
+        set_arg(&mut e.args, "--name", name);
+        set_arg(&mut e.args, "--initial-cluster", initial_cluster);
+        e.args.extend(["--initial-cluster-state", "new", "--initial-cluster-token", token].map(String::from));
+        e.launch();
+        e
     }
 
     fn start(tag: &str, netns: Option<String>, host: &str, client: u16, peer: u16) -> Self {
@@ -97,22 +207,38 @@ impl EtcdProcess {
             "--max-txn-ops".into(),
             "1024".into(),
         ];
-        Self { child: None, dir, url, args, netns, host: host.to_string(), port: client }
+        Self { child: None, dir, url, args, netns, host: host.to_string(), port: client, binary: "etcd".into() }
     }
 
     fn spawn(&mut self) {
+        self.launch();
+        self.wait_up(Duration::from_secs(15));
+    }
+
+    /// Starts the etcd process (on its data, if it has some) without waiting for it to serve: a member of a cluster
+    /// serves only once a quorum of members runs.
+    pub fn launch(&mut self) {
         let mut cmd = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "etcd"]);
+                c.args(["netns", "exec", ns, &self.binary]);
                 c
             }
-            None => Command::new("etcd"),
+            None => Command::new(&self.binary),
         };
-        let log = std::fs::File::create(format!("{}.log", self.dir.display())).expect("etcd log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(format!("{}.log", self.dir.display()))
+            .expect("etcd log");
         let child = cmd.args(&self.args).stdout(Stdio::null()).stderr(log).spawn().expect("start etcd");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(15);
+    }
+
+    /// Waits until etcd serves (in a namespace: its `/health` says so, which needs a leader) or `within` has passed,
+    /// which fails the test.
+    pub fn wait_up(&self, within: Duration) {
+        let deadline = Instant::now() + within;
         loop {
             let up = match &self.netns {
                 Some(ns) => Command::new("ip")

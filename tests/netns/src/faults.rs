@@ -65,9 +65,30 @@ pub enum Fault {
     /// The leader's DHCP server restarted with a range for another network only: it runs, listens and offers
     /// nothing on the provisioning network, until a successor serves.
     DhcpNoRange,
+    /// A cluster's etcd leader member killed (SIGKILL) for 2 × TTL: the other two keep the quorum and elect another
+    /// etcd leader; then started again on its data.
+    EtcdLeaderMemberKill,
+    /// A cluster's follower member killed for 2 × TTL, then started again.
+    EtcdFollowerMemberKill,
+    /// A cluster's etcd leader member cut off from the other members and from every client for 2 × TTL (a minority
+    /// partition that holds the etcd leader), then joined again.
+    EtcdLeaderMemberCut,
+    /// Two of three members killed (quorum lost) for 2 × TTL: every host must close; then both started again.
+    EtcdQuorumLoss,
+    /// Every member of the cluster restarted in turn, each once the one before serves again.
+    EtcdRollingRestart,
 }
 
 impl Fault {
+    /// The faults of an etcd cluster (a site with `etcd_members` 3); [`Fault::ALL`] holds the others.
+    pub const CLUSTER: [Fault; 5] = [
+        Fault::EtcdLeaderMemberKill,
+        Fault::EtcdFollowerMemberKill,
+        Fault::EtcdLeaderMemberCut,
+        Fault::EtcdQuorumLoss,
+        Fault::EtcdRollingRestart,
+    ];
+
     pub const ALL: [Fault; 22] = [
         Fault::Sigterm,
         Fault::Sigkill,
@@ -117,6 +138,11 @@ impl Fault {
             Fault::EtcdStall => "etcd stalls 1 s",
             Fault::DhcpFrozen => "dhcp server frozen",
             Fault::DhcpNoRange => "dhcp server without a range",
+            Fault::EtcdLeaderMemberKill => "etcd leader member killed",
+            Fault::EtcdFollowerMemberKill => "etcd follower member killed",
+            Fault::EtcdLeaderMemberCut => "etcd leader member cut off",
+            Fault::EtcdQuorumLoss => "etcd quorum lost (2 of 3 down)",
+            Fault::EtcdRollingRestart => "etcd rolling restart",
         }
     }
 }
@@ -339,6 +365,58 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
                 site.restart_server(leader, crate::ha::ServerSetup::Normal);
             }));
         }
+        Fault::EtcdLeaderMemberKill | Fault::EtcdFollowerMemberKill => {
+            let lead = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
+            let m = match fault {
+                Fault::EtcdLeaderMemberKill => lead,
+                _ => (lead + 1) % (site.etcd_peers.len() + 1),
+            };
+            site.etcd_member(m).stop();
+            std::thread::sleep(2 * ttl);
+            cleanup = Some(Box::new(move |site: &mut HaSite| {
+                let member = site.etcd_member(m);
+                member.launch();
+                member.wait_up(Duration::from_secs(60));
+            }));
+        }
+        Fault::EtcdLeaderMemberCut => {
+            let m = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
+            site.cut_etcd_member(m, true);
+            std::thread::sleep(2 * ttl);
+            cleanup = Some(Box::new(move |site: &mut HaSite| {
+                site.cut_etcd_member(m, false);
+                site.etcd_member(m).wait_up(Duration::from_secs(60));
+            }));
+        }
+        Fault::EtcdQuorumLoss => {
+            let lead = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
+            let down = [lead, (lead + 1) % (site.etcd_peers.len() + 1)];
+            for m in down {
+                site.etcd_member(m).stop();
+            }
+            // Without a quorum no keep-alive succeeds: every kernel lease runs out within the TTL (the fence), so
+            // after two no host may be open.
+            std::thread::sleep(2 * ttl);
+            let open: Vec<usize> = (0..site.hosts.len()).filter(|i| verdict(&site.hosts[*i].ns) == "LEADER").collect();
+            for m in down {
+                site.etcd_member(m).launch();
+            }
+            for m in down {
+                site.etcd_member(m).wait_up(Duration::from_secs(60));
+            }
+            if !open.is_empty() {
+                return Err(format!("hosts {open:?} still open after 2 × TTL without an etcd quorum"));
+            }
+        }
+        Fault::EtcdRollingRestart => {
+            for m in 0..=site.etcd_peers.len() {
+                site.etcd_member(m).stop();
+                std::thread::sleep(ttl);
+                let member = site.etcd_member(m);
+                member.launch();
+                member.wait_up(Duration::from_secs(60));
+            }
+        }
     }
     // The site serves again: some host leads (for most faults, another one; for a server that answers nobody,
     // certainly another one: its own host still holds the lead until its agent notices).
@@ -415,7 +493,8 @@ pub fn etcdctl(site: &HaSite, args: &[&str]) -> Result<String, String> {
         .mgmt
         .cmd("etcdctl")
         .env("ETCDCTL_API", "3")
-        .args(["--endpoints", "http://10.90.0.1:2379"])
+        .args(["--endpoints", &site.etcd_endpoints.join(",")])
+        .args(["--command-timeout", "5s"])
         .args(args)
         .output()
         .map_err(|e| format!("etcdctl: {e} (the README's test command installs etcd-client)"))?;

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use ironguard_dataplane::MacAddr;
 
 use crate::{
-    ControlPlane, Dnsmasq, EtcdProcess, Lease, Netns, Proc, TempDir, assert_kernel_refuses, dhcp, dhcp_refused, run_ok,
-    start_agent, verdict, veth, wait_for,
+    ControlPlane, Dnsmasq, EtcdProcess, EtcdRelease, Lease, Netns, Proc, TempDir, assert_kernel_refuses, dhcp,
+    dhcp_refused, run_ok, start_agent, verdict, veth, wait_for,
 };
 
 /// The DHCP server every PXE host of a site runs.
@@ -60,8 +60,15 @@ pub struct HaSite {
     pub hosts: Vec<PxeHost>,
     pub nodes: Vec<Netns>,
     pub cps: Vec<ControlPlane>,
+    /// etcd: the only member, or the first of a cluster ([`HaOptions::etcd_members`]).
     pub etcd: EtcdProcess,
+    /// The other members of a cluster (none for one member).
+    pub etcd_peers: Vec<EtcdProcess>,
+    /// The client URLs of every member, as the agents and control planes are given them.
+    pub etcd_endpoints: Vec<String>,
     pub mgmt: Netns,
+    /// The namespaces of a cluster's members (none for one member, which runs in `mgmt`).
+    pub etcd_ns: Vec<Netns>,
     pub prov: Netns,
     pub dir: TempDir,
     pub server: ServerKind,
@@ -71,6 +78,34 @@ pub struct HaSite {
 /// TTL and margin the HA tests run with (the defaults).
 pub const TTL_SECS: u64 = 3;
 pub const MARGIN_MS: u64 = 1000;
+
+/// Starts the site's etcd: one member in `mgmt` at 10.90.0.1, or a cluster of `members` (see
+/// [`HaOptions::etcd_members`]), started together and waited for together (a member serves only once a quorum
+/// runs). Returns the members' namespaces (none for one member), the members and their client URLs.
+fn start_etcd(mgmt: &Netns, release: EtcdRelease, members: usize) -> (Vec<Netns>, Vec<EtcdProcess>, Vec<String>) {
+    if members <= 1 {
+        let etcd = EtcdProcess::start_in_release("ha", mgmt.name(), "10.90.0.1", 2379, 2380, release);
+        return (Vec::new(), vec![etcd], vec!["http://10.90.0.1:2379".into()]);
+    }
+    let ips: Vec<String> = (0..members).map(|i| format!("10.90.0.{}", 21 + i)).collect();
+    let initial = ips.iter().enumerate().map(|(i, ip)| format!("m{i}=http://{ip}:2380")).collect::<Vec<_>>().join(",");
+    let token = crate::unique("etcd-cluster");
+    let mut nss = Vec::new();
+    let mut procs = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let ns = Netns::new(&format!("etcd{i}"));
+        veth(&ns, "mgmt0", mgmt, &format!("e{i}"));
+        mgmt.ip(&["link", "set", &format!("e{i}"), "master", "br-mgmt"]);
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "mgmt0"]);
+        procs.push(EtcdProcess::launch_member(ns.name(), ip, &format!("m{i}"), &initial, &token, release));
+        nss.push(ns);
+    }
+    for p in &procs {
+        p.wait_up(Duration::from_secs(60));
+    }
+    let endpoints = ips.iter().map(|ip| format!("http://{ip}:2379")).collect();
+    (nss, procs, endpoints)
+}
 
 /// How an HA site is set up.
 #[derive(Debug, Clone)]
@@ -82,11 +117,25 @@ pub struct HaOptions {
     /// The agents' `[controlplane] lost_after_secs`.
     pub lost_after_secs: u64,
     pub server: ServerKind,
+    /// The etcd server's release.
+    pub etcd: EtcdRelease,
+    /// etcd's members: 1 runs in the management namespace at 10.90.0.1; more make a cluster, each member in a
+    /// namespace of its own on the management bridge at 10.90.0.21, .22, … (so that one can be killed, cut off or
+    /// paused alone), and every agent and control plane is given all of them.
+    pub etcd_members: usize,
 }
 
 impl Default for HaOptions {
     fn default() -> Self {
-        Self { hosts: 3, nodes: 1, policy: "allow", lost_after_secs: 30, server: ServerKind::Dnsmasq }
+        Self {
+            hosts: 3,
+            nodes: 1,
+            policy: "allow",
+            lost_after_secs: 30,
+            server: ServerKind::Dnsmasq,
+            etcd: EtcdRelease::Debian12,
+            etcd_members: 1,
+        }
     }
 }
 
@@ -153,8 +202,12 @@ impl HaSite {
         mgmt.ip(&["link", "set", "br-mgmt", "up"]);
         prov.ip(&["link", "add", "br-prov", "type", "bridge", "forward_delay", "0"]);
         prov.ip(&["link", "set", "br-prov", "up"]);
-        let etcd = EtcdProcess::start_in("ha", mgmt.name(), "10.90.0.1", 2379, 2380);
-        let etcd_flag = ["--etcd", "http://10.90.0.1:2379"];
+        let (etcd_ns, mut members, etcd_endpoints) = start_etcd(&mgmt, o.etcd, o.etcd_members);
+        let etcd = members.remove(0);
+        let etcd_peers = members;
+        let etcd_list = etcd_endpoints.join(",");
+        let etcd_toml = etcd_endpoints.iter().map(|e| format!("\"{e}\"")).collect::<Vec<_>>().join(", ");
+        let etcd_flag = ["--etcd", etcd_list.as_str()];
         let mut cps = Vec::new();
         for (grpc, admin) in [(9100u16, 9101u16), (9110, 9111)] {
             let mut extra: Vec<&str> = etcd_flag.to_vec();
@@ -181,7 +234,7 @@ impl HaSite {
             let config = format!(
                 "[agent]\nid = \"{id}\"\nnetwork = \"prov\"\n\n[controlplane]\n{}endpoints = [\"https://10.90.0.1:9100\", \"https://10.90.0.1:9110\"]\n\
                  lost_after_secs = {}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n\
-                 [etcd]\nendpoints = [\"http://10.90.0.1:2379\"]\ndial_timeout_ms = 500\nrequest_timeout_ms = 500\n\n\
+                 [etcd]\nendpoints = [{etcd_toml}]\ndial_timeout_ms = 500\nrequest_timeout_ms = 500\n\n\
                  [election]\nttl_secs = {TTL_SECS}\nmargin_ms = {MARGIN_MS}\n\n[dhcp_health]\ninterval_ms = 200\n\n\
                  [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\n{dataplane}",
                 crate::pki::pki().agent_toml(&id),
@@ -196,7 +249,20 @@ impl HaSite {
             prov.ip(&["link", "set", &format!("n{j}"), "master", "br-prov"]);
             nodes.push(node);
         }
-        let mut site = Self { hosts, nodes, cps, etcd, mgmt, prov, dir, server: o.server, plan };
+        let mut site = Self {
+            hosts,
+            nodes,
+            cps,
+            etcd,
+            etcd_peers,
+            etcd_endpoints,
+            mgmt,
+            etcd_ns,
+            prov,
+            dir,
+            server: o.server,
+            plan,
+        };
         for i in 0..n_hosts {
             site.start_agent(i);
         }
@@ -249,6 +315,33 @@ impl HaSite {
     /// Cuts (or restores) host `i`'s management link: etcd and the control planes become unreachable.
     pub fn partition(&self, i: usize, cut: bool) {
         self.hosts[i].ns.ip(&["link", "set", "mgmt0", if cut { "down" } else { "up" }]);
+    }
+
+    /// etcd's member `i` (0: [`HaSite::etcd`]).
+    pub fn etcd_member(&mut self, i: usize) -> &mut EtcdProcess {
+        match i {
+            0 => &mut self.etcd,
+            i => &mut self.etcd_peers[i - 1],
+        }
+    }
+
+    /// Cuts (or restores) etcd member `i`'s only link (a cluster's member: from the other members and every client).
+    pub fn cut_etcd_member(&self, i: usize, cut: bool) {
+        self.etcd_ns[i].ip(&["link", "set", "mgmt0", if cut { "down" } else { "up" }]);
+    }
+
+    /// The member etcd's leader is, as the members that answer say (`etcdctl endpoint status`); `None` while none
+    /// is elected or none answers.
+    pub fn etcd_leader_member(&self) -> Option<usize> {
+        let out = crate::faults::etcdctl(self, &["endpoint", "status", "-w", "json"]).ok()?;
+        let statuses: serde_json::Value = serde_json::from_str(&out).ok()?;
+        let statuses = statuses.as_array()?;
+        let leader = statuses.iter().find_map(|s| s["Status"]["leader"].as_u64().filter(|l| *l != 0))?;
+        let endpoint =
+            statuses.iter().find(|s| s["Status"]["header"]["member_id"].as_u64() == Some(leader))?["Endpoint"]
+                .as_str()?
+                .to_string();
+        self.etcd_endpoints.iter().position(|e| *e == endpoint)
     }
 
     /// One DHCP exchange from node `j` with `mac`, which should get a lease.

@@ -34,7 +34,7 @@ pub mod keystone;
 pub mod pki;
 pub mod secrets;
 pub mod shapes;
-pub use etcd::{EtcdProcess, TlsFiles};
+pub use etcd::{EtcdProcess, EtcdRelease, TlsFiles};
 pub use ironic::{RealIronic, ipa_inventory};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -21,11 +21,18 @@ fn rounds() -> usize {
 }
 
 fn matrix(faults: &[Fault]) {
+    matrix_on(EtcdRelease::Debian12, 1, faults)
+}
+
+/// The matrix on a site whose etcd is `release`, with `members` members.
+fn matrix_on(release: EtcdRelease, members: usize, faults: &[Fault]) {
     let mut site = HaSite::with_options(HaOptions {
         hosts: 3,
         nodes: 2,
         policy: "deny",
         lost_after_secs: 3,
+        etcd: release,
+        etcd_members: members,
         ..Default::default()
     });
     let (leader, _) = site.wait_leader(None, Duration::from_secs(20)).expect("a first leader");
@@ -146,6 +153,29 @@ fn early_lease_ends_revoke_key_deletion_delayed_keepalives_frozen_and_revoked() 
 #[test]
 fn an_etcd_stall_of_one_second() {
     matrix(&[Fault::EtcdStall]);
+}
+
+/// A three-member etcd cluster (each member in a namespace of its own; every agent and control plane given all
+/// three) and its own faults: the etcd leader member killed, a follower killed, the etcd leader cut off (a minority
+/// partition holding it), the quorum lost and regained, every member restarted in turn (issue 24).
+#[test]
+fn etcd_cluster_faults_on_etcd_3_4() {
+    matrix_on(EtcdRelease::Debian12, 3, &Fault::CLUSTER);
+}
+
+/// As above on Debian 13's etcd 3.5, and the faults of the leader's lease and of its way to etcd on that cluster
+/// (leases, keep-alives and revokes are what changed between 3.4 and 3.5).
+#[test]
+fn etcd_cluster_and_lease_faults_on_etcd_3_5() {
+    let mut faults = Fault::CLUSTER.to_vec();
+    faults.extend([
+        Fault::LeaseRevoke,
+        Fault::KeyDelete,
+        Fault::DelayedKeepalives,
+        Fault::FrozenThenRevoke,
+        Fault::CutEtcd,
+    ]);
+    matrix_on(EtcdRelease::Debian13, 3, &faults);
 }
 
 #[test]

@@ -14,6 +14,7 @@ use ironguard_dataplane::MacAddr;
 use ironguard_inspection::lookup::Attributes;
 use ironguard_inspection::records::NodeRecord;
 use ironguard_netns_tests::etcd::EtcdProcess;
+use ironguard_netns_tests::{EtcdRelease, on_both_etcd_releases as on_both};
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -103,9 +104,9 @@ async fn embedded_store_keeps_every_reason_with_its_time() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_store_keeps_every_reason_with_its_time() {
-    let etcd = EtcdProcess::start_loopback("store-contract");
+on_both!(check_etcd_store_keeps_every_reason_with_its_time: etcd_store_keeps_every_reason_with_its_time, etcd_store_keeps_every_reason_with_its_time_on_etcd_3_5);
+async fn check_etcd_store_keeps_every_reason_with_its_time(release: EtcdRelease) {
+    let etcd = EtcdProcess::start_loopback_release("store-contract", release);
     let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
     contract(move || {
         let cfg = cfg.clone();
@@ -118,16 +119,16 @@ async fn etcd_store_keeps_every_reason_with_its_time() {
     drop(etcd);
 }
 
+on_both!(check_a_singleton_write_after_the_lead_moved_is_refused_and_writes_nothing: a_singleton_write_after_the_lead_moved_is_refused_and_writes_nothing, a_singleton_write_after_the_lead_moved_is_refused_and_writes_nothing_on_etcd_3_5);
 /// A singleton task's write carries the control-plane lead it runs under (O18). While that lead holds, the write
 /// commits; once another replica has won the election (the first replica paused past its lease: its session is
 /// gone), the first one's write is refused, says why, and writes nothing. Real etcd: the check is etcd's own
 /// compare in the commit's transaction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_singleton_write_after_the_lead_moved_is_refused_and_writes_nothing() {
+async fn check_a_singleton_write_after_the_lead_moved_is_refused_and_writes_nothing(release: EtcdRelease) {
     use ironguard_controlplane::store::{Fence, StoreError};
     use ironguard_coord::Coordinator as _;
     use tokio_util::sync::CancellationToken;
-    let etcd = EtcdProcess::start_loopback("store-fence");
+    let etcd = EtcdProcess::start_loopback_release("store-fence", release);
     let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
     let coord = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
     let store = ironguard_controlplane::store::etcd::open(coord.clone(), 100).await.unwrap().filters;
@@ -240,11 +241,11 @@ async fn embedded_lookup_index_follows_every_record() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+on_both!(check_etcd_lookup_index_follows_every_record_and_is_built_for_older_records: etcd_lookup_index_follows_every_record_and_is_built_for_older_records, etcd_lookup_index_follows_every_record_and_is_built_for_older_records_on_etcd_3_5);
 /// As above on a real etcd; and records written before the index existed (by an older version) are indexed by the
 /// first lookup of a store opened on them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_lookup_index_follows_every_record_and_is_built_for_older_records() {
-    let etcd = EtcdProcess::start_loopback("lookup-contract");
+async fn check_etcd_lookup_index_follows_every_record_and_is_built_for_older_records(release: EtcdRelease) {
+    let etcd = EtcdProcess::start_loopback_release("lookup-contract", release);
     let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
     let open = move || {
         let cfg = cfg.clone();

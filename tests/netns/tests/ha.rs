@@ -29,7 +29,17 @@ fn assert_from_leader(site: &HaSite, lease: &Lease, host: usize) {
 
 #[test]
 fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
-    let site = HaSite::new(3, 1);
+    exactly_one_leader_on(EtcdRelease::Debian12);
+}
+
+/// As above on Debian 13's etcd 3.5 (3.5.16, which lacks the 3.5.23 and 3.5.28 fixes: the warnings name them).
+#[test]
+fn exactly_one_leader_and_offers_only_from_its_dnsmasq_on_etcd_3_5() {
+    exactly_one_leader_on(EtcdRelease::Debian13);
+}
+
+fn exactly_one_leader_on(release: EtcdRelease) {
+    let site = HaSite::with_options(HaOptions { hosts: 3, nodes: 1, etcd: release, ..Default::default() });
     let (leader, took) = site.wait_leader(None, Duration::from_secs(15)).expect("a leader is elected");
     eprintln!("leader pxe-{leader} after {took:?}; verdicts {:?}", site.verdicts());
     // One leader's tables (its lease may be dropped for a moment on a busy machine: FENCED), two followers.
@@ -79,11 +89,12 @@ fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
     assert_eq!(j["coordination"], "etcd");
     // The etcd under test, read from its own binary: if it lacks fixes the leases rely on (Debian 12's 3.4.23
     // does), every agent and the control plane say so, in one warning per server naming all the agents.
-    let out = run_ok(std::process::Command::new("etcd").arg("--version"));
+    let out = run_ok(std::process::Command::new(release.binary()).arg("--version"));
     let version = String::from_utf8_lossy(&out.stdout)
         .lines()
         .find_map(|l| l.strip_prefix("etcd Version: ").map(|v| v.trim().to_string()))
         .expect("etcd --version names its version");
+    assert!(version.starts_with(&format!("{}.", release.minor())), "{release:?} runs etcd {version}");
     let lacking = ironguard_coord::versions::missing(&version).expect("a version ironguard reads");
     let warnings = wait_for(Duration::from_secs(60), || {
         let j = agents_json(&site);

@@ -332,7 +332,7 @@ fn each_hostile_post_is_refused_and_changes_nothing() {
             "{what}: the reply names no node: {reply}"
         );
     };
-    // Each post below takes one of the attacker's 10 burst tokens (8 in all, refilled at 1 a second meanwhile):
+    // Each post below takes one of the attacker's 10 burst tokens (9 in all, refilled at 1 a second meanwhile):
     // none of them meets the rate limit, which (f) tries on its own.
 
     // (a) Hijack: node-a's MAC and BMC address, the attacker's hardware, its own NIC as the boot interface (O14).
@@ -379,6 +379,18 @@ fn each_hostile_post_is_refused_and_changes_nothing() {
     assert!(reply.contains(&format!("boot interface {b} was not allowed DHCP")), "{reply}");
     names_no_node("node-b's MAC as the boot interface", &reply);
     unchanged("the post with node-b's MAC as the boot interface");
+
+    // (g) node-a's own NIC as the boot interface (it booted through the filter: the kernel saw its DHCP), with the
+    // attacker's hardware, posted from the attacker's own address before node-a's ramdisk posts (O27): the
+    // control plane's neighbour table gives that address to the attacker's NIC, not to one of node-a's.
+    let mut own_boot = attackers_hardware(ipa_inventory(&[a], BMC_A));
+    own_boot["boot_interface"] = json!(format!("01-{}", a.to_string().replace(':', "-")));
+    let own_boot = body_file(&site, "node-a-boot.json", &own_boot);
+    let (status, reply) = post_file(attacker, ATTACKER_IP, &own_boot);
+    assert_eq!(status, 400, "node-a's boot interface from the attacker's address: {reply}");
+    assert!(reply.contains(&format!("held by the interface {x}")), "node-a's boot interface: {reply}");
+    names_no_node("node-a's boot interface from the attacker", &reply);
+    unchanged("the post naming node-a's boot interface");
 
     // (e) A body over the 16 MiB limit (413), and one nested deeper than the parser's bound (400).
     let big = site.lan.dir.join("oversize.json");

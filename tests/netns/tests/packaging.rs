@@ -365,7 +365,8 @@ fn controlplane_unit_has_no_capabilities() {
     assert_eq!(u.service("StateDirectory"), Some("ironguard/controlplane"));
     u.assert_yes("PrivateUsers");
     assert!(!u.is_yes("PrivateNetwork"), "the control plane serves gRPC on the host's network");
-    assert_eq!(u.list("Service", "RestrictAddressFamilies"), ["AF_UNIX", "AF_INET", "AF_INET6"]);
+    // AF_NETLINK: the neighbour table, which ties a ramdisk's callback to the node's interfaces (callback_source).
+    assert_eq!(u.list("Service", "RestrictAddressFamilies"), ["AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"]);
     u.assert_service("Restart", "on-failure");
 }
 
