@@ -554,7 +554,9 @@ async fn continue_(
         }
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let accepted = api.engine.continue_inspection(data, &body, q.get("node_uuid").cloned(), Poster::Ramdisk { from: peer.ip() })
+    let accepted = api
+        .engine
+        .continue_inspection(data, &body, q.get("node_uuid").cloned(), Poster::Ramdisk { from: peer.ip() })
         .await;
     drop((body, held));
     match accepted {

@@ -96,11 +96,13 @@ fn entry_mac(n: &NeighbourMessage, ip: IpAddr) -> Option<MacAddr> {
     if dest != ip {
         return None;
     }
-    n.attributes.iter().find_map(|a| match a {
-        NeighbourAttribute::LinkLayerAddress(l) => <[u8; 6]>::try_from(l.as_slice()).ok(),
-        _ => None,
-    })
-    .and_then(|octets| MacAddr::from_octets(octets).ok())
+    n.attributes
+        .iter()
+        .find_map(|a| match a {
+            NeighbourAttribute::LinkLayerAddress(l) => <[u8; 6]>::try_from(l.as_slice()).ok(),
+            _ => None,
+        })
+        .and_then(|octets| MacAddr::from_octets(octets).ok())
 }
 
 #[cfg(test)]
