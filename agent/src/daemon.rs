@@ -765,7 +765,8 @@ mod tests {
     }
 
     /// A flood: producers keep the stream channel full and the coordination state changing, as fast as they can.
-    /// The main loop still gets its ticks, each while stream messages were waiting (the tick was taken first).
+    /// The main loop still gets its ticks, each while stream messages were waiting (the tick was taken first); the
+    /// stream's messages are served, at the latest once the flood ends.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_flood_of_stream_and_coordination_events_does_not_starve_the_tick() {
         let (mut src, inputs) = sources();
@@ -808,6 +809,15 @@ mod tests {
         }
         done.cancel();
         flood.await.expect("the flood stops");
-        assert!(batches > 0, "the stream was served too");
+        // Coordination changes come before the stream (biased, by design): while both flood, the stream may wait
+        // for the flood to end (a loaded machine runs the flood's thread in bursts, and each burst changes the
+        // coordination state again; T35). Its messages are served then, none lost.
+        while batches == 0 {
+            assert!(Instant::now() < deadline, "the stream's messages were never served");
+            let wake = next_event(&mut src, &mut tick, None, None, std::future::pending()).await;
+            if let Wake::Event(Event::Stream(_)) = wake {
+                batches += 1;
+            }
+        }
     }
 }
