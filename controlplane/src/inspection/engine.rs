@@ -576,14 +576,10 @@ impl Engine {
             return Ok(());
         }
         let read = tokio::task::spawn_blocking(move || ironguard_dataplane::neighbour::neighbour_macs(from)).await;
-        let holders = match read {
-            Ok(Ok(macs)) => macs,
-            Ok(Err(e)) => {
-                error!(node, from = %from, error = %e, "introspection data cannot be checked: the neighbour table cannot be read");
-                return Err(ApiError::EvidencePending("the data cannot be checked now; retry".into()));
-            }
+        let holders = match read.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+            Ok(macs) => macs,
             Err(e) => {
-                error!(node, from = %from, error = %e, "introspection data cannot be checked");
+                error!(node, from = %from, error = %e, "introspection data cannot be checked: the neighbour table cannot be read");
                 return Err(ApiError::EvidencePending("the data cannot be checked now; retry".into()));
             }
         };
