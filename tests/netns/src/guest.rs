@@ -52,8 +52,11 @@ pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
     let console_file =
         bin_dir.join(format!("guest-{}.console", script.file_name().unwrap_or_default().to_string_lossy()));
     let read_console = || String::from_utf8_lossy(&std::fs::read(&console_file).unwrap_or_default()).to_string();
+    // no_timer_check: under an emulated CPU on a starved host the kernel's check that the 8254 timer reaches the
+    // IO-APIC can miss its window and panic at boot ("IO-APIC + timer doesn't work!", T36); the check proves
+    // nothing about the hardware qemu emulates, and virtual machines' kernels skip it for this reason.
     let append = format!(
-        "console=ttyS0 quiet panic=-1 ig.script={} ig.args={} ig.keep={},{}",
+        "console=ttyS0 quiet panic=-1 no_timer_check ig.script={} ig.args={} ig.keep={},{}",
         script.display(),
         bin_dir.display(),
         script_dir.display(),
