@@ -161,10 +161,14 @@ pub struct ReconcileSection {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ElectionSection {
-    /// Lease TTL in seconds: a leader that stops renewing is replaced after this long.
+    /// Lease TTL in seconds: a leader that stops renewing is replaced after this long. The default, 5 s, lets a
+    /// leader ride out an etcd leader election (1–2 s with etcd's default election timeout): it closes only when
+    /// no keep-alive was answered for TTL − margin − TTL/6 = 2.7 s.
     pub ttl_secs: u64,
     /// The leader closes DHCP when no keep-alive has succeeded for (TTL - margin): before its lease can expire,
-    /// hence before a successor can be elected. Milliseconds; must be > 0 and leave room for a keep-alive.
+    /// hence before a successor can be elected. Milliseconds; must be > 0 and leave room for a keep-alive. The
+    /// default, 1500, exceeds etcd's default election timeout (1 s), which bounds how long a deposed etcd leader
+    /// cut off from the others may still act on leases before it steps down.
     pub margin_ms: u64,
     /// Exit (after closing) when the lease fence trips, as the seed design's "stop the service" did. By default
     /// the agent stays, retries etcd with back-off and campaigns again when it is back.
@@ -173,7 +177,7 @@ pub struct ElectionSection {
 
 impl Default for ElectionSection {
     fn default() -> Self {
-        Self { ttl_secs: 3, margin_ms: 1000, exit_on_partition: false }
+        Self { ttl_secs: 5, margin_ms: 1500, exit_on_partition: false }
     }
 }
 
@@ -423,10 +427,10 @@ mod tests {
         bad.election.margin_ms = 0;
         assert!(bad.finish().unwrap_err().to_string().contains("margin_ms must be > 0"));
         let mut bad = default();
-        bad.election.margin_ms = 2500;
+        bad.election.margin_ms = 3500;
         assert!(bad.finish().unwrap_err().to_string().contains("less than 2/3"));
         let mut ok = default();
-        ok.election.margin_ms = 1999;
+        ok.election.margin_ms = 3333;
         ok.finish().unwrap();
         // Every wait has an end, and a sane one.
         for set in [

@@ -1,6 +1,6 @@
 //! The etcd backend.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -12,9 +12,10 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::amnesia::{Amnesia, StoreLook, StoreMemory, judge};
+use crate::lanes::{Lanes, keep_alive};
 use crate::session::{Expiry, Session};
 use crate::{CoordError, Coordinator, EtcdConfig, HANDOVER_SLACK, HandOver, KeyValue, KvEvent, Leadership, LockGuard};
 
@@ -26,6 +27,8 @@ pub struct EtcdCoordinator {
     request_timeout: Duration,
     retries: u32,
     memory: std::sync::Arc<std::sync::Mutex<StoreMemory>>,
+    /// A client per endpoint: keep-alives go on all, requests to the one that answered last.
+    lanes: Arc<Lanes>,
 }
 
 impl std::fmt::Debug for EtcdCoordinator {
@@ -146,6 +149,7 @@ impl EtcdCoordinator {
         }
         // The client dials lazily, but authenticates at once when a user is set: bounded like any request.
         let bound = Duration::from_millis(cfg.dial_timeout_ms.saturating_add(cfg.request_timeout_ms));
+        let lanes = Arc::new(Lanes::new(&cfg.endpoints, opts.clone(), bound));
         let client = match tokio::time::timeout(bound, Client::connect(&cfg.endpoints, Some(opts))).await {
             Ok(r) => r.map_err(e("connect"))?,
             Err(_) => return Err(CoordError::Etcd { op: "connect", source: timed_out() }),
@@ -156,6 +160,7 @@ impl EtcdCoordinator {
             request_timeout: Duration::from_millis(cfg.request_timeout_ms),
             retries: cfg.retries.max(1),
             memory: Default::default(),
+            lanes,
         })
     }
 
@@ -215,6 +220,14 @@ impl EtcdCoordinator {
         }
     }
 
+    /// The client for a request: the endpoint whose keep-alive was answered last, if one was within the request
+    /// timeout (it reaches the etcd leader now), or else the balanced one. So a member that is cut off from the
+    /// others, which still accepts connections but answers nothing, does not take a request after it stopped
+    /// answering keep-alives while another one answers.
+    fn request_client(&self) -> Client {
+        self.lanes.preferred(self.request_timeout).unwrap_or_else(|| self.client.clone())
+    }
+
     /// Runs `f` up to `retries` times while it fails transiently, with back-off.
     pub async fn retry<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<T, CoordError>
     where
@@ -223,7 +236,7 @@ impl EtcdCoordinator {
     {
         let mut attempt = 0;
         loop {
-            let r = tokio::time::timeout(self.request_timeout, f(self.client.clone())).await;
+            let r = tokio::time::timeout(self.request_timeout, f(self.request_client())).await;
             let err = match r {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(err)) => err,
@@ -239,97 +252,7 @@ impl EtcdCoordinator {
     }
 }
 
-/// Keeps a lease alive and publishes its expiry estimate until the lease is gone or `stop` fires.
-///
-/// Keep-alives go every TTL/6 on one stream, pipelined: a request does not wait for the answer to the one before,
-/// and each answer moves the estimate to its own request's send time plus the TTL (etcd answers a stream in order).
-/// So a slow etcd (an fsync or a defrag that takes a second) delays the answers without losing them, and the
-/// estimate keeps moving as long as answers come within TTL − margin − TTL/6 of their request: with the defaults
-/// (TTL 3 s, margin 1 s) a stall of up to 1.5 s costs no hand-over. One request at a time with a timeout of TTL/3,
-/// as before, turned every answer slower than a second into a failure and a new stream.
-async fn keep_alive(
-    mut client: Client,
-    lease: i64,
-    ttl: Duration,
-    expiry_tx: watch::Sender<Expiry>,
-    stop: CancellationToken,
-    request_timeout: Duration,
-) {
-    let period = ttl / KEEPALIVES_PER_TTL;
-    let mut stream: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
-    // Send times of the requests not answered yet, oldest first.
-    let mut pending: VecDeque<Instant> = VecDeque::new();
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let answer = async {
-            match stream.as_mut() {
-                Some((_, responses)) => responses.message().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            r = answer => match r {
-                Ok(Some(r)) if r.ttl() > 0 => {
-                    // An answer nobody asked for (none pending) moves nothing.
-                    if let Some(sent) = pending.pop_front() {
-                        expiry_tx.send_replace(Expiry::At(sent + Duration::from_secs(r.ttl() as u64)));
-                    }
-                }
-                Ok(Some(_)) => {
-                    warn!(lease = format!("{lease:x}"), "etcd says the lease is gone");
-                    expiry_tx.send_replace(Expiry::Expired);
-                    return;
-                }
-                Ok(None) | Err(_) => {
-                    debug!(lease = format!("{lease:x}"), "keep-alive stream ended; opening another");
-                    (stream, pending) = (None, VecDeque::new());
-                }
-            },
-            _ = tick.tick() => {
-                // Copy out first: holding the borrow while sending would deadlock the channel's lock.
-                let current = *expiry_tx.borrow();
-                if let Expiry::At(t) = current {
-                    if Instant::now() >= t {
-                        warn!(lease = format!("{lease:x}"), "lease expired without a successful keep-alive");
-                        expiry_tx.send_replace(Expiry::Expired);
-                        return;
-                    }
-                }
-                // A stream whose oldest request has waited longer than the lease itself is dead, not slow.
-                if pending.front().is_some_and(|t| t.elapsed() >= ttl) {
-                    (stream, pending) = (None, VecDeque::new());
-                }
-                if stream.is_none() {
-                    match tokio::time::timeout(request_timeout, client.lease_keep_alive(lease)).await {
-                        Ok(Ok(s)) => stream = Some(s),
-                        Ok(Err(e)) => {
-                            debug!(lease = format!("{lease:x}"), error = %e, "cannot open a keep-alive stream");
-                            continue;
-                        }
-                        Err(_) => {
-                            debug!(lease = format!("{lease:x}"), "opening a keep-alive stream timed out");
-                            continue;
-                        }
-                    }
-                }
-                let sent = Instant::now();
-                let Some((keeper, _)) = stream.as_mut() else { continue };
-                match tokio::time::timeout(request_timeout, keeper.keep_alive()).await {
-                    Ok(Ok(())) => pending.push_back(sent),
-                    Ok(Err(_)) | Err(_) => {
-                        debug!(lease = format!("{lease:x}"), "sending a keep-alive failed");
-                        (stream, pending) = (None, VecDeque::new());
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Keep-alives per TTL (see [`keep_alive`]).
-pub const KEEPALIVES_PER_TTL: u32 = 6;
+pub use crate::lanes::KEEPALIVES_PER_TTL;
 
 #[async_trait]
 impl Coordinator for EtcdCoordinator {
@@ -344,7 +267,7 @@ impl Coordinator for EtcdCoordinator {
         let granted = Duration::from_secs(r.ttl().max(1) as u64);
         let (tx, rx) = watch::channel(Expiry::At(sent + granted));
         let stop = CancellationToken::new();
-        tokio::spawn(keep_alive(self.client.clone(), r.id(), granted, tx, stop.clone(), self.request_timeout));
+        tokio::spawn(keep_alive(self.lanes.clone(), r.id(), granted, tx, stop.clone(), self.request_timeout));
         Ok(Session { lease: r.id(), ttl: granted, expiry: rx, stop, _hold: None })
     }
 

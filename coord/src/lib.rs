@@ -16,6 +16,7 @@
 pub mod amnesia;
 pub mod config;
 pub mod etcd;
+mod lanes;
 pub mod local;
 pub mod secret;
 mod session;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::ha::{HaSite, TTL_SECS, signal_agent};
+use crate::ha::{HaSite, signal_agent};
 use crate::{Netns, verdict, wait_for};
 
 /// One kind of fault, applied to the current leader.
@@ -169,7 +169,7 @@ type Cleanup = Box<dyn FnOnce(&mut HaSite)>;
 
 /// Runs one round of `fault` on the site's current leader. Err: what went wrong, in words.
 pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
-    let ttl = Duration::from_secs(TTL_SECS);
+    let ttl = site.election.ttl();
     let (leader, _) = site.wait_leader(None, Duration::from_secs(30)).ok_or("no leader before the fault")?;
     let injected = Instant::now();
     let mut lease_deadline = None;

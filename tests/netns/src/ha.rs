@@ -73,11 +73,32 @@ pub struct HaSite {
     pub dir: TempDir,
     pub server: ServerKind,
     pub plan: DhcpPlan,
+    /// The agents' TTL and margin.
+    pub election: Election,
 }
 
-/// TTL and margin the HA tests run with (the defaults).
+/// TTL and margin most HA tests run with ([`Election::TESTS`]): shorter than the agent's defaults, so that faults
+/// that wait out a lease take less time; every safety property holds for any TTL and margin.
 pub const TTL_SECS: u64 = 3;
 pub const MARGIN_MS: u64 = 1000;
+
+/// The agents' `[election]` TTL and margin on a site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Election {
+    pub ttl_secs: u64,
+    pub margin_ms: u64,
+}
+
+impl Election {
+    /// What most tests run with ([`TTL_SECS`], [`MARGIN_MS`]).
+    pub const TESTS: Self = Self { ttl_secs: TTL_SECS, margin_ms: MARGIN_MS };
+    /// The agent's defaults (`ElectionSection::default()`; `tests/ha.rs` checks they are the same).
+    pub const DEFAULTS: Self = Self { ttl_secs: 5, margin_ms: 1500 };
+
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs)
+    }
+}
 
 /// Starts the site's etcd: one member in `mgmt` at 10.90.0.1, or a cluster of `members` (see
 /// [`HaOptions::etcd_members`]), started together and waited for together (a member serves only once a quorum
@@ -123,6 +144,8 @@ pub struct HaOptions {
     /// namespace of its own on the management bridge at 10.90.0.21, .22, … (so that one can be killed, cut off or
     /// paused alone), and every agent and control plane is given all of them.
     pub etcd_members: usize,
+    /// The agents' TTL and margin.
+    pub election: Election,
 }
 
 impl Default for HaOptions {
@@ -135,6 +158,7 @@ impl Default for HaOptions {
             server: ServerKind::Dnsmasq,
             etcd: EtcdRelease::Debian12,
             etcd_members: 1,
+            election: Election::TESTS,
         }
     }
 }
@@ -235,10 +259,12 @@ impl HaSite {
                 "[agent]\nid = \"{id}\"\nnetwork = \"prov\"\n\n[controlplane]\n{}endpoints = [\"https://10.90.0.1:9100\", \"https://10.90.0.1:9110\"]\n\
                  lost_after_secs = {}\nmax_backoff_ms = 500\nconnect_timeout_ms = 500\nsilence_timeout_secs = 4\nreport_interval_ms = 500\n\n\
                  [etcd]\nendpoints = [{etcd_toml}]\ndial_timeout_ms = 500\nrequest_timeout_ms = 500\n\n\
-                 [election]\nttl_secs = {TTL_SECS}\nmargin_ms = {MARGIN_MS}\n\n[dhcp_health]\ninterval_ms = 200\n\n\
+                 [election]\nttl_secs = {}\nmargin_ms = {}\n\n[dhcp_health]\ninterval_ms = 200\n\n\
                  [admin]\nlisten = \"127.0.0.1:9181\"\n\n[dataplane]\n{dataplane}",
                 crate::pki::pki().agent_toml(&id),
-                o.lost_after_secs
+                o.lost_after_secs,
+                o.election.ttl_secs,
+                o.election.margin_ms
             );
             hosts.push(PxeHost { ns, server, agent: None, ip, id, config });
         }
@@ -262,6 +288,7 @@ impl HaSite {
             dir,
             server: o.server,
             plan,
+            election: o.election,
         };
         for i in 0..n_hosts {
             site.start_agent(i);

@@ -151,6 +151,11 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // `IRONGUARD_KEEP_TEST_DIRS=1` keeps the directories (the daemons' logs) for a look afterwards.
+        if std::env::var_os("IRONGUARD_KEEP_TEST_DIRS").is_some_and(|v| v == "1") {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -27,6 +27,14 @@ fn assert_from_leader(site: &HaSite, lease: &Lease, host: usize) {
     }
 }
 
+/// The sites that run with the agent's defaults (the benchmark's etcd cluster faults) run with what the agent
+/// really defaults to.
+#[test]
+fn the_sites_defaults_are_the_agents() {
+    let d = ironguard_agent::config::ElectionSection::default();
+    assert_eq!(Election::DEFAULTS, Election { ttl_secs: d.ttl_secs, margin_ms: d.margin_ms });
+}
+
 #[test]
 fn exactly_one_leader_and_offers_only_from_its_dnsmasq() {
     exactly_one_leader_on(EtcdRelease::Debian12);
