@@ -12,6 +12,8 @@
 //!   `finished`, and the Ironic requests each inspection's processing makes (Ironic's log and ironguard's count).
 //! - `ha`: failover gaps for SIGTERM, SIGKILL and partition over many rounds, dual-open instants (must be 0),
 //!   and recovery after etcd comes back (three PXE hosts, real etcd, namespaces).
+//! - `queue`: the etcd work queue on a 3-member cluster — enqueue, take and pending at 10, 100 and 1,000 queued
+//!   inspections, against the previous algorithm (whole queue read per take) in the same run.
 //! - `storm`: a boot storm of N simulated PXE clients on the 3-host site, with no fault, the leader's host killed
 //!   and its dnsmasq frozen mid-storm, next to the same storm against one dnsmasq alone: leased share, time to
 //!   lease, NAKs, duplicate addresses, double offers.
@@ -28,6 +30,7 @@ mod ha;
 mod hostile;
 mod inspect;
 mod plot;
+mod queue;
 mod stats;
 mod storm;
 
@@ -57,6 +60,8 @@ enum Command {
     Hostile(hostile::Args),
     /// Inspection engine: 200 inspections at once, Continue throughput, Ironic sync of 10k nodes, memory.
     Inspect(inspect::Args),
+    /// etcd work queue: enqueue, take and pending at 10, 100 and 1,000 queued inspections on a 3-member cluster.
+    Queue(queue::Args),
     /// Boot storm: N PXE clients at once on the 3-host site (no fault, leader killed, dnsmasq frozen) vs dnsmasq alone.
     Storm(storm::Args),
     /// Draws a benchmark's chart (SVG) again from its saved JSON (no root needed).
@@ -85,6 +90,7 @@ fn main() -> anyhow::Result<()> {
         Command::Hostile(args) => hostile::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Storm(args) => storm::run(args),
+        Command::Queue(args) => queue::run(args),
         Command::Plot(args) => {
             let text =
                 std::fs::read_to_string(&args.json).with_context(|| format!("reading {}", args.json.display()))?;

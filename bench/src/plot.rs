@@ -27,6 +27,8 @@ pub enum Kind {
     Ha,
     /// Boot storms: the share of clients leased against the time it took, per scenario and size.
     Storm,
+    /// The etcd work queue: cost per operation against the queue's length, ironguard and the previous algorithm.
+    Queue,
 }
 
 /// The chart of `kind` drawn from `json`, as an SVG document.
@@ -37,6 +39,7 @@ pub fn svg(kind: Kind, json: &Value) -> anyhow::Result<String> {
         Kind::Callbacks => callbacks_svg(json),
         Kind::Ha => ha_svg(json),
         Kind::Storm => storm_svg(json),
+        Kind::Queue => queue_svg(json),
     }
 }
 
@@ -1001,6 +1004,87 @@ pub fn storm_svg(json: &Value) -> anyhow::Result<String> {
     })
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// queue
+
+/// The work queue: median time per operation (log) against the queue's length (log), one line per operation and
+/// algorithm: ironguard's solid, the previous algorithm's dashed, take in blue, pending in orange, enqueue in green.
+pub fn queue_svg(json: &Value) -> anyhow::Result<String> {
+    let at = "queue JSON";
+    let rows = array(json, at, "rows")?;
+    // (operation, previous algorithm, colour, points)
+    type Line<'a> = (&'a str, bool, RGBColor, Vec<(f64, f64)>);
+    let mut series: Vec<Line<'_>> = Vec::new();
+    for (op, color) in [("take", BLUE_), ("pending", ORANGE_), ("enqueue", GREEN_)] {
+        for old in [false, true] {
+            let key = if old { "old_p50_ms" } else { "new_p50_ms" };
+            let mut pts = Vec::new();
+            for r in rows.iter().filter(|r| text(r, "op") == op) {
+                pts.push((positive(r, at, "length")?, positive(r, at, key)?));
+            }
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            series.push((op, old, color, pts));
+        }
+    }
+    ensure!(series.iter().any(|s| !s.3.is_empty()), "{at}: no rows");
+    let (x_lo, x_hi) = log_range(series.iter().flat_map(|s| s.3.iter().map(|p| p.0)), 0.7, 1.4);
+    let (y_lo, y_hi) = log_range(series.iter().flat_map(|s| s.3.iter().map(|p| p.1)), 0.5, 2.0);
+    let (x_bold, x_light) = log_ticks(x_lo, x_hi);
+    let (y_bold, y_light) = log_ticks(y_lo, y_hi);
+    let etcd = json.get("etcd").and_then(Value::as_str).unwrap_or("?");
+    let subtitle = format!("3-member etcd {etcd} cluster on loopback; median of each operation");
+    let notes = vec![
+        "Dashed: the previous algorithm (whole queue read per take, one read per request for pending).".to_string(),
+    ];
+    let legend: Vec<(Swatch, String)> = vec![
+        (Swatch::LineDot(BLUE_), "take".to_string()),
+        (Swatch::LineDot(ORANGE_), "pending".to_string()),
+        (Swatch::LineDot(GREEN_), "enqueue".to_string()),
+        (Swatch::Dashed(GREY), "previous algorithm".to_string()),
+    ];
+    render((1000, 700), |root| {
+        let area = frame(root, "etcd work queue: cost per operation against queue length", &subtitle, &notes)?;
+        let area = legend_above(&area, 80, &legend)?;
+        let mut chart = ChartBuilder::on(&area)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(
+                (x_lo..x_hi).log_scale().with_key_points(x_bold).with_light_points(x_light),
+                (y_lo..y_hi).log_scale().with_key_points(y_bold).with_light_points(y_light),
+            )
+            .map_err(plotting)?;
+        chart
+            .configure_mesh()
+            .x_desc("queued inspections (log scale)")
+            .y_desc("median time per operation (ms, log scale)")
+            .x_label_formatter(&|v| tick_count(*v))
+            .y_label_formatter(&|v| tick(*v))
+            .bold_line_style(MESH_BOLD)
+            .light_line_style(MESH_LIGHT)
+            .axis_desc_style((FONT, 17))
+            .label_style((FONT, 15))
+            .draw()
+            .map_err(plotting)?;
+        for (_, old, color, pts) in &series {
+            if *old {
+                chart
+                    .draw_series(DashedLineSeries::new(pts.iter().copied(), 10, 6, color.stroke_width(2)))
+                    .map_err(plotting)?;
+            } else {
+                chart.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2))).map_err(plotting)?;
+            }
+            chart
+                .draw_series(pts.iter().map(|&(x, y)| {
+                    EmptyElement::at((x, y))
+                        + Circle::new((0, 0), 4, color.filled())
+                        + Text::new(fmt_ms(y), (8, -8), small(*color).pos(Pos::new(HPos::Left, VPos::Bottom)))
+                }))
+                .map_err(plotting)?;
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -1452,5 +1536,22 @@ mod tests {
         assert_eq!(tick_linear(1.5), "1.5");
         assert_eq!(tick_linear(0.30000000000000004), "0.3");
         assert_eq!(fmt_ms(0.012), "12 µs");
+    }
+
+    #[test]
+    fn queue_chart_draws_a_line_per_operation_and_algorithm() {
+        let rows: Vec<Value> = [10.0, 100.0, 1000.0]
+            .iter()
+            .flat_map(|&n: &f64| {
+                ["take", "pending", "enqueue"].map(
+                    |op| serde_json::json!({"length": n, "op": op, "new_p50_ms": 5.0, "old_p50_ms": n / 10.0 + 1.0}),
+                )
+            })
+            .collect();
+        let svg = queue_svg(&serde_json::json!({"etcd": "3.4", "rows": rows})).unwrap();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let lines = doc.descendants().filter(|n| n.tag_name().name() == "polyline").count();
+        assert!(lines >= 6, "{lines} lines");
+        assert!(queue_svg(&serde_json::json!({"rows": []})).is_err(), "no rows: an error, not an empty chart");
     }
 }

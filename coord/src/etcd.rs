@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, LockOptions, PutOptions,
-    SortOrder, SortTarget, TlsOptions, Txn, TxnOp, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, PutOptions, SortOrder,
+    SortTarget, TlsOptions, Txn, TxnOp, WatchOptions,
 };
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
@@ -672,16 +672,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     async fn lock(&self, name: &str, session: &Session, cancel: CancellationToken) -> Result<LockGuard, CoordError> {
-        let full = self.full(&format!("lock/{name}"));
-        let mut client = self.client.clone();
-        let lease = session.lease;
-        tokio::select! {
-            r = client.lock(full, Some(LockOptions::new().with_lease(lease))) => {
-                let r = r.map_err(e("lock"))?;
-                Ok(LockGuard { name: name.to_string(), key: String::from_utf8_lossy(r.key()).into_owned() })
-            }
-            _ = cancel.cancelled() => Err(CoordError::Cancelled),
-        }
+        lock(self, name, session, &cancel).await
     }
 
     async fn revoke_lease(&self, lease: i64) -> Result<(), CoordError> {
@@ -760,6 +751,143 @@ impl Coordinator for EtcdCoordinator {
         })
         .await?;
         Ok(())
+    }
+}
+
+/// How often a lock waiting behind another holder looks again even without a watch event (a watch lost without
+/// an error, a holder whose lease ended while the watch was being opened).
+const LOCK_RECHECK: Duration = Duration::from_secs(5);
+
+/// Takes the lock `name` for `session`'s lease, waiting as long as it takes: until it is ours, `cancel` fires or the
+/// session ends.
+///
+/// etcd's own `Lock` call waits inside one request, which the connection's request timeout ends (2 s by default):
+/// a holder that keeps the lock longer (the reboot throttle's quantum) made every other caller fail. This is the
+/// same algorithm on the client side, each step a bounded request: the waiter's key `lock/<name>/<lease:x>` (the
+/// key etcd's `Lock` writes, so a replica of an older version excludes with this one during an upgrade), attached
+/// to the session's lease, is created if absent; the lock is ours once no key of the name is older than ours;
+/// until then we watch the newest older key until it goes. The key vanishes with the lease, so a waiter or holder
+/// that dies frees its place. Cancelled (or failed) while waiting, the key this call created is deleted.
+async fn lock(
+    c: &EtcdCoordinator,
+    name: &str,
+    session: &Session,
+    cancel: &CancellationToken,
+) -> Result<LockGuard, CoordError> {
+    let dir = c.full(&format!("lock/{name}/"));
+    let key = format!("{dir}{:x}", session.lease);
+    let lease = session.lease;
+    let (k, d) = (key.clone(), dir.clone());
+    let created = c.retry("lock", |mut cl| {
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k.clone(), "", Some(PutOptions::new().with_lease(lease)))])
+            .or_else([TxnOp::get(k.clone(), None)]);
+        async move { cl.txn(txn).await }
+    });
+    let r = tokio::select! {
+        r = created => r?,
+        _ = cancel.cancelled() => {
+            // The put may have landed: take it back, as etcd's own `Lock` does when its caller goes.
+            let _ = c
+                .retry("unlock", |mut cl| {
+                    let k = key.clone();
+                    async move { cl.delete(k, None).await }
+                })
+                .await;
+            return Err(CoordError::Cancelled);
+        }
+    };
+    let ours = r.succeeded();
+    let my_rev = match r.op_responses().into_iter().next() {
+        Some(etcd_client::TxnOpResponse::Get(g)) => g.kvs().first().map(|kv| kv.create_revision()).unwrap_or(0),
+        _ => r.header().map(|h| h.revision()).unwrap_or(0),
+    };
+    let give_up = |err: CoordError| {
+        let key = key.clone();
+        async move {
+            if ours {
+                let _ = c
+                    .retry("unlock", |mut cl| {
+                        let txn = Txn::new()
+                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, my_rev)])
+                            .and_then([TxnOp::delete(key.clone(), None)]);
+                        async move { cl.txn(txn).await }
+                    })
+                    .await;
+            }
+            Err(err)
+        }
+    };
+    let mut expiry = session.watch();
+    loop {
+        // Our key (gone with the lease: the session ended) and the newest key of the name older than ours, at one
+        // revision.
+        let (k, d2) = (key.clone(), d.clone());
+        let look = c.retry("lock wait", |mut cl| {
+            let older = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(my_rev - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1)
+                .with_keys_only();
+            let txn = Txn::new().and_then([TxnOp::get(k.clone(), None), TxnOp::get(d2.clone(), Some(older))]);
+            async move { cl.txn(txn).await }
+        });
+        let looked = tokio::select! {
+            r = look => r,
+            _ = cancel.cancelled() => Err(CoordError::Cancelled),
+        };
+        let looked = match looked {
+            Ok(l) => l,
+            Err(err) => return give_up(err).await,
+        };
+        let revision = looked.header().map(|h| h.revision()).unwrap_or(0);
+        let mut gets = looked.op_responses().into_iter().filter_map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (mine, older) = (gets.next(), gets.next());
+        if mine.as_ref().and_then(|g| g.kvs().first()).is_none_or(|kv| kv.create_revision() != my_rev) {
+            return Err(CoordError::Protocol {
+                op: "lock",
+                detail: "this waiter's key is gone (its session's lease ended)".into(),
+            });
+        }
+        let Some(prev) =
+            older.as_ref().and_then(|g| g.kvs().first()).map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        else {
+            return Ok(LockGuard { name: name.to_string(), key });
+        };
+        let opened = tokio::select! {
+            r = c.open_watch(prev, WatchOptions::new().with_start_revision(revision + 1), "lock watch") => r,
+            _ = cancel.cancelled() => Err(CoordError::Cancelled),
+        };
+        let mut w = match opened {
+            Ok(w) => w,
+            Err(err) => return give_up(err).await,
+        };
+        let recheck = tokio::time::sleep(LOCK_RECHECK);
+        tokio::pin!(recheck);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return give_up(CoordError::Cancelled).await,
+                _ = &mut recheck => break,
+                e = expiry.changed() => {
+                    if e.is_err() || *expiry.borrow() == Expiry::Expired {
+                        return give_up(CoordError::Protocol { op: "lock", detail: "the session ended while waiting".into() }).await;
+                    }
+                }
+                m = w.message() => match m {
+                    Ok(Some(resp)) => {
+                        if resp.canceled() || resp.events().iter().any(|ev| ev.event_type() == EventType::Delete) {
+                            break;
+                        }
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
     }
 }
 

@@ -26,6 +26,7 @@ on_both!(check_sessions_elections_and_lease_expiry: sessions_elections_and_lease
 on_both!(check_unreachable_etcd_lets_the_session_expire_on_the_local_clock: unreachable_etcd_lets_the_session_expire_on_the_local_clock, unreachable_etcd_lets_the_session_expire_on_the_local_clock_on_etcd_3_5);
 on_both!(check_a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel: a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel, a_wedged_etcd_ends_every_call_by_its_bound_and_a_campaign_by_its_cancel_on_etcd_3_5);
 on_both!(check_members_locks_and_watch: members_locks_and_watch, members_locks_and_watch_on_etcd_3_5);
+on_both!(check_a_lock_waits_longer_than_the_request_timeout: a_lock_waits_longer_than_the_request_timeout, a_lock_waits_longer_than_the_request_timeout_on_etcd_3_5);
 
 async fn check_sessions_elections_and_lease_expiry(release: EtcdRelease) {
     let e = EtcdProcess::start_loopback_release("elect", release);
@@ -248,4 +249,76 @@ async fn tls_client_certificates_and_user_password() {
         Err(_) => true,
     };
     assert!(denied, "a wrong password must be refused");
+}
+
+/// A lock held longer than the request timeout (here 3 s against 400 ms: the reboot throttle's quantum against the
+/// connection's bound) is waited for, not failed: the waiter gets it after the release. Waiters queue in order; a
+/// waiter cancelled leaves no key behind (the next one is not stuck behind it); a waiter whose session ends gets
+/// an error, not the lock; the lock key is tied to the session's lease.
+async fn check_a_lock_waits_longer_than_the_request_timeout(release: EtcdRelease) {
+    let e = EtcdProcess::start_loopback_release("lockwait", release);
+    coord(&e).await;
+    let cfg = EtcdConfig {
+        endpoints: vec![e.url.clone()],
+        prefix: "/t".into(),
+        request_timeout_ms: 400,
+        ..Default::default()
+    };
+    let c = EtcdCoordinator::connect(&cfg).await.unwrap();
+    let holder = c.session(Duration::from_secs(5)).await.unwrap();
+    let g = c.lock("reboot-throttle", &holder, CancellationToken::new()).await.unwrap();
+    assert!(g.key.ends_with(&format!("/{:x}", holder.lease)), "{}", g.key);
+    let keys = c.get_prefix("lock/reboot-throttle/").await.unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+
+    // A waiter that gives up (cancelled) leaves nothing behind.
+    let quitter = c.session(Duration::from_secs(5)).await.unwrap();
+    let q = CancellationToken::new();
+    let (c1, q1) = (c.clone(), q.clone());
+    let quitting = tokio::spawn(async move { c1.lock("reboot-throttle", &quitter, q1).await.map(|_| ()) });
+    // A waiter whose session ends gets an error.
+    let doomed = c.session(Duration::from_secs(5)).await.unwrap();
+    let doomed_lease = doomed.lease;
+    let c2 = c.clone();
+    let dying = tokio::spawn(async move { c2.lock("reboot-throttle", &doomed, CancellationToken::new()).await });
+    // The waiter that must get it.
+    let waiter = c.session(Duration::from_secs(5)).await.unwrap();
+    let waiter_lease = waiter.lease;
+    let c3 = c.clone();
+    let got = tokio::spawn(async move {
+        let g = c3.lock("reboot-throttle", &waiter, CancellationToken::new()).await;
+        (g, std::time::Instant::now(), waiter)
+    });
+    // Until every waiter has its key.
+    for _ in 0..100 {
+        if c.get_prefix("lock/reboot-throttle/").await.unwrap().len() == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(c.get_prefix("lock/reboot-throttle/").await.unwrap().len(), 4, "holder and three waiters");
+    q.cancel();
+    let r = bounded("cancelled lock", quitting).await.unwrap();
+    assert!(matches!(r, Err(ironguard_coord::CoordError::Cancelled)), "{r:?}");
+    c.revoke_lease(doomed_lease).await.unwrap();
+    let r = bounded("lock of an ended session", dying).await.unwrap();
+    assert!(r.is_err(), "a waiter without a lease never holds the lock: {r:?}");
+    // Held for 3 s, many times the request timeout: the waiter is still waiting, not failed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!got.is_finished(), "the lock is held: the waiter waits");
+    let keys: Vec<String> = c.get_prefix("lock/reboot-throttle/").await.unwrap().into_iter().map(|kv| kv.key).collect();
+    assert_eq!(keys.len(), 2, "the holder and the one waiter left: {keys:?}");
+    let released = std::time::Instant::now();
+    c.unlock(&g).await.unwrap();
+    let (g2, at, waiter) = bounded("lock after the release", got).await.unwrap();
+    let g2 = g2.expect("the waiter gets the lock after the release, not an error");
+    assert!(at >= released, "not before the release");
+    assert!(g2.key.ends_with(&format!("/{waiter_lease:x}")), "{}", g2.key);
+    // Tied to the lease: revoking the session frees the lock.
+    ironguard_coord::etcd::revoke(&c, &waiter).await.unwrap();
+    assert!(c.get_prefix("lock/reboot-throttle/").await.unwrap().is_empty());
+    let next = c.session(Duration::from_secs(5)).await.unwrap();
+    bounded("lock after the holder's lease ended", c.lock("reboot-throttle", &next, CancellationToken::new()))
+        .await
+        .unwrap();
 }

@@ -758,7 +758,7 @@ impl Engine {
 
     async fn worker(self: Arc<Self>, id: String, stop: CancellationToken) {
         let lease = Duration::from_millis(self.cfg.request_lease_ms);
-        let mut wake = self.store.wakeups();
+        let wake = self.store.wakeups();
         // One session per worker: its node locks vanish with it. A session that ends (an etcd outage longer than its
         // TTL: etcd then answers "requested lease not found") is replaced before the next request is taken.
         let mut session: Option<Session> = None;
@@ -781,7 +781,7 @@ impl Engine {
                 Ok(Some(t)) => t,
                 Ok(None) => {
                     tokio::select! {
-                        _ = wake.changed() => {}
+                        _ = wake.notified() => {}
                         _ = tokio::time::sleep(Duration::from_millis(self.cfg.take_timeout_ms)) => {}
                         _ = stop.cancelled() => return,
                     }

@@ -6,6 +6,7 @@
 //! request is in flight are not handed out, so a node's requests run in order.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +14,7 @@ use ironguard_dataplane::MacAddr;
 use ironguard_inspection::lookup::{Attributes, normalise_bmc};
 use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use super::StoreError;
 
@@ -40,6 +41,20 @@ impl QueueEntry {
     pub(crate) fn available(&self, now: u64) -> bool {
         !self.in_flight(now) && self.available_at <= now
     }
+}
+
+/// A queued request that could not be read, moved aside so that the rest of the queue goes on (etcd:
+/// `<prefix>/inspect/quarantine/<id:020>`; embedded: the `inspection_quarantine` table).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantined {
+    /// Where it was found (the etcd key, or `inspection_queue/<id>`).
+    pub key: String,
+    /// Why it could not be read.
+    pub error: String,
+    /// Its bytes, as text (invalid UTF-8 replaced).
+    pub raw: String,
+    /// When it was moved (ms since the Unix epoch).
+    pub quarantined_at: u64,
 }
 
 /// Picks the request to hand out: the oldest available one whose node has no older request in flight.
@@ -152,10 +167,13 @@ pub trait InspectionStore: Send + Sync + 'static {
     async fn consume(&self, taken: &Taken) -> Result<(), StoreError>;
     /// Gives a request back, available again after `delay` (the node was locked).
     async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), StoreError>;
-    /// Requests not consumed yet, oldest first.
+    /// Requests not consumed yet, oldest first (a request that cannot be read is left out).
     async fn pending(&self) -> Result<Vec<Request>, StoreError>;
-    /// Changes whenever a request may have become available (enqueue, release, another replica's write).
-    fn wakeups(&self) -> watch::Receiver<u64>;
+    /// The requests that could not be read and were moved aside by a take, oldest first.
+    async fn quarantined(&self) -> Result<Vec<Quarantined>, StoreError>;
+    /// Notified once per request that may have become available (enqueue, release, the consume of a node's
+    /// request before it; another replica's too): one waiting worker wakes per request, not every worker.
+    fn wakeups(&self) -> Arc<Notify>;
 }
 
 #[cfg(test)]

@@ -105,6 +105,17 @@ impl EtcdProcess {
         e
     }
 
+    /// [`EtcdProcess::start_loopback_release`] with etcd's own limits (`--max-txn-ops` 128, as a site runs it),
+    /// not the raised one the other tests use.
+    pub fn start_loopback_release_default_limits(tag: &str, release: EtcdRelease) -> Self {
+        let mut e = Self::prepare(tag, None, "127.0.0.1", free_port(), free_port());
+        let i = e.args.iter().position(|a| a == "--max-txn-ops").expect("prepare sets --max-txn-ops");
+        e.args.drain(i..i + 2);
+        e.binary = release.binary();
+        e.spawn();
+        e
+    }
+
     /// Starts etcd on 127.0.0.1 serving clients over TLS and requiring client certificates signed by `tls.ca`.
     pub fn start_loopback_tls(tag: &str, tls: &TlsFiles) -> Self {
         let (client, peer) = (free_port(), free_port());

@@ -1,8 +1,9 @@
 //! The filter store's contract, run against both backends — the embedded store and a real etcd on loopback: a
 //! change of reasons that moves no MAC between sets makes no revision but is stored (a second allow reason must
 //! outlive the first, and survive a restart), each reason keeps the time it was added, and each entry the revision
-//! that last changed its membership (what `ironguardctl explain` reports). And the inspection store's lookup index,
-//! on both backends.
+//! that last changed its membership (what `ironguardctl explain` reports). A large `UpdatePxeFilters` call (more
+//! MACs than one etcd transaction may hold) is one revision that no reader sees half of. And the inspection
+//! store's lookup index, on both backends.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -288,5 +289,170 @@ async fn check_etcd_lookup_index_follows_every_record_and_is_built_for_older_rec
     let keys: Vec<String> = keys.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect();
     assert!(keys.iter().any(|k| k.ends_with("lookup/complete")), "{keys:?}");
     assert!(keys.iter().any(|k| k.ends_with("/node-b")), "every record, not only the one looked up: {keys:?}");
+    drop(etcd);
+}
+
+/// A large call (1,000 MACs: ten times what one etcd transaction of the default `--max-txn-ops` 128 holds) is one
+/// revision, seen whole or not at all by every reader: `readers` poll their snapshots while it is written (the
+/// writer's own store, and on etcd another replica following by its watch, as agents are served) and never see
+/// part of it; the revision log holds it as one delta; a store opened afterwards holds all of it. Then the same
+/// for removing them all.
+async fn large_call_contract(writer: Arc<dyn FilterStore>, readers: Vec<Arc<dyn FilterStore>>) {
+    let macs: Vec<String> =
+        (0..1000u32).map(|i| format!("52:54:01:{:02x}:{:02x}:{:02x}", i >> 16, (i >> 8) & 0xff, i & 0xff)).collect();
+    let parsed: Vec<MacAddr> = macs.iter().map(|m| m.parse().unwrap()).collect();
+    for (step, changes) in
+        [("allow", api_changes(&macs, &[], &[]).unwrap()), ("remove", api_changes(&[], &[], &macs).unwrap())]
+    {
+        let before = writer.snapshot().revision;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut watchers = Vec::new();
+        for r in &readers {
+            let (r, stop, parsed) = (r.clone(), stop.clone(), parsed.clone());
+            watchers.push(tokio::spawn(async move {
+                let mut seen = std::collections::BTreeSet::new();
+                loop {
+                    let done = stop.load(std::sync::atomic::Ordering::SeqCst);
+                    let snap = r.snapshot();
+                    let n = parsed.iter().filter(|m| snap.allow.contains(m)).count();
+                    seen.insert((snap.revision, n));
+                    if done {
+                        return seen;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        let applied = writer.apply(changes, None).await.unwrap();
+        assert_eq!(applied.revision, before + 1, "{step}: one revision");
+        let record = applied.record.expect("a revision record");
+        let (added, removed) = (record.delta.allow_add.len(), record.delta.allow_remove.len());
+        assert_eq!(if step == "allow" { (added, removed) } else { (removed, added) }, (1000, 0), "{step}: one delta");
+        // Every reader reaches the revision, then stops.
+        for r in &readers {
+            for _ in 0..500 {
+                if r.snapshot().revision >= applied.revision {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let whole = if step == "allow" { 1000 } else { 0 };
+        let none = 1000 - whole;
+        for (i, w) in watchers.into_iter().enumerate() {
+            let seen = w.await.unwrap();
+            for (rev, n) in &seen {
+                assert!(*n == whole || *n == none, "{step}: reader {i} saw {n} of the 1000 MACs at revision {rev}");
+                assert_eq!(*n == whole, *rev >= applied.revision, "{step}: reader {i} saw {n} at revision {rev}");
+            }
+            assert!(seen.iter().any(|(rev, _)| *rev >= applied.revision), "{step}: reader {i} reached it");
+        }
+        let deltas = readers[readers.len() - 1].deltas_since(before).expect("in the log");
+        assert_eq!(deltas.len(), 1, "{step}: one delta for agents");
+        assert_eq!(deltas[0].delta.len(), 1000);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_store_makes_a_large_call_one_revision() {
+    let dir = std::env::temp_dir().join(format!("ig-store-large-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let s = ironguard_controlplane::store::embedded::open(&dir, 100).unwrap().filters;
+    large_call_contract(s.clone(), vec![s]).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+on_both!(check_etcd_store_makes_a_large_call_one_revision: etcd_store_makes_a_large_call_one_revision, etcd_store_makes_a_large_call_one_revision_on_etcd_3_5);
+/// On etcd with its default limits (`--max-txn-ops` 128); a replica opened after the call holds all of it.
+async fn check_etcd_store_makes_a_large_call_one_revision(release: EtcdRelease) {
+    let etcd = EtcdProcess::start_loopback_release_default_limits("store-large", release);
+    let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
+    let open = || async {
+        let c = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
+        ironguard_controlplane::store::etcd::open(c, 100).await.unwrap().filters
+    };
+    let (writer, replica) = (open().await, open().await);
+    large_call_contract(writer.clone(), vec![writer.clone(), replica]).await;
+    let fresh = open().await;
+    assert_eq!(fresh.snapshot(), writer.snapshot(), "a store opened afterwards holds the same state");
+    // No staging or commit record is left behind.
+    let c = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
+    let mut client = c.client();
+    let left = client
+        .get(c.full("filter/staged/"), Some(etcd_client::GetOptions::new().with_prefix().with_keys_only()))
+        .await
+        .unwrap();
+    assert!(left.kvs().is_empty(), "staging removed");
+    assert!(client.get(c.full("filter/commit"), None).await.unwrap().kvs().is_empty(), "commit record removed");
+    drop(etcd);
+}
+
+on_both!(check_etcd_store_finishes_a_large_call_its_writer_did_not: etcd_store_finishes_a_large_call_its_writer_did_not, etcd_store_finishes_a_large_call_its_writer_did_not_on_etcd_3_5);
+/// A writer that dies after committing a large call, before moving its entries in place (here: its commit record
+/// and staged entries written by hand, as it leaves them): a store opened then holds the whole call, and the next
+/// write finishes the move first, so nothing of it is lost.
+async fn check_etcd_store_finishes_a_large_call_its_writer_did_not(release: EtcdRelease) {
+    let etcd = EtcdProcess::start_loopback_release_default_limits("store-finish", release);
+    let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
+    let c = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
+    let s = ironguard_controlplane::store::etcd::open(c.clone(), 100).await.unwrap().filters;
+    let first: MacAddr = "52:54:00:46:00:01".parse().unwrap();
+    let a = s.apply(api_changes(&[first.to_string()], &[], &[]).unwrap(), None).await.unwrap();
+    // What the dead writer left: 300 staged entries, meta at the next revision, its record and the commit record.
+    let (_, e) = s.entries(&[first]);
+    let entry = serde_json::to_vec(&e[0].1).unwrap();
+    let mut client = c.client();
+    let id = "00000000000000000001-00000000000000aa";
+    let macs: Vec<MacAddr> =
+        (0..300u32).map(|i| format!("52:54:00:47:{:02x}:{:02x}", i >> 8, i & 0xff).parse().unwrap()).collect();
+    client.put(c.full(&format!("filter/staged/{id}")), "1", None).await.unwrap();
+    for m in &macs {
+        client.put(c.full(&format!("filter/staged/{id}/{m}")), entry.clone(), None).await.unwrap();
+    }
+    let meta = client.get(c.full("filter/meta"), None).await.unwrap();
+    let mut meta: serde_json::Value = serde_json::from_slice(meta.kvs()[0].value()).unwrap();
+    let revision = a.revision + 1;
+    meta["revision"] = revision.into();
+    let record = serde_json::json!({"revision": revision, "delta": {"allow_add": macs, "allow_remove": [], "deny_add": [], "deny_remove": []}});
+    let txn = etcd_client::Txn::new().and_then([
+        etcd_client::TxnOp::put(c.full("filter/meta"), serde_json::to_vec(&meta).unwrap(), None),
+        etcd_client::TxnOp::put(
+            c.full(&format!("filter/log/{revision:020}")),
+            serde_json::to_vec(&record).unwrap(),
+            None,
+        ),
+        etcd_client::TxnOp::put(
+            c.full("filter/commit"),
+            serde_json::to_vec(&serde_json::json!({"id": id, "revision": revision})).unwrap(),
+            None,
+        ),
+    ]);
+    client.txn(txn).await.unwrap();
+    // The running replica saw it whole through its watch; one opened now too.
+    for _ in 0..500 {
+        if s.snapshot().revision >= revision {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let fresh = ironguard_controlplane::store::etcd::open(c.clone(), 100).await.unwrap().filters;
+    for st in [&s, &fresh] {
+        let snap = st.snapshot();
+        assert_eq!(snap.revision, revision);
+        assert!(macs.iter().all(|m| snap.allow.contains(m)), "the whole call");
+    }
+    // The next write finishes the move, then writes.
+    let last: MacAddr = "52:54:00:46:00:02".parse().unwrap();
+    let b = fresh.apply(api_changes(&[last.to_string()], &[], &[]).unwrap(), None).await.unwrap();
+    assert_eq!(b.revision, revision + 1);
+    assert!(client.get(c.full("filter/commit"), None).await.unwrap().kvs().is_empty(), "move finished");
+    let entries = client
+        .get(c.full("filter/entries/"), Some(etcd_client::GetOptions::new().with_prefix().with_keys_only()))
+        .await
+        .unwrap();
+    assert_eq!(entries.kvs().len(), 302, "every staged entry moved in place, and the two written");
+    let again = ironguard_controlplane::store::etcd::open(c, 100).await.unwrap().filters;
+    assert_eq!(again.snapshot().allow.len(), 302);
     drop(etcd);
 }

@@ -10,9 +10,10 @@ use ironguard_inspection::lookup::{self, Attributes};
 use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
 use ironguard_proto::time::now_ms;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
-use tokio::sync::watch;
+use tokio::sync::Notify;
+use tracing::error;
 
-use crate::store::inspections::{InspectionStore, LookupIndex, QueueEntry, pick};
+use crate::store::inspections::{InspectionStore, LookupIndex, Quarantined, QueueEntry, pick};
 use crate::store::{Backend, StoreError, embedded as backend};
 
 pub(super) const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("inspection_nodes");
@@ -23,6 +24,8 @@ pub(super) const QUEUE: TableDefinition<u64, &[u8]> = TableDefinition::new("insp
 /// its arguments inline.
 pub(super) const QUEUE_ARGS: TableDefinition<u64, &[u8]> = TableDefinition::new("inspection_queue_args");
 pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("inspection_meta");
+/// Queue entries that could not be read, moved aside by a take ([`Quarantined`] as JSON, by request id).
+pub(super) const QUARANTINE: TableDefinition<u64, &[u8]> = TableDefinition::new("inspection_quarantine");
 
 /// Inspections in redb.
 ///
@@ -30,7 +33,7 @@ pub(super) const META: TableDefinition<&str, u64> = TableDefinition::new("inspec
 /// is exact, and `/v1/continue`'s lookup reads it instead of decoding every record from disk for each callback.
 pub struct EmbeddedInspections {
     db: Arc<Database>,
-    wake: watch::Sender<u64>,
+    wake: Arc<Notify>,
     records: Arc<Records>,
     enqueues: Arc<Enqueues>,
 }
@@ -196,6 +199,7 @@ impl EmbeddedInspections {
         w.open_table(QUEUE).map_err(backend("open the queue"))?;
         w.open_table(QUEUE_ARGS).map_err(backend("open the queue"))?;
         w.open_table(META).map_err(backend("open meta"))?;
+        w.open_table(QUARANTINE).map_err(backend("open the quarantine"))?;
         w.commit().map_err(backend("commit"))?;
         let records = Arc::new(Records::default());
         {
@@ -214,7 +218,7 @@ impl EmbeddedInspections {
                 map.insert(rec);
             }
         }
-        Ok(Self { db, wake: watch::channel(0).0, records, enqueues: Arc::default() })
+        Ok(Self { db, wake: Arc::new(Notify::new()), records, enqueues: Arc::default() })
     }
 
     async fn blocking<T: Send + 'static>(
@@ -226,7 +230,7 @@ impl EmbeddedInspections {
     }
 
     fn wake(&self) {
-        self.wake.send_modify(|v| *v += 1);
+        self.wake.notify_one();
     }
 
     /// Reads and rewrites one queue entry in a write transaction. Lease bookkeeping (take, extend, release) need not
@@ -390,16 +394,51 @@ impl InspectionStore for EmbeddedInspections {
         self.blocking(move |db| {
             let mut w = db.begin_write().map_err(backend("begin a transaction"))?;
             w.set_durability(Durability::None).map_err(backend("set durability"))?;
+            let mut quarantined = 0;
             let taken;
             {
                 let mut q = w.open_table(QUEUE).map_err(backend("open the queue"))?;
                 let mut entries = Vec::new();
+                let mut bad: Vec<(u64, Vec<u8>, String)> = Vec::new();
                 for row in q.iter().map_err(backend("read the queue"))? {
-                    let (_, v) = row.map_err(backend("read the queue"))?;
-                    entries.push(serde_json::from_slice::<QueueEntry>(v.value()).map_err(corrupt)?);
+                    let (k, v) = row.map_err(backend("read the queue"))?;
+                    match serde_json::from_slice::<QueueEntry>(v.value()) {
+                        Ok(e) => entries.push(e),
+                        Err(e) => bad.push((k.value(), v.value().to_vec(), e.to_string())),
+                    }
+                }
+                // An entry that cannot be read goes to quarantine, in this transaction; the queue goes on.
+                if !bad.is_empty() {
+                    let mut quarantine = w.open_table(QUARANTINE).map_err(backend("open the quarantine"))?;
+                    for (id, raw, why) in &bad {
+                        let rec = Quarantined {
+                            key: format!("inspection_queue/{id}"),
+                            error: why.clone(),
+                            raw: String::from_utf8_lossy(raw).into_owned(),
+                            quarantined_at: now_ms(),
+                        };
+                        let v = serde_json::to_vec(&rec).map_err(corrupt)?;
+                        quarantine.insert(*id, v.as_slice()).map_err(backend("quarantine a request"))?;
+                        q.remove(*id).map_err(backend("quarantine a request"))?;
+                        error!(
+                            entry = %rec.key,
+                            error = %why,
+                            "a queued request cannot be read: moved to quarantine (the inspection_quarantine table), \
+                             the rest of the queue goes on. `ironguardctl inspection quarantine` lists it; start the \
+                             node's inspection again if it still needs one"
+                        );
+                    }
+                    quarantined = bad.len();
                 }
                 let now = now_ms();
-                let Some(i) = pick(&entries, now) else { return Ok(None) };
+                let Some(i) = pick(&entries, now) else {
+                    drop(q);
+                    if quarantined > 0 {
+                        w.set_durability(Durability::Immediate).map_err(backend("set durability"))?;
+                        w.commit().map_err(backend("commit"))?;
+                    }
+                    return Ok(None);
+                };
                 let mut e = entries.swap_remove(i);
                 e.worker = Some(worker.clone());
                 e.lease_until = now + lease.as_millis() as u64;
@@ -416,6 +455,9 @@ impl InspectionStore for EmbeddedInspections {
                     request.args = serde_json::from_slice(a.value()).map_err(corrupt)?;
                 }
                 taken = Taken { request, attempt: e.attempts, worker, lease_until: e.lease_until };
+            }
+            if quarantined > 0 {
+                w.set_durability(Durability::Immediate).map_err(backend("set durability"))?;
             }
             w.commit().map_err(backend("commit"))?;
             Ok(Some(taken))
@@ -463,8 +505,12 @@ impl InspectionStore for EmbeddedInspections {
             let args = r.open_table(QUEUE_ARGS).map_err(backend("open the queue"))?;
             let mut out = Vec::new();
             for row in q.iter().map_err(backend("read the queue"))? {
-                let (_, v) = row.map_err(backend("read the queue"))?;
-                let mut request = serde_json::from_slice::<QueueEntry>(v.value()).map_err(corrupt)?.request;
+                let (k, v) = row.map_err(backend("read the queue"))?;
+                let Ok(entry) = serde_json::from_slice::<QueueEntry>(v.value()) else {
+                    tracing::warn!(id = k.value(), "a queued request cannot be read; left out of the pending list");
+                    continue;
+                };
+                let mut request = entry.request;
                 if let Some(a) = args.get(request.id).map_err(backend("read the queue"))? {
                     request.args = serde_json::from_slice(a.value()).map_err(corrupt)?;
                 }
@@ -475,8 +521,27 @@ impl InspectionStore for EmbeddedInspections {
         .await
     }
 
-    fn wakeups(&self) -> watch::Receiver<u64> {
-        self.wake.subscribe()
+    async fn quarantined(&self) -> Result<Vec<Quarantined>, StoreError> {
+        self.blocking(|db| {
+            let r = db.begin_read().map_err(backend("begin a read"))?;
+            let t = r.open_table(QUARANTINE).map_err(backend("open the quarantine"))?;
+            let mut out = Vec::new();
+            for row in t.iter().map_err(backend("read the quarantine"))? {
+                let (k, v) = row.map_err(backend("read the quarantine"))?;
+                out.push(serde_json::from_slice(v.value()).unwrap_or_else(|e| Quarantined {
+                    key: format!("inspection_quarantine/{}", k.value()),
+                    error: format!("the quarantine record itself cannot be read: {e}"),
+                    raw: String::from_utf8_lossy(v.value()).into_owned(),
+                    quarantined_at: 0,
+                }));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    fn wakeups(&self) -> Arc<Notify> {
+        self.wake.clone()
     }
 }
 
@@ -542,6 +607,29 @@ mod tests {
         w.commit().unwrap();
         let t = s.take("w1", Duration::from_secs(5)).await.unwrap().unwrap();
         assert_eq!((t.request.id, &t.request.args), (99, &data));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// An entry that cannot be read is moved to the quarantine table by the next take, which hands out the next
+    /// request instead of failing; `pending` leaves it out; `quarantined` lists it.
+    #[tokio::test]
+    async fn a_corrupt_entry_is_quarantined_and_the_queue_goes_on() {
+        let d = dir("quarantine");
+        let s = open(&d);
+        let a = s.enqueue("n1", Kind::Start, serde_json::Value::Null).await.unwrap();
+        let b = s.enqueue("n2", Kind::Start, serde_json::Value::Null).await.unwrap();
+        let w = s.db.begin_write().unwrap();
+        w.open_table(QUEUE).unwrap().insert(a, b"{not json".as_slice()).unwrap();
+        w.commit().unwrap();
+        assert_eq!(s.pending().await.unwrap().iter().map(|r| r.id).collect::<Vec<_>>(), [b]);
+        let t = s.take("w1", Duration::from_secs(5)).await.unwrap().expect("the rest of the queue goes on");
+        assert_eq!(t.request.id, b);
+        let q = s.quarantined().await.unwrap();
+        assert_eq!(q.len(), 1, "{q:?}");
+        assert_eq!((q[0].key.as_str(), q[0].raw.as_str()), (format!("inspection_queue/{a}").as_str(), "{not json"));
+        s.consume(&t).await.unwrap();
+        assert!(s.take("w1", Duration::from_secs(5)).await.unwrap().is_none());
+        assert!(s.pending().await.unwrap().is_empty());
         std::fs::remove_dir_all(&d).unwrap();
     }
 

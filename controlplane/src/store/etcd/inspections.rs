@@ -3,9 +3,7 @@
 //! ```text
 //! <prefix>/inspect/nodes/<uuid>     node record (compare-and-swap on its modification revision)
 //! <prefix>/inspect/data/<uuid>      ramdisk data
-//! <prefix>/inspect/queue/<id:020>   queued request and who holds it
-//! <prefix>/inspect/queue-args/<id:020>  its arguments (a ramdisk's data), apart: taking reads the entries only
-//! <prefix>/inspect/seq              the last request id
+//! <prefix>/inspect/queue…, seq, quarantine/   the work queue and its index ([`super::queue`])
 //! <prefix>/inspect/lookup/mac/<mac>/<uuid>      the lookup index: node <uuid> has this MAC (empty value)
 //! <prefix>/inspect/lookup/bmc/<hex>/<uuid>      ... this BMC address (normalised, hex-encoded)
 //! <prefix>/inspect/lookup/complete             the index covers every record (written once it was built)
@@ -16,24 +14,26 @@
 //! whenever the record is; a key left over (a save that lost its race) only costs `/v1/continue` one skipped read,
 //! as the lookup scores the records it reads.
 //!
-//! Taking a request is a transaction guarded by the entry's modification revision, so two replicas never take the
-//! same request at once; a watch on the queue wakes this replica's workers when another replica enqueues.
+//! The work queue lives in [`super::queue`]: taking a request is a transaction guarded by the entry's modification
+//! revision, so two replicas never take the same request at once, and costs the same whatever the queue's length.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use std::collections::BTreeSet;
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions};
 use ironguard_coord::etcd::EtcdCoordinator;
 use ironguard_dataplane::MacAddr;
 use ironguard_inspection::lookup::{self, Attributes};
 use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
 use ironguard_proto::time::now_ms;
-use tokio::sync::watch;
+use std::sync::Arc;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::inspections::{InspectionStore, QueueEntry, lookup_keys, pick};
+use super::queue::EtcdQueue;
+use crate::store::inspections::{InspectionStore, Quarantined, lookup_keys};
 use crate::store::{Backend, StoreError};
 
 fn e(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> StoreError {
@@ -51,7 +51,7 @@ const TXN_OPS: usize = 100;
 pub struct EtcdInspections {
     c: EtcdCoordinator,
     root: String,
-    wake: watch::Sender<u64>,
+    queue: EtcdQueue,
     stop: CancellationToken,
     /// The lookup index was found complete (or built) once by this process.
     indexed: tokio::sync::OnceCell<()>,
@@ -72,25 +72,32 @@ impl Drop for EtcdInspections {
 impl EtcdInspections {
     pub fn new(c: EtcdCoordinator) -> Self {
         let root = c.full("inspect/");
-        let (wake, _) = watch::channel(0);
+        let queue = EtcdQueue::new(c.clone(), root.clone(), Arc::new(Notify::new()));
         let stop = CancellationToken::new();
-        // Wake local workers when any replica writes to the queue.
-        let (client, queue, tx, stop2) = (c.client(), format!("{root}queue/"), wake.clone(), stop.clone());
+        // Wake one local worker per request that became ready (enqueued as its node's first request, released, or
+        // promoted when the one before it was consumed), on any replica: not every worker per write to the queue.
+        let (client, ready, wake, stop2) = (c.client(), queue.ready_prefix(), queue.wake(), stop.clone());
         tokio::spawn(async move {
             let mut client = client;
+            let opts = WatchOptions::new().with_prefix().with_filters([WatchFilterType::NoDelete]);
             loop {
-                if let Ok(mut w) = client.watch(queue.clone(), Some(WatchOptions::new().with_prefix())).await {
+                if let Ok(mut w) = client.watch(ready.clone(), Some(opts.clone())).await {
                     loop {
                         tokio::select! {
-                            m = w.message() => match m { Ok(Some(_)) => tx.send_modify(|v| *v += 1), _ => break },
+                            m = w.message() => match m {
+                                Ok(Some(r)) => for _ in r.events() { wake.notify_one() },
+                                _ => break,
+                            },
                             _ = stop2.cancelled() => return,
                         }
                     }
                 }
+                // The watch broke: a request may have become ready meanwhile.
+                wake.notify_one();
                 tokio::select! { _ = tokio::time::sleep(Duration::from_millis(500)) => {}, _ = stop2.cancelled() => return }
             }
         });
-        Self { c, root, wake, stop, indexed: tokio::sync::OnceCell::new() }
+        Self { c, root, queue, stop, indexed: tokio::sync::OnceCell::new() }
     }
 
     fn mac_prefix(&self, mac: &MacAddr) -> String {
@@ -191,22 +198,6 @@ impl EtcdInspections {
         format!("{}data/{node}", self.root)
     }
 
-    fn queue_key(&self, id: u64) -> String {
-        format!("{}queue/{id:020}", self.root)
-    }
-
-    fn args_key(&self, id: u64) -> String {
-        format!("{}queue-args/{id:020}", self.root)
-    }
-
-    /// The request with its arguments (kept under their own key; inline in entries written before that).
-    async fn with_args(&self, mut request: Request) -> Result<Request, StoreError> {
-        if let Some((raw, _)) = self.get_raw(self.args_key(request.id)).await? {
-            request.args = serde_json::from_slice(&raw).map_err(corrupt)?;
-        }
-        Ok(request)
-    }
-
     async fn get_raw(&self, key: String) -> Result<Option<(Vec<u8>, i64)>, StoreError> {
         let r = self
             .c
@@ -217,61 +208,6 @@ impl EtcdInspections {
             .await
             .map_err(e("read"))?;
         Ok(r.kvs().first().map(|kv| (kv.value().to_vec(), kv.mod_revision())))
-    }
-
-    /// Queue entries with their modification revisions, in id order.
-    async fn queue(&self) -> Result<Vec<(QueueEntry, i64)>, StoreError> {
-        let prefix = format!("{}queue/", self.root);
-        let r = self
-            .c
-            .retry("read the queue", |mut cl| {
-                let p = prefix.clone();
-                async move { cl.get(p, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await
-            .map_err(e("read the queue"))?;
-        r.kvs()
-            .iter()
-            .map(|kv| Ok((serde_json::from_slice::<QueueEntry>(kv.value()).map_err(corrupt)?, kv.mod_revision())))
-            .collect()
-    }
-
-    /// Rewrites one entry if it did not change since `rev` (false: it did, or it is gone).
-    async fn cas_entry(&self, entry: Option<&QueueEntry>, id: u64, rev: i64) -> Result<bool, StoreError> {
-        let key = self.queue_key(id);
-        let ops = match entry {
-            Some(en) => vec![TxnOp::put(key.clone(), serde_json::to_vec(en).map_err(corrupt)?, None)],
-            None => vec![TxnOp::delete(key.clone(), None), TxnOp::delete(self.args_key(id), None)],
-        };
-        let r = self
-            .c
-            .retry("update the queue", |mut cl| {
-                let txn =
-                    Txn::new().when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)]).and_then(ops.clone());
-                async move { cl.txn(txn).await }
-            })
-            .await
-            .map_err(e("update the queue"))?;
-        Ok(r.succeeded())
-    }
-
-    async fn update_entry(
-        &self,
-        id: u64,
-        f: impl Fn(QueueEntry) -> Option<QueueEntry> + Send + Sync,
-    ) -> Result<(), StoreError> {
-        for _ in 0..20 {
-            let Some((raw, rev)) = self.get_raw(self.queue_key(id)).await? else { return Ok(()) };
-            let cur: QueueEntry = serde_json::from_slice(&raw).map_err(corrupt)?;
-            if self.cas_entry(f(cur).as_ref(), id, rev).await? {
-                return Ok(());
-            }
-        }
-        Err(StoreError::Backend {
-            backend: Backend::Etcd,
-            op: "update the queue",
-            source: "too much contention".into(),
-        })
     }
 }
 
@@ -430,108 +366,49 @@ impl InspectionStore for EtcdInspections {
     }
 
     async fn enqueue(&self, node: &str, kind: Kind, args: serde_json::Value) -> Result<u64, StoreError> {
-        let seq = format!("{}seq", self.root);
-        for _ in 0..50 {
-            let (last, rev) = match self.get_raw(seq.clone()).await? {
-                Some((v, rev)) => (String::from_utf8_lossy(&v).parse::<u64>().unwrap_or(0), rev),
-                None => (0, 0),
-            };
-            let id = last + 1;
-            let entry = QueueEntry {
-                request: Request {
-                    id,
-                    node: node.to_string(),
-                    kind,
-                    args: serde_json::Value::Null,
-                    enqueued_at: now_ms(),
-                },
-                worker: None,
-                lease_until: 0,
-                attempts: 0,
-                available_at: 0,
-            };
-            let guard = if rev == 0 {
-                Compare::create_revision(seq.clone(), CompareOp::Equal, 0)
-            } else {
-                Compare::mod_revision(seq.clone(), CompareOp::Equal, rev)
-            };
-            let ops = vec![
-                TxnOp::put(seq.clone(), id.to_string(), None),
-                TxnOp::put(self.queue_key(id), serde_json::to_vec(&entry).map_err(corrupt)?, None),
-                TxnOp::put(self.args_key(id), serde_json::to_vec(&args).map_err(corrupt)?, None),
-            ];
-            let r = self
-                .c
-                .retry("enqueue", |mut cl| {
-                    let txn = Txn::new().when([guard.clone()]).and_then(ops.clone());
-                    async move { cl.txn(txn).await }
-                })
-                .await
-                .map_err(e("enqueue"))?;
-            if r.succeeded() {
-                self.wake.send_modify(|v| *v += 1);
-                return Ok(id);
-            }
-        }
-        Err(StoreError::Backend { backend: Backend::Etcd, op: "enqueue", source: "too much contention".into() })
+        self.queue.enqueue(node, kind, &args).await
     }
 
     async fn take(&self, worker: &str, lease: Duration) -> Result<Option<Taken>, StoreError> {
-        for _ in 0..10 {
-            let q = self.queue().await?;
-            let now = now_ms();
-            let entries: Vec<QueueEntry> = q.iter().map(|(e, _)| e.clone()).collect();
-            let Some(i) = pick(&entries, now) else { return Ok(None) };
-            let (mut en, rev) = q[i].clone();
-            en.worker = Some(worker.to_string());
-            en.lease_until = now + lease.as_millis() as u64;
-            en.attempts += 1;
-            if self.cas_entry(Some(&en), en.request.id, rev).await? {
-                return Ok(Some(Taken {
-                    request: self.with_args(en.request).await?,
-                    attempt: en.attempts,
-                    worker: worker.to_string(),
-                    lease_until: en.lease_until,
-                }));
-            }
-        }
-        Ok(None)
+        self.queue.take(worker, lease).await
     }
 
     async fn extend(&self, taken: &Taken, lease: Duration) -> Result<(), StoreError> {
         let worker = taken.worker.clone();
-        self.update_entry(taken.request.id, move |mut en| {
-            if en.worker.as_deref() == Some(worker.as_str()) {
-                en.lease_until = now_ms() + lease.as_millis() as u64;
-            }
-            Some(en)
-        })
-        .await
+        self.queue
+            .update_entry(taken.request.id, move |mut en| {
+                if en.worker.as_deref() == Some(worker.as_str()) {
+                    en.lease_until = now_ms() + lease.as_millis() as u64;
+                }
+                en
+            })
+            .await
     }
 
     async fn consume(&self, taken: &Taken) -> Result<(), StoreError> {
-        self.update_entry(taken.request.id, |_| None).await
+        self.queue.consume(taken.request.id, &taken.request.node).await
     }
 
     async fn release(&self, taken: &Taken, delay: Duration) -> Result<(), StoreError> {
-        self.update_entry(taken.request.id, move |mut en| {
-            en.worker = None;
-            en.lease_until = 0;
-            en.available_at = now_ms() + delay.as_millis() as u64;
-            Some(en)
-        })
-        .await
+        self.queue
+            .update_entry(taken.request.id, move |mut en| {
+                en.worker = None;
+                en.lease_until = 0;
+                en.available_at = now_ms() + delay.as_millis() as u64;
+                en
+            })
+            .await
     }
 
     async fn pending(&self) -> Result<Vec<Request>, StoreError> {
-        let mut out = Vec::new();
-        for (e, _) in self.queue().await? {
-            out.push(self.with_args(e.request).await?);
-        }
-        Ok(out)
+        self.queue.pending().await
     }
 
-    fn wakeups(&self) -> watch::Receiver<u64> {
-        self.wake.subscribe()
+    async fn quarantined(&self) -> Result<Vec<Quarantined>, StoreError> {
+        self.queue.quarantined().await
+    }
+
+    fn wakeups(&self) -> Arc<Notify> {
+        self.queue.wake()
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod filters;
 pub mod inspections;
+mod queue;
 pub mod rules;
 
 use std::sync::Arc;
