@@ -58,13 +58,18 @@ impl ReasonMirror {
             changes.retain(|c| c.present);
             held = removing;
         }
+        // In writes of at most MIRROR_CHUNK MACs: each write is one revision on either store, and one etcd revision
+        // holds a bounded number (a first sync of a site with tens of thousands of ports is several).
         let mut revision = None;
-        if !changes.is_empty() {
-            revision = Some(engine.filters.apply_fenced(changes.clone(), None, fence).await?.revision);
+        for chunk in changes.chunks(MIRROR_CHUNK) {
+            revision = Some(engine.filters.apply_fenced(chunk.to_vec(), None, fence).await?.revision);
         }
         Ok(Synced { changed: changes.len(), revision, held, held_macs, before: before.len() })
     }
 }
+
+/// The most MACs one sync writes at once (well under what one etcd revision may hold).
+const MIRROR_CHUNK: usize = 10_000;
 
 /// Reason changes that take `before` to `after`.
 fn diff(side: Side, reason: &str, before: &BTreeSet<MacAddr>, after: &BTreeSet<MacAddr>) -> Vec<ReasonChange> {
