@@ -112,7 +112,7 @@ pub(crate) struct FaultResult {
 /// The agents' TTL and margin for `fault`: the cluster faults run with the agent's defaults (riding out an etcd
 /// election depends on them), the others with the tests' shorter TTL (what their rows were measured with).
 fn election(fault: Fault) -> Election {
-    if Fault::CLUSTER.contains(&fault) { Election::DEFAULTS } else { Election::TESTS }
+    if fault.needs_cluster() { Election::DEFAULTS } else { Election::TESTS }
 }
 
 /// One fault's rounds on a fresh site: etcd of `release`, a three-member cluster for [`Fault::CLUSTER`]'s faults.
@@ -123,7 +123,7 @@ fn run_fault(fault: Fault, rounds: usize, release: EtcdRelease) -> anyhow::Resul
         policy: "deny",
         lost_after_secs: 3,
         etcd: release,
-        etcd_members: if Fault::CLUSTER.contains(&fault) { 3 } else { 1 },
+        etcd_members: if fault.needs_cluster() { 3 } else { 1 },
         election: election(fault),
         ..Default::default()
     });
@@ -235,6 +235,7 @@ fn goal(f: Fault) -> String {
         | Fault::EtcdLeaderMemberCut
         | Fault::EtcdRollingRestart => "no gap (etcd keeps its quorum)".into(),
         Fault::EtcdQuorumLoss => "all closed; a leader ≤ TTL + 1 s after the quorum returns".into(),
+        Fault::EtcdRestore | Fault::EtcdRestoreBumped => "nothing loosened; 0 dual-open".into(),
         _ => "0 dual-open, 0 double offers".into(),
     }
 }
@@ -308,6 +309,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let faults: Vec<Fault> = Fault::ALL
         .into_iter()
         .chain(Fault::CLUSTER)
+        .chain(Fault::RESTORES.into_iter().filter(|f| args.etcd_3_5 || *f == Fault::EtcdRestore))
         .filter(|f| args.faults.is_empty() || args.faults.iter().any(|n| n == f.name()))
         .collect();
     let mut results = Vec::new();

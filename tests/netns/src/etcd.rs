@@ -179,6 +179,12 @@ impl EtcdProcess {
         set_arg(&mut e.args, "--name", name);
         set_arg(&mut e.args, "--initial-cluster", initial_cluster);
         e.args.extend(["--initial-cluster-state", "new", "--initial-cluster-token", token].map(String::from));
+        // etcd 3.4 runs without pre-vote by default: a member cut off and back disrupts the cluster's leader (its
+        // term went up while it was alone). `IRONGUARD_ETCD_PRE_VOTE=1` runs the members with it, as
+        // docs/operations.md recommends for 3.4 (3.5 has it on by default).
+        if std::env::var_os("IRONGUARD_ETCD_PRE_VOTE").is_some_and(|v| v == "1") {
+            e.args.push("--pre-vote=true".into());
+        }
         e.launch();
         e
     }
@@ -317,6 +323,46 @@ impl EtcdProcess {
     }
 
     /// Replaces it by an empty etcd on the same address (its data lost: a rebuilt cluster, same endpoints).
+    /// The value that follows `flag` in this member's arguments.
+    fn arg(&self, flag: &str) -> String {
+        let i = self.args.iter().position(|a| a == flag).unwrap_or_else(|| panic!("no {flag} in {:?}", self.args));
+        self.args[i + 1].clone()
+    }
+
+    /// Replaces this (stopped) member's data with the snapshot at `snapshot`, as an operator restores a cluster from
+    /// a backup: `etcdutl snapshot restore` (Debian 13's etcd 3.5) or `etcdctl snapshot restore` (3.4), with the
+    /// member's own name, the cluster and its token, so that the cluster keeps its id. `bump`: `--bump-revision`
+    /// and `--mark-compacted` (3.5 only), so that revisions go on past any seen before. Not started.
+    pub fn restore_from(&mut self, snapshot: &std::path::Path, bump: Option<u64>) -> Result<(), String> {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let mut cmd = if self.binary == "etcd" {
+            let mut c = Command::new("etcdctl");
+            c.env("ETCDCTL_API", "3");
+            c
+        } else {
+            Command::new(std::path::Path::new(&self.binary).with_file_name("etcdutl"))
+        };
+        cmd.arg("snapshot").arg("restore").arg(snapshot);
+        cmd.args(["--data-dir", &self.dir.display().to_string()]);
+        cmd.args(["--name", &self.arg("--name"), "--initial-cluster", &self.arg("--initial-cluster")]);
+        cmd.args(["--initial-advertise-peer-urls", &self.arg("--initial-advertise-peer-urls")]);
+        if self.args.iter().any(|a| a == "--initial-cluster-token") {
+            cmd.args(["--initial-cluster-token", &self.arg("--initial-cluster-token")]);
+        }
+        if let Some(b) = bump {
+            if self.binary == "etcd" {
+                return Err("etcd 3.4's snapshot restore has no --bump-revision".into());
+            }
+            cmd.args(["--bump-revision", &b.to_string(), "--mark-compacted"]);
+        }
+        let out = cmd.output().map_err(|e| format!("snapshot restore: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("snapshot restore: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(())
+    }
+
     pub fn replace_with_empty(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);

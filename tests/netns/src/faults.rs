@@ -77,6 +77,12 @@ pub enum Fault {
     EtcdQuorumLoss,
     /// Every member of the cluster restarted in turn, each once the one before serves again.
     EtcdRollingRestart,
+    /// The cluster restored from a snapshot taken before a MAC was denied (every member stopped, its data replaced
+    /// by `snapshot restore`, started again): the store forgets the deny and its revisions go back. Nothing may be
+    /// loosened: no host serves that MAC while the site recovers.
+    EtcdRestore,
+    /// The same with `--bump-revision` (etcd 3.5): the revisions go on past any seen before, the data is still old.
+    EtcdRestoreBumped,
 }
 
 impl Fault {
@@ -88,6 +94,14 @@ impl Fault {
         Fault::EtcdQuorumLoss,
         Fault::EtcdRollingRestart,
     ];
+
+    /// A restore from a snapshot, with etcd's revisions going back and going on ([`Fault::EtcdRestore`]).
+    pub const RESTORES: [Fault; 2] = [Fault::EtcdRestore, Fault::EtcdRestoreBumped];
+
+    /// Whether the fault needs a site whose etcd is a cluster of three ([`Fault::CLUSTER`], [`Fault::RESTORES`]).
+    pub fn needs_cluster(self) -> bool {
+        Fault::CLUSTER.contains(&self) || Fault::RESTORES.contains(&self)
+    }
 
     pub const ALL: [Fault; 22] = [
         Fault::Sigterm,
@@ -143,6 +157,8 @@ impl Fault {
             Fault::EtcdLeaderMemberCut => "etcd leader member cut off",
             Fault::EtcdQuorumLoss => "etcd quorum lost (2 of 3 down)",
             Fault::EtcdRollingRestart => "etcd rolling restart",
+            Fault::EtcdRestore => "etcd restored from a snapshot",
+            Fault::EtcdRestoreBumped => "etcd restored from a snapshot, --bump-revision",
         }
     }
 }
@@ -408,6 +424,9 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
                 return Err(format!("hosts {open:?} still open after 2 × TTL without an etcd quorum"));
             }
         }
+        Fault::EtcdRestore | Fault::EtcdRestoreBumped => {
+            restore(site, matches!(fault, Fault::EtcdRestoreBumped).then_some(1_000_000), ttl)?;
+        }
         Fault::EtcdRollingRestart => {
             for m in 0..=site.etcd_peers.len() {
                 site.etcd_member(m).stop();
@@ -441,6 +460,66 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
     settled
         .ok_or_else(|| format!("not a single leader with followers after {}: {:?}", fault.name(), site.verdicts()))?;
     Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline, stopped_in })
+}
+
+/// A MAC the restore faults allow before the snapshot and deny after it.
+const RESTORED_MAC: &str = "52:54:00:5e:57:0e";
+
+/// The restore faults: `RESTORED_MAC` allowed, a snapshot of the cluster saved, the MAC denied (until every host
+/// refuses it), then every member stopped, restored from the snapshot (`bump`: `--bump-revision`) and started. Then,
+/// for 3 × TTL, every host's kernel is read every 20 ms: none may serve the MAC. Err: what went wrong.
+fn restore(site: &mut HaSite, bump: Option<u64>, ttl: Duration) -> Result<(), String> {
+    let x = crate::mac(RESTORED_MAC);
+    let cp = "https://10.90.0.1:9100";
+    let allow = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "allow", RESTORED_MAC]);
+    if !allow.status.success() {
+        return Err(format!("allowing {RESTORED_MAC}: {}", String::from_utf8_lossy(&allow.stderr)));
+    }
+    crate::wait_for(Duration::from_secs(20), || (!site.all_refuse(x)).then_some(()))
+        .ok_or("the allowed MAC never reached a host's kernel")?;
+    let snapshot = site.dir.join(&crate::unique("etcd-snapshot.db"));
+    let out = site
+        .mgmt
+        .cmd("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &site.etcd_endpoints[0], "--command-timeout", "10s", "snapshot", "save"])
+        .arg(&snapshot)
+        .output()
+        .map_err(|e| format!("etcdctl snapshot save: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("etcdctl snapshot save: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let deny = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "deny", RESTORED_MAC]);
+    if !deny.status.success() {
+        return Err(format!("denying {RESTORED_MAC}: {}", String::from_utf8_lossy(&deny.stderr)));
+    }
+    crate::wait_for(Duration::from_secs(20), || site.all_refuse(x).then_some(()))
+        .ok_or("the denied MAC is still served by a host")?;
+    let members = site.etcd_peers.len() + 1;
+    for m in 0..members {
+        site.etcd_member(m).stop();
+    }
+    for m in 0..members {
+        site.etcd_member(m).restore_from(&snapshot, bump)?;
+    }
+    for m in 0..members {
+        site.etcd_member(m).launch();
+    }
+    for m in 0..members {
+        site.etcd_member(m).wait_up(Duration::from_secs(60));
+    }
+    let _ = std::fs::remove_file(&snapshot);
+    let until = Instant::now() + 3 * ttl;
+    while Instant::now() < until {
+        if let Some(h) = site.hosts.iter().find(|h| crate::kernel_decision(&h.ns, x).served) {
+            return Err(format!(
+                "{} serves {RESTORED_MAC}, denied after the snapshot the store was restored from",
+                h.id
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// When a frozen or starved host's kernel lease ended: its kernel is read every 10 ms for `window` (a starved agent

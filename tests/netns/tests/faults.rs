@@ -157,10 +157,13 @@ fn an_etcd_stall_of_one_second() {
 
 /// A three-member etcd cluster (each member in a namespace of its own; every agent and control plane given all
 /// three) and its own faults: the etcd leader member killed, a follower killed, the etcd leader cut off (a minority
-/// partition holding it), the quorum lost and regained, every member restarted in turn (issue 24).
+/// partition holding it), the quorum lost and regained, every member restarted in turn, the cluster restored from an
+/// older snapshot (issue 24).
 #[test]
 fn etcd_cluster_faults_on_etcd_3_4() {
-    matrix_on(EtcdRelease::Debian12, 3, &Fault::CLUSTER);
+    let mut faults = Fault::CLUSTER.to_vec();
+    faults.push(Fault::EtcdRestore);
+    matrix_on(EtcdRelease::Debian12, 3, &faults);
 }
 
 /// As above on Debian 13's etcd 3.5, and the faults of the leader's lease and of its way to etcd on that cluster
@@ -168,6 +171,7 @@ fn etcd_cluster_faults_on_etcd_3_4() {
 #[test]
 fn etcd_cluster_and_lease_faults_on_etcd_3_5() {
     let mut faults = Fault::CLUSTER.to_vec();
+    faults.extend(Fault::RESTORES);
     faults.extend([
         Fault::LeaseRevoke,
         Fault::KeyDelete,
