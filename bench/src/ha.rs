@@ -105,6 +105,8 @@ pub(crate) struct FaultResult {
     fence_to_stop: Vec<f64>,
     /// SIGTERM → exit of each round that sent one.
     stopped_in: Vec<Duration>,
+    /// For the quorum loss: from both members serving again to a host serving.
+    after_etcd_back: Vec<Duration>,
     /// Rounds after which another host led.
     handovers: usize,
 }
@@ -176,6 +178,10 @@ fn run_fault(fault: Fault, rounds: usize, release: EtcdRelease) -> anyhow::Resul
         discovers: known.len(),
         fence_to_stop: done.iter().filter_map(|(r, _)| fence_to_stop(&samples, r)).collect(),
         stopped_in: done.iter().filter_map(|(r, _)| r.stopped_in).collect(),
+        after_etcd_back: done
+            .iter()
+            .filter_map(|(r, _)| r.etcd_back_at.map(|b| r.serving_at.saturating_duration_since(b)))
+            .collect(),
         handovers: done.iter().filter(|(r, _)| r.serving != r.leader).count(),
     })
 }
@@ -197,6 +203,7 @@ impl FaultResult {
             "unknown_offers": self.unknown_offers, "discovers": self.discovers,
             "kernel_stop_minus_lease_end_ms": self.fence_to_stop_sorted(),
             "handovers": self.handovers,
+            "serving_after_etcd_back_ms": self.after_etcd_back.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
             "ttl_secs": election(self.fault).ttl_secs, "margin_ms": election(self.fault).margin_ms,
             "sigterm_to_exit_ms": Samples::new(self.stopped_in.clone()).sorted().iter().map(|d| ms(*d)).collect::<Vec<_>>(),
             "gaps_ms": self.gaps_in_order.iter().map(|d| ms(*d)).collect::<Vec<_>>()})
@@ -215,6 +222,7 @@ impl FaultResult {
             discovers: 40,
             fence_to_stop: vec![],
             stopped_in: vec![],
+            after_etcd_back: vec![],
             handovers: 0,
         }
     }
@@ -364,6 +372,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         violations += r.dual_ms + (r.doubles + r.unknown_offers) as f64;
         out.insert(r.fault.name().into(), r.to_json());
+    }
+    for r in results.iter().filter(|r| !r.after_etcd_back.is_empty()) {
+        let s = Samples::new(r.after_etcd_back.clone());
+        println!(
+            "{}: a host served {} (p50) / {} (max) after both members served again (goal ≤ TTL + 1 s = {} s)",
+            r.fault.name(),
+            human(s.median()),
+            human(s.percentile(100.0)),
+            election(r.fault).ttl_secs + 1
+        );
     }
     println!();
     println!("| SIGTERM → exit, etcd down (3 agents per round) | agents | p50 | p99 | max | goal |");

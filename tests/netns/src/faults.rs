@@ -178,6 +178,8 @@ pub struct Round {
     pub lease_deadline: Option<Instant>,
     /// For SIGTERM: how long the agent took from the signal to its exit.
     pub stopped_in: Option<Duration>,
+    /// For the quorum loss: when both members served again (the site's leader came after).
+    pub etcd_back_at: Option<Instant>,
 }
 
 /// What ends a fault once the site serves again (thaw, restore a link, remove a block).
@@ -192,6 +194,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
     let mut restart_after_successor = false;
     let mut cleanup: Option<Cleanup> = None;
     let mut stopped_in = None;
+    let mut etcd_back_at = None;
     match fault {
         Fault::Sigterm => {
             signal_agent(&mut site.hosts[leader], Signal::SIGTERM).ok_or("the agent did not exit on SIGTERM")?;
@@ -420,6 +423,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             for m in down {
                 site.etcd_member(m).wait_up(Duration::from_secs(60));
             }
+            etcd_back_at = Some(Instant::now());
             if !open.is_empty() {
                 return Err(format!("hosts {open:?} still open after 2 × TTL without an etcd quorum"));
             }
@@ -459,7 +463,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
     });
     settled
         .ok_or_else(|| format!("not a single leader with followers after {}: {:?}", fault.name(), site.verdicts()))?;
-    Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline, stopped_in })
+    Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline, stopped_in, etcd_back_at })
 }
 
 /// A MAC the restore faults allow before the snapshot and deny after it.
