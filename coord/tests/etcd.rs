@@ -322,3 +322,103 @@ async fn check_a_lock_waits_longer_than_the_request_timeout(release: EtcdRelease
         .await
         .unwrap();
 }
+
+/// A three-member cluster on loopback addresses of a namespace of its own (ports 2379 and 2380 on each address).
+fn cluster(release: EtcdRelease) -> (ironguard_netns_tests::Netns, Vec<EtcdProcess>) {
+    let ns = ironguard_netns_tests::Netns::new("coord-cluster");
+    let hosts = ["127.0.0.11", "127.0.0.12", "127.0.0.13"];
+    let initial: Vec<String> = hosts.iter().enumerate().map(|(i, h)| format!("m{i}=http://{h}:2380")).collect();
+    let token = format!("coord-cluster-{}", std::process::id());
+    let members: Vec<EtcdProcess> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| EtcdProcess::launch_member(ns.name(), h, &format!("m{i}"), &initial.join(","), &token, release))
+        .collect();
+    for m in &members {
+        m.wait_up(Duration::from_secs(60));
+    }
+    (ns, members)
+}
+
+/// Which member leads etcd now, as the members that answer say; None while none does.
+async fn etcd_leader(members: &[EtcdProcess]) -> Option<usize> {
+    let mut ids = Vec::new();
+    let mut leader = None;
+    for m in members {
+        // Bounded as a whole: a frozen member accepts the connection and answers nothing.
+        let status = async {
+            let mut c = etcd_client::Client::connect([m.url.as_str()], None).await.ok()?;
+            c.status().await.ok()
+        };
+        let s = tokio::time::timeout(Duration::from_secs(1), status).await.ok().flatten();
+        ids.push(s.as_ref().and_then(|s| s.header()).map(|h| h.member_id()));
+        leader = leader.or(s.map(|s| s.leader()).filter(|l| *l != 0));
+    }
+    ids.iter().position(|id| id.is_some() && *id == leader)
+}
+
+/// Samples `session`'s expiry every 50 ms for `d`: Err if it ever expired.
+async fn never_expires(session: &ironguard_coord::Session, d: Duration) -> Result<(), String> {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if session.expiry() == Expiry::Expired {
+            return Err("the session expired".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// A session on a three-member cluster keeps its lease while etcd keeps its quorum: its keep-alives go to every
+/// member at once, and a member that stops answering (the etcd leader frozen: its connections stay open, its
+/// requests hang) or dies (the next etcd leader killed) costs nothing; each time etcd elects another leader, and
+/// the expiry estimate moves on past the fault (issue 24).
+fn a_session_outlives_a_silent_and_a_dead_etcd_leader(release: EtcdRelease) {
+    let (ns, mut members) = cluster(release);
+    let urls: Vec<String> = members.iter().map(|m| m.url.clone()).collect();
+    ironguard_netns_tests::in_netns(&ns, move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let cfg = EtcdConfig { endpoints: urls, prefix: "/t".into(), ..Default::default() };
+            let c = EtcdCoordinator::connect(&cfg).await.unwrap();
+            let ttl = Duration::from_secs(5);
+            let s = c.session(ttl).await.unwrap();
+            for fault in ["frozen", "killed"] {
+                let mut leader = None;
+                for _ in 0..100 {
+                    leader = etcd_leader(&members).await;
+                    if leader.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let leader = leader.expect("an etcd leader before the fault");
+                let Expiry::At(before) = s.expiry() else { panic!("{:?} before the fault", s.expiry()) };
+                if fault == "frozen" {
+                    members[leader].freeze();
+                } else {
+                    members[leader].stop();
+                }
+                let held = never_expires(&s, 2 * ttl).await;
+                if fault == "frozen" {
+                    members[leader].thaw();
+                }
+                held.unwrap_or_else(|e| panic!("etcd leader member {leader} {fault}: {e}"));
+                let Expiry::At(after) = s.expiry() else { panic!("{:?}", s.expiry()) };
+                assert!(after >= before + ttl, "the estimate did not move on after the etcd leader was {fault}");
+                assert_ne!(etcd_leader(&members).await, None, "no etcd leader after the fault");
+            }
+            drop(members);
+        })
+    });
+}
+
+#[test]
+fn a_session_outlives_a_silent_and_a_dead_etcd_leader_on_etcd_3_4() {
+    a_session_outlives_a_silent_and_a_dead_etcd_leader(EtcdRelease::Debian12);
+}
+
+#[test]
+fn a_session_outlives_a_silent_and_a_dead_etcd_leader_on_etcd_3_5() {
+    a_session_outlives_a_silent_and_a_dead_etcd_leader(EtcdRelease::Debian13);
+}
