@@ -241,6 +241,7 @@ fn goal(f: Fault) -> String {
         Fault::EtcdLeaderMemberKill
         | Fault::EtcdFollowerMemberKill
         | Fault::EtcdLeaderMemberCut
+        | Fault::EtcdLeaderPeersCut
         | Fault::EtcdRollingRestart => "no gap (etcd keeps its quorum)".into(),
         Fault::EtcdQuorumLoss => "all closed; a leader ≤ TTL + 1 s after the quorum returns".into(),
         Fault::EtcdRestore | Fault::EtcdRestoreBumped => "nothing loosened; 0 dual-open".into(),

@@ -73,6 +73,10 @@ pub enum Fault {
     /// A cluster's etcd leader member cut off from the other members and from every client for 2 × TTL (a minority
     /// partition that holds the etcd leader), then joined again.
     EtcdLeaderMemberCut,
+    /// A cluster's etcd leader member cut off from the other members only (its peer port dropped both ways in its
+    /// namespace) for 2 × TTL: the agents' connections to it stay up and its answers stop (the agents must move on
+    /// to the others); then joined again.
+    EtcdLeaderPeersCut,
     /// Two of three members killed (quorum lost) for 2 × TTL: every host must close; then both started again.
     EtcdQuorumLoss,
     /// Every member of the cluster restarted in turn, each once the one before serves again.
@@ -87,10 +91,11 @@ pub enum Fault {
 
 impl Fault {
     /// The faults of an etcd cluster (a site with `etcd_members` 3); [`Fault::ALL`] holds the others.
-    pub const CLUSTER: [Fault; 5] = [
+    pub const CLUSTER: [Fault; 6] = [
         Fault::EtcdLeaderMemberKill,
         Fault::EtcdFollowerMemberKill,
         Fault::EtcdLeaderMemberCut,
+        Fault::EtcdLeaderPeersCut,
         Fault::EtcdQuorumLoss,
         Fault::EtcdRollingRestart,
     ];
@@ -155,6 +160,7 @@ impl Fault {
             Fault::EtcdLeaderMemberKill => "etcd leader member killed",
             Fault::EtcdFollowerMemberKill => "etcd follower member killed",
             Fault::EtcdLeaderMemberCut => "etcd leader member cut off",
+            Fault::EtcdLeaderPeersCut => "etcd leader member cut from its peers",
             Fault::EtcdQuorumLoss => "etcd quorum lost (2 of 3 down)",
             Fault::EtcdRollingRestart => "etcd rolling restart",
             Fault::EtcdRestore => "etcd restored from a snapshot",
@@ -407,6 +413,14 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
                 site.etcd_member(m).wait_up(Duration::from_secs(60));
             }));
         }
+        Fault::EtcdLeaderPeersCut => {
+            let m = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
+            let ns = &site.etcd_ns[m];
+            block_both_ways(ns, 2380)?;
+            std::thread::sleep(2 * ttl);
+            unblock(ns);
+            site.etcd_member(m).wait_up(Duration::from_secs(60));
+        }
         Fault::EtcdQuorumLoss => {
             let lead = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
             let down = [lead, (lead + 1) % (site.etcd_peers.len() + 1)];
@@ -592,6 +606,20 @@ fn block(ns: &Netns, ports: &[u16]) -> Result<(), String> {
     let list = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
     let script = format!(
         "table inet ig_fault {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    tcp dport {{ {list} }} drop\n  }}\n}}\n"
+    );
+    let path = std::env::temp_dir().join(crate::unique("fault-block.nft"));
+    std::fs::write(&path, script).map_err(|e| e.to_string())?;
+    let out = ns.cmd("nft").arg("-f").arg(&path).output().map_err(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    let out = out?;
+    out.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Drops TCP to and from `port` in `ns`, both ways and on connections either side opened (the same table as
+/// [`block`]): a clean partition of that port.
+fn block_both_ways(ns: &Netns, port: u16) -> Result<(), String> {
+    let script = format!(
+        "table inet ig_fault {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    tcp dport {port} drop\n    tcp sport {port} drop\n  }}\n  chain in {{\n    type filter hook input priority 0; policy accept;\n    tcp dport {port} drop\n    tcp sport {port} drop\n  }}\n}}\n"
     );
     let path = std::env::temp_dir().join(crate::unique("fault-block.nft"));
     std::fs::write(&path, script).map_err(|e| e.to_string())?;
