@@ -274,6 +274,7 @@ impl Server {
             .add_service(InspectionServer::new(InspectionService {
                 engine: self.engine.clone(),
                 authz: self.authz.clone(),
+                store_gauges: self.store_gauges.clone(),
             }))
             .serve_with_incoming_shutdown(grpc_incoming, async move {
                 let _ = grpc_stop.wait_for(|v| *v).await;
