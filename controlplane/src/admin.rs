@@ -1,5 +1,5 @@
-//! The admin HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the process answers), `/readyz` (the store is
-//! open and the gRPC server is serving).
+//! The admin HTTP endpoint: `/metrics` (Prometheus text; the gauges read from the store are read first), `/healthz`
+//! (the process answers), `/readyz` (the store is open and the gRPC server is serving).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,11 +10,12 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreGauges};
 
 #[derive(Debug, Clone)]
 pub struct AdminState {
     pub metrics: Arc<Metrics>,
+    pub store_gauges: Arc<StoreGauges>,
     pub ready: Arc<AtomicBool>,
 }
 
@@ -27,6 +28,7 @@ pub fn router(state: AdminState) -> Router {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    s.store_gauges.refresh().await;
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.encode())
 }
 

@@ -90,6 +90,7 @@ pub struct Server {
     admin: TcpListener,
     service: PxeFilterService,
     metrics: Arc<Metrics>,
+    store_gauges: Arc<metrics::StoreGauges>,
     ready: Arc<AtomicBool>,
     stop_tx: tokio::sync::watch::Sender<bool>,
 }
@@ -209,6 +210,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
     let (leading_tx, leading) = tokio::sync::watch::channel(false);
     // Discovery (the enroll hook) opens unknown MACs' DHCP only inside the windows operators open (`discovery`),
     // not for ever: `[sync] auto_discovery` is the explicit way to keep them open.
+    let store_gauges = Arc::new(metrics::StoreGauges::new(engine.store.clone(), &metrics));
     let periodic = inspection::periodic::tasks(
         engine.clone(),
         config.sync.clone(),
@@ -233,6 +235,7 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         admin,
         service,
         metrics,
+        store_gauges,
         ready: Arc::new(AtomicBool::new(false)),
         stop_tx,
     })
@@ -250,7 +253,11 @@ impl Server {
             .context("building the reflection service")?;
         let stop_tx = self.stop_tx;
         let stop_rx = stop_tx.subscribe();
-        let admin_state = admin::AdminState { metrics: self.metrics.clone(), ready: self.ready.clone() };
+        let admin_state = admin::AdminState {
+            metrics: self.metrics.clone(),
+            store_gauges: self.store_gauges.clone(),
+            ready: self.ready.clone(),
+        };
         let mut admin_stop = stop_rx.clone();
         let admin = axum::serve(self.admin, admin::router(admin_state)).with_graceful_shutdown(async move {
             let _ = admin_stop.wait_for(|v| *v).await;
@@ -267,6 +274,7 @@ impl Server {
             .add_service(InspectionServer::new(InspectionService {
                 engine: self.engine.clone(),
                 authz: self.authz.clone(),
+                store_gauges: self.store_gauges.clone(),
             }))
             .serve_with_incoming_shutdown(grpc_incoming, async move {
                 let _ = grpc_stop.wait_for(|v| *v).await;

@@ -1,4 +1,10 @@
-//! Prometheus metrics of the control plane, served on the admin port at `/metrics`.
+//! Prometheus metrics of the control plane, served on the admin port at `/metrics`: [`Metrics`], set where things
+//! happen, and [`StoreGauges`], read from the store at scrape.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -6,6 +12,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tracing::warn;
+
+use crate::store::InspectionStore;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -50,6 +59,9 @@ pub struct Metrics {
     /// etcd endpoints whose server lacks fixes ironguard's leases rely on (`ironguard_coord::versions`), as read at
     /// start: 0 when all have them, or without etcd; -1 until read.
     pub etcd_outdated: Gauge,
+    /// Queued inspection requests that could not be read and were moved to quarantine, in the whole store (every
+    /// replica's): read at scrape ([`StoreGauges`]); -1 until read.
+    pub inspection_quarantined: Gauge,
 }
 
 impl Metrics {
@@ -125,6 +137,14 @@ impl Metrics {
              ironguardctl agents for which; -1 until read)",
             etcd_outdated.clone(),
         );
+        let inspection_quarantined = Gauge::default();
+        inspection_quarantined.set(-1);
+        registry.register(
+            "inspection_quarantined",
+            "Queued inspection requests that could not be read, moved to quarantine (ironguardctl inspect quarantine \
+             lists them; -1 until read)",
+            inspection_quarantined.clone(),
+        );
         registry.register(
             "refusals",
             "Calls refused (bad or missing credentials, rate limit, oversized body), by kind; logged at most once a minute per kind and source",
@@ -147,6 +167,7 @@ impl Metrics {
             ironic_up,
             ironic_sync_held,
             etcd_outdated,
+            inspection_quarantined,
         }
     }
 
@@ -161,6 +182,58 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Gauges read from the store when `/metrics` is scraped, so that every replica reports what the shared store holds
+/// (a request quarantined by another replica's worker too) without a task of its own. A read takes at most
+/// [`StoreGauges::READ_TIMEOUT`] (a failed one keeps the last value, and is logged), and the store is read at most
+/// once per [`StoreGauges::MIN_AGE`] whoever scrapes: the admin port cannot be used to flood the store.
+pub struct StoreGauges {
+    inspections: Arc<dyn InspectionStore>,
+    quarantined: Gauge,
+    /// When the store was last read; `None`: read at the next scrape.
+    read_at: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for StoreGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreGauges").field("quarantined", &self.quarantined.get()).finish()
+    }
+}
+
+impl StoreGauges {
+    pub const MIN_AGE: Duration = Duration::from_secs(1);
+    pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+    pub fn new(inspections: Arc<dyn InspectionStore>, metrics: &Metrics) -> Self {
+        Self { inspections, quarantined: metrics.inspection_quarantined.clone(), read_at: Default::default() }
+    }
+
+    /// Reads the store unless it was read less than [`Self::MIN_AGE`] ago.
+    pub async fn refresh(&self) {
+        let mut read_at = self.read_at.lock().await;
+        if read_at.is_some_and(|t| t.elapsed() < Self::MIN_AGE) {
+            return;
+        }
+        match tokio::time::timeout(Self::READ_TIMEOUT, self.inspections.quarantine_count()).await {
+            Ok(Ok(n)) => {
+                self.quarantined.set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "/metrics: cannot count the quarantined requests; the gauge keeps its value")
+            }
+            Err(_) => warn!(
+                timeout = ?Self::READ_TIMEOUT,
+                "/metrics: counting the quarantined requests took too long; the gauge keeps its value"
+            ),
+        }
+        *read_at = Some(Instant::now());
+    }
+
+    /// The next scrape reads the store (this replica just changed what it counts).
+    pub async fn invalidate(&self) {
+        *self.read_at.lock().await = None;
     }
 }
 

@@ -13,9 +13,9 @@ use ironguard_proto::client::ClientAuth;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    AgentStatus, CloseDiscoveryRequest, ExplainMacRequest, GetFilterStateRequest, ListAgentsRequest,
-    ListDiscoveryRequest, ListRulesRequest, NodeRequest, OpenDiscoveryRequest, Rule, StartRequest,
-    UpdatePxeFiltersRequest, WatchFiltersRequest,
+    AgentStatus, CloseDiscoveryRequest, DropQuarantinedRequest, ExplainMacRequest, GetFilterStateRequest,
+    ListAgentsRequest, ListDiscoveryRequest, ListQuarantinedRequest, ListRulesRequest, NodeRequest,
+    OpenDiscoveryRequest, Rule, StartRequest, UpdatePxeFiltersRequest, WatchFiltersRequest,
 };
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use tonic::Code;
@@ -200,6 +200,8 @@ async fn operator_calls(site: &Site, auth: &ClientAuth) -> Result<Vec<Code>, Str
         code(f.open_discovery(with(open_window(), &bearer)).await.map(|_| ())),
         code(f.list_discovery(with(ListDiscoveryRequest {}, &bearer)).await.map(|_| ())),
         code(f.close_discovery(with(CloseDiscoveryRequest { network: "n".into() }, &bearer)).await.map(|_| ())),
+        code(i.list_quarantined(with(ListQuarantinedRequest {}, &bearer)).await.map(|_| ())),
+        code(i.drop_quarantined(with(DropQuarantinedRequest { id: 1 }, &bearer)).await.map(|_| ())),
     ])
 }
 
@@ -254,7 +256,9 @@ async fn operator_calls_need_an_operator_and_refusals_change_nothing() {
     assert_eq!(codes[0], Code::Ok, "UpdatePxeFilters by the operator: {codes:?}");
     assert_eq!(codes[3], Code::Ok, "ExplainMac by the operator: {codes:?}");
     assert_eq!(&codes[6..9], &[Code::Ok, Code::Ok, Code::Ok], "{codes:?}");
-    assert_eq!(&codes[9..], &[Code::Ok, Code::Ok, Code::Ok], "discovery open, list, close: {codes:?}");
+    assert_eq!(&codes[9..12], &[Code::Ok, Code::Ok, Code::Ok], "discovery open, list, close: {codes:?}");
+    // The quarantine is empty: listed, and nothing to drop (the operator got past the check to the store).
+    assert_eq!(&codes[12..], &[Code::Ok, Code::NotFound], "quarantine list, drop: {codes:?}");
     let codes = operator_calls(&site, &site.auth(None, Some(TOKEN))).await.unwrap();
     assert_eq!(codes[0], Code::Ok, "by token: {codes:?}");
     assert!(site.state().await.0 > before.0);

@@ -341,6 +341,16 @@ pub enum InspectCommand {
         #[arg(long, value_name = "UUID")]
         node_uuid: Option<String>,
     },
+    /// Queued requests that could not be read and were moved aside (the rest of the queue went on): id, node, key,
+    /// error, when. Start the node's inspection again if it still needs one, then drop the record with --drop.
+    Quarantine {
+        /// Forget the quarantine record of this request id (once read).
+        #[arg(long, value_name = "ID")]
+        drop: Option<u64>,
+        /// Print JSON instead of text, with the record's bytes as text (its first 4096 characters).
+        #[arg(long, conflicts_with = "drop")]
+        json: bool,
+    },
     /// Wait until the inspections of these nodes are finished (exit 0), one ended in error (1), or time is up (2).
     Wait {
         /// Ironic node UUIDs (as `inspect start` and `inspect list` show them).
@@ -628,6 +638,19 @@ mod tests {
             let err = parse(&["inspect", "list", "--page-size", size]).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{size}");
         }
+    }
+
+    #[test]
+    fn inspect_quarantine_lists_or_drops_one_id() {
+        let cli = parse(&["inspect", "quarantine", "--drop", "42"]).unwrap();
+        let Command::Inspect { command: InspectCommand::Quarantine { drop, json } } = cli.command else {
+            panic!("not inspect quarantine: {cli:?}")
+        };
+        assert_eq!((drop, json), (Some(42), false));
+        let err = parse(&["inspect", "quarantine", "--drop", "x"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        let err = parse(&["inspect", "quarantine", "--drop", "1", "--json"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]

@@ -6,8 +6,9 @@ use std::time::Duration;
 use ironguard_proto::v1::inspection_client::InspectionClient;
 use ironguard_proto::v1::pxe_filter_client::PxeFilterClient;
 use ironguard_proto::v1::{
-    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, ExplainMacRequest, FilterState,
-    GetFilterStateRequest, InspectionStatus, ListAgentsRequest, ListAgentsResponse, ListRequest, ListResponse,
+    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, DropQuarantinedRequest,
+    DropQuarantinedResponse, ExplainMacRequest, FilterState, GetFilterStateRequest, InspectionStatus,
+    ListAgentsRequest, ListAgentsResponse, ListQuarantinedRequest, ListQuarantinedResponse, ListRequest, ListResponse,
     ListRulesRequest, MacExplanation, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest, StartResponse,
     UpdatePxeFiltersRequest, UpdatePxeFiltersResponse,
 };
@@ -331,6 +332,18 @@ impl ControlPlane {
     pub async fn delete_all_rules(&mut self) -> Result<DeleteRulesResponse, ControlPlaneError> {
         let answer = self.inspection.delete_all_rules(ListRulesRequest {}).await;
         self.answer("DeleteAllRules", answer)
+    }
+
+    /// The queued requests that could not be read and were moved to quarantine, oldest first.
+    pub async fn list_quarantined(&mut self) -> Result<ListQuarantinedResponse, ControlPlaneError> {
+        let answer = self.inspection.list_quarantined(ListQuarantinedRequest {}).await;
+        self.answer("ListQuarantined", answer)
+    }
+
+    /// Forgets the quarantine record of request `id`.
+    pub async fn drop_quarantined(&mut self, id: u64) -> Result<DropQuarantinedResponse, ControlPlaneError> {
+        let answer = self.inspection.drop_quarantined(DropQuarantinedRequest { id }).await;
+        self.answer("DropQuarantined", answer)
     }
 
     fn answer<T>(&self, rpc: &'static str, answer: Result<tonic::Response<T>, Status>) -> Result<T, ControlPlaneError> {

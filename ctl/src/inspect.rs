@@ -7,7 +7,9 @@ use std::fmt::{self, Write as _};
 use std::io::Read as _;
 use std::path::Path;
 
-use ironguard_proto::v1::{ContinueResponse, InspectionStatus, ListResponse, StartResponse};
+use ironguard_proto::v1::{
+    ContinueResponse, InspectionStatus, ListQuarantinedResponse, ListResponse, QuarantinedRequest, StartResponse,
+};
 use serde::{Serialize, Serializer};
 
 use crate::table::Table;
@@ -117,6 +119,8 @@ pub struct ListReport {
     pub inspections: Vec<InspectionReport>,
     /// Where the next page starts; `None` after the last page.
     pub next_page_token: Option<String>,
+    /// Queued requests in quarantine (`inspect quarantine` lists them), as of the last page.
+    pub quarantined: u64,
 }
 
 impl ListReport {
@@ -124,9 +128,11 @@ impl ListReport {
     pub fn add_page(&mut self, page: ListResponse) {
         self.inspections.extend(page.inspections.into_iter().map(InspectionReport::from));
         self.next_page_token = Some(page.next_page_token).filter(|t| !t.is_empty());
+        self.quarantined = page.quarantined;
     }
 
-    /// A table of the inspections, then `more: --page-token TOKEN` if the list goes on.
+    /// A table of the inspections, then `more: --page-token TOKEN` if the list goes on, then a line naming the
+    /// quarantined requests if there are any.
     pub fn render(&self) -> String {
         let mut out = String::new();
         if self.inspections.is_empty() {
@@ -147,8 +153,90 @@ impl ListReport {
         if let Some(token) = &self.next_page_token {
             let _ = writeln!(out, "more: --page-token {token}");
         }
+        if self.quarantined > 0 {
+            let _ = writeln!(
+                out,
+                "quarantined: {} queued request(s) could not be read and were set aside; see `ironguardctl inspect \
+                 quarantine`",
+                self.quarantined
+            );
+        }
         out
     }
+}
+
+/// One queued request in quarantine: a row of `inspect quarantine`, an item of its JSON document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QuarantinedReport {
+    /// The request id (what `--drop` takes).
+    pub id: u64,
+    /// `None` when the request's node could not be read.
+    pub node: Option<String>,
+    /// Where it was found (an etcd key, or `inspection_queue/<id>` in the embedded store).
+    pub key: String,
+    pub error: String,
+    pub quarantined_at: Option<Timestamp>,
+    /// Its bytes as text, cut after 4096 characters.
+    pub raw: String,
+    /// The length of the whole text, in bytes.
+    pub raw_bytes: u64,
+}
+
+impl From<QuarantinedRequest> for QuarantinedReport {
+    fn from(q: QuarantinedRequest) -> Self {
+        Self {
+            id: q.id,
+            node: Some(q.node).filter(|n| !n.is_empty()),
+            key: q.key,
+            error: q.error,
+            quarantined_at: Timestamp::from_ms(q.quarantined_at_ms),
+            raw: q.raw,
+            raw_bytes: q.raw_bytes,
+        }
+    }
+}
+
+/// The JSON document printed by `inspect quarantine --json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct QuarantineReport {
+    /// Oldest first.
+    pub quarantined: Vec<QuarantinedReport>,
+}
+
+impl From<ListQuarantinedResponse> for QuarantineReport {
+    fn from(answer: ListQuarantinedResponse) -> Self {
+        Self { quarantined: answer.requests.into_iter().map(QuarantinedReport::from).collect() }
+    }
+}
+
+impl QuarantineReport {
+    /// A table (the bytes are in `--json` only), then what to do.
+    pub fn render(&self) -> String {
+        if self.quarantined.is_empty() {
+            return "no quarantined request\n".to_string();
+        }
+        let mut table = Table::new(&["ID", "NODE", "QUARANTINED", "ERROR", "KEY"]);
+        for q in &self.quarantined {
+            table.row(vec![
+                q.id.to_string(),
+                q.node.clone().unwrap_or_else(|| "-".to_string()),
+                or_dash(q.quarantined_at),
+                q.error.replace('\n', " "),
+                q.key.clone(),
+            ]);
+        }
+        let mut out = table.render();
+        out.push_str(
+            "what to do: read the bytes with --json, start the node's inspection again if it still needs one \
+             (ironguardctl inspect start NODE), then forget the record: ironguardctl inspect quarantine --drop ID\n",
+        );
+        out
+    }
+}
+
+/// `request ID: quarantine record dropped`.
+pub fn dropped_line(id: u64) -> String {
+    format!("request {id}: quarantine record dropped")
 }
 
 /// `NODE: inspection started (request N)` for the node as it was named; when the control plane names it otherwise
@@ -355,6 +443,7 @@ mod tests {
                 status("node-c", "waiting", ""),
             ],
             next_page_token: "node-c".into(),
+            quarantined: 0,
         });
         assert_eq!(
             report.render(),
@@ -380,6 +469,62 @@ mod tests {
     #[test]
     fn an_empty_list_says_so() {
         assert_eq!(ListReport::default().render(), "no inspection\n");
+    }
+
+    #[test]
+    fn list_names_the_quarantined_requests_when_there_are_some() {
+        let mut report = ListReport::default();
+        report.add_page(ListResponse { inspections: vec![status("node-a", "waiting", "")], ..Default::default() });
+        assert!(!report.render().contains("quarantine"), "{}", report.render());
+        report.add_page(ListResponse { quarantined: 2, ..Default::default() });
+        assert!(
+            report.render().ends_with(
+                "quarantined: 2 queued request(s) could not be read and were set aside; see `ironguardctl inspect \
+                 quarantine`\n"
+            ),
+            "{}",
+            report.render()
+        );
+        assert_eq!(serde_json::to_value(&report).unwrap()["quarantined"], 2);
+    }
+
+    #[test]
+    fn quarantine_renders_a_table_without_the_bytes_and_json_with_them() {
+        let report = QuarantineReport::from(ListQuarantinedResponse {
+            requests: vec![
+                QuarantinedRequest {
+                    id: 42,
+                    node: "node-a".into(),
+                    key: "/ig/inspect/queue/00000000000000000042".into(),
+                    error: "its arguments: EOF while parsing".into(),
+                    quarantined_at_ms: T1,
+                    raw: "{\"x\":".into(),
+                    raw_bytes: 5,
+                },
+                QuarantinedRequest {
+                    id: 7,
+                    key: "inspection_queue/7".into(),
+                    error: "expected value\nat line 1".into(),
+                    raw: "garbage".into(),
+                    raw_bytes: 7,
+                    ..Default::default()
+                },
+            ],
+        });
+        assert_eq!(
+            report.render(),
+            "ID  NODE    QUARANTINED               ERROR                             KEY\n\
+             42  node-a  2023-11-14T22:13:20.123Z  its arguments: EOF while parsing  /ig/inspect/queue/00000000000000000042\n\
+             7   -       -                         expected value at line 1          inspection_queue/7\n\
+             what to do: read the bytes with --json, start the node's inspection again if it still needs one \
+             (ironguardctl inspect start NODE), then forget the record: ironguardctl inspect quarantine --drop ID\n"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["quarantined"][0]["quarantined_at"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(json["quarantined"][1]["node"], serde_json::Value::Null);
+        assert_eq!(json["quarantined"][1]["raw"], "garbage");
+        assert_eq!(QuarantineReport::default().render(), "no quarantined request\n");
+        assert_eq!(dropped_line(42), "request 42: quarantine record dropped");
     }
 
     #[test]

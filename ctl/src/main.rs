@@ -17,7 +17,7 @@ use ironguardctl::controlplane::{ControlPlane, Target};
 use ironguardctl::explain::ExplainReport;
 use ironguardctl::filters::{self, FilterAction, FilterStateReport, UpdateReport};
 use ironguardctl::inspect::wait::{self, WaitBounds};
-use ironguardctl::inspect::{self, InspectionReport, ListReport, NodeAction};
+use ironguardctl::inspect::{self, InspectionReport, ListReport, NodeAction, QuarantineReport};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -263,6 +263,22 @@ async fn inspect(target: Target, command: InspectCommand) -> anyhow::Result<Exit
             let mut controlplane = connect().await?;
             let answer = controlplane.continue_inspection(document, node_uuid).await?;
             println!("{}", inspect::continued_line(&answer));
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::Quarantine { drop: Some(id), .. } => {
+            let mut controlplane = connect().await?;
+            controlplane.drop_quarantined(id).await?;
+            println!("{}", inspect::dropped_line(id));
+            Ok(ExitCode::SUCCESS)
+        }
+        InspectCommand::Quarantine { drop: None, json } => {
+            let mut controlplane = connect().await?;
+            let report = QuarantineReport::from(controlplane.list_quarantined().await?);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render());
+            }
             Ok(ExitCode::SUCCESS)
         }
         InspectCommand::Wait { nodes, wait } => {

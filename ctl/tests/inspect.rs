@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use ironguard_proto::v1::inspection_server::{Inspection, InspectionServer};
 use ironguard_proto::v1::{
-    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, InspectionStatus, ListRequest,
-    ListResponse, ListRulesRequest, ListRulesResponse, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest,
-    StartResponse,
+    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, DropQuarantinedRequest,
+    DropQuarantinedResponse, InspectionStatus, ListQuarantinedRequest, ListQuarantinedResponse, ListRequest,
+    ListResponse, ListRulesRequest, ListRulesResponse, NodeRequest, QuarantinedRequest, RequestAccepted, Rule,
+    RuleRequest, StartRequest, StartResponse,
 };
 use tokio::io::AsyncWriteExt as _;
 use tonic::transport::server::TcpIncoming;
@@ -52,6 +53,8 @@ struct FakeInspection {
     records: Arc<Mutex<Vec<InspectionStatus>>>,
     /// Rules as stored (JSON); a rule without `actions` is refused as the control plane refuses it.
     rules: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// Quarantined requests; `List` counts them, `DropQuarantined` of an id not here is NOT_FOUND.
+    quarantine: Arc<Mutex<Vec<QuarantinedRequest>>>,
 }
 
 impl FakeInspection {
@@ -108,7 +111,8 @@ impl Inspection for FakeInspection {
         let more = items.len() > size;
         let page: Vec<InspectionStatus> = items.into_iter().take(size).collect();
         let next_page_token = if more { page.last().unwrap().node.clone() } else { String::new() };
-        Ok(Response::new(ListResponse { inspections: page, next_page_token }))
+        let quarantined = self.quarantine.lock().unwrap().len() as u64;
+        Ok(Response::new(ListResponse { inspections: page, next_page_token, quarantined }))
     }
 
     async fn abort(&self, _request: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
@@ -179,6 +183,27 @@ impl Inspection for FakeInspection {
         let deleted = rules.len() as u32;
         rules.clear();
         Ok(Response::new(DeleteRulesResponse { deleted }))
+    }
+
+    async fn list_quarantined(
+        &self,
+        _request: Request<ListQuarantinedRequest>,
+    ) -> Result<Response<ListQuarantinedResponse>, Status> {
+        Ok(Response::new(ListQuarantinedResponse { requests: self.quarantine.lock().unwrap().clone() }))
+    }
+
+    async fn drop_quarantined(
+        &self,
+        request: Request<DropQuarantinedRequest>,
+    ) -> Result<Response<DropQuarantinedResponse>, Status> {
+        let id = request.into_inner().id;
+        let mut quarantine = self.quarantine.lock().unwrap();
+        let before = quarantine.len();
+        quarantine.retain(|q| q.id != id);
+        if quarantine.len() == before {
+            return Err(Status::not_found(format!("no quarantined request {id}")));
+        }
+        Ok(Response::new(DropQuarantinedResponse {}))
     }
 }
 
@@ -463,6 +488,71 @@ async fn abort_reapply_and_data() {
     let out = ironguardctl(&url, &["data", "node-a", "--unprocessed"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("\"logs\": \"x\""), "the unprocessed data was asked for: {}", stdout(&out));
+}
+
+#[tokio::test]
+async fn quarantine_lists_drops_and_says_when_an_id_is_not_there() {
+    let (fake, url) = start_fake().await;
+    let out = ironguardctl(&url, &["quarantine"]).await;
+    assert_eq!((out.status.code(), stdout(&out)), (Some(0), "no quarantined request\n".into()), "{}", stderr(&out));
+    *fake.records.lock().unwrap() = vec![status("n1", "waiting", "")];
+    let out = ironguardctl(&url, &["list"]).await;
+    assert!(!stdout(&out).contains("quarantine"), "{}", stdout(&out));
+
+    *fake.quarantine.lock().unwrap() = vec![QuarantinedRequest {
+        id: 42,
+        node: "n1".into(),
+        key: "/ironguard/inspect/queue/00000000000000000042".into(),
+        error: "expected value at line 1 column 13".into(),
+        quarantined_at_ms: STARTED_MS,
+        raw: "{\"request\": garbage".into(),
+        raw_bytes: 19,
+    }];
+    let out = ironguardctl(&url, &["list"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).ends_with(
+            "quarantined: 1 queued request(s) could not be read and were set aside; see `ironguardctl inspect \
+             quarantine`\n"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    let out = ironguardctl(&url, &["quarantine"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next().map(|l| l.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["ID", "NODE", "QUARANTINED", "ERROR", "KEY"])
+    );
+    let row = lines.next().unwrap();
+    assert!(row.starts_with("42  n1    2023-11-14T22:13:20.123Z  expected value at line 1 column 13  "), "{row}");
+    assert!(row.ends_with("/ironguard/inspect/queue/00000000000000000042"), "{row}");
+    assert!(lines.next().unwrap().starts_with("what to do: "), "{text}");
+    assert!(!text.contains("garbage"), "the bytes are in --json only: {text}");
+    let out = ironguardctl(&url, &["quarantine", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["quarantined"][0]["raw"], "{\"request\": garbage");
+    assert_eq!(json["quarantined"][0]["id"], 42);
+
+    // An id not in quarantine: exit 2, the control plane's word, nothing dropped.
+    let out = ironguardctl(&url, &["quarantine", "--drop", "41"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "ironguardctl: the control plane at {url} found nothing for DropQuarantined: no quarantined request 41\n"
+        )
+    );
+    assert_eq!(fake.quarantine.lock().unwrap().len(), 1);
+    let out = ironguardctl(&url, &["quarantine", "--drop", "42"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "request 42: quarantine record dropped\n");
+    assert!(fake.quarantine.lock().unwrap().is_empty());
+    let out = ironguardctl(&url, &["quarantine", "--drop", "nope"]).await;
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(stderr(&out).contains("invalid value 'nope'"), "{}", stderr(&out));
 }
 
 async fn rules_command(url: &str, args: &[&str]) -> Output {

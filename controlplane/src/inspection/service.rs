@@ -6,14 +6,16 @@ use ironguard_inspection::machine::State;
 use ironguard_inspection::records::NodeRecord;
 use ironguard_proto::v1::inspection_server::Inspection;
 use ironguard_proto::v1::{
-    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, InspectionStatus, ListRequest,
-    ListResponse, ListRulesRequest, ListRulesResponse, NodeRequest, RequestAccepted, Rule, RuleRequest, StartRequest,
-    StartResponse,
+    ContinueRequest, ContinueResponse, DataRequest, DataResponse, DeleteRulesResponse, DropQuarantinedRequest,
+    DropQuarantinedResponse, InspectionStatus, ListQuarantinedRequest, ListQuarantinedResponse, ListRequest,
+    ListResponse, ListRulesRequest, ListRulesResponse, NodeRequest, QuarantinedRequest, RequestAccepted, Rule,
+    RuleRequest, StartRequest, StartResponse,
 };
 use tonic::{Request, Response, Status};
 
 use super::engine::{ApiError, Engine};
 use super::process::StoredData;
+use crate::store::inspections::Quarantined;
 
 /// gRPC front of the engine.
 #[derive(Debug)]
@@ -21,7 +23,12 @@ pub struct InspectionService {
     pub engine: Arc<Engine>,
     /// Every call is an operator's.
     pub authz: Arc<crate::authz::Authz>,
+    /// Read again at the next scrape once this replica drops a quarantined request.
+    pub store_gauges: Arc<crate::metrics::StoreGauges>,
 }
+
+/// What `ListQuarantined` quotes of a record's bytes, in characters.
+pub const QUARANTINE_RAW_CHARS: usize = 4096;
 
 /// Largest introspection document accepted by `Continue`.
 pub const MAX_DATA_BYTES: usize = 2 << 20;
@@ -63,6 +70,18 @@ fn to_pb(r: NodeRecord) -> InspectionStatus {
         macs: r.macs.iter().map(|m| m.to_string()).collect(),
         manage_boot: r.manage_boot,
         updated_at_ms: r.updated_at,
+    }
+}
+
+fn quarantined_pb(q: Quarantined) -> QuarantinedRequest {
+    QuarantinedRequest {
+        id: q.id,
+        node: q.node,
+        key: q.key,
+        error: q.error,
+        quarantined_at_ms: q.quarantined_at,
+        raw_bytes: q.raw.len() as u64,
+        raw: ironguard_inspection::clip(&q.raw, QUARANTINE_RAW_CHARS),
     }
 }
 
@@ -141,7 +160,12 @@ impl Inspection for InspectionService {
         let more = items.len() > size;
         let page: Vec<NodeRecord> = items.into_iter().take(size).collect();
         let next = if more { page.last().map(|p| p.uuid.clone()).unwrap_or_default() } else { String::new() };
-        Ok(Response::new(ListResponse { inspections: page.into_iter().map(to_pb).collect(), next_page_token: next }))
+        let quarantined = self.engine.store.quarantine_count().await.map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(ListResponse {
+            inspections: page.into_iter().map(to_pb).collect(),
+            next_page_token: next,
+            quarantined,
+        }))
     }
 
     async fn abort(&self, r: Request<NodeRequest>) -> Result<Response<RequestAccepted>, Status> {
@@ -233,5 +257,28 @@ impl Inspection for InspectionService {
         self.authz.operator(&r, "Inspection.DeleteAllRules")?;
         let deleted = self.engine.delete_all_rules().await.map_err(status)?;
         Ok(Response::new(DeleteRulesResponse { deleted: deleted as u32 }))
+    }
+
+    async fn list_quarantined(
+        &self,
+        r: Request<ListQuarantinedRequest>,
+    ) -> Result<Response<ListQuarantinedResponse>, Status> {
+        self.authz.operator(&r, "Inspection.ListQuarantined")?;
+        let all = self.engine.store.quarantined().await.map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(ListQuarantinedResponse { requests: all.into_iter().map(quarantined_pb).collect() }))
+    }
+
+    async fn drop_quarantined(
+        &self,
+        r: Request<DropQuarantinedRequest>,
+    ) -> Result<Response<DropQuarantinedResponse>, Status> {
+        let operator = self.authz.operator(&r, "Inspection.DropQuarantined")?;
+        let id = r.into_inner().id;
+        if !self.engine.store.drop_quarantined(id).await.map_err(|e| Status::internal(e.to_string()))? {
+            return Err(Status::not_found(format!("no quarantined request {id}")));
+        }
+        self.store_gauges.invalidate().await;
+        tracing::info!(id, operator, "a quarantined request was dropped");
+        Ok(Response::new(DropQuarantinedResponse {}))
     }
 }

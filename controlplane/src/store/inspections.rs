@@ -47,6 +47,13 @@ impl QueueEntry {
 /// `<prefix>/inspect/quarantine/<id:020>`; embedded: the `inspection_quarantine` table).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quarantined {
+    /// The request's id, which names the record (what [`InspectionStore::drop_quarantined`] takes). Records written
+    /// before it was kept get it from their key when listed.
+    #[serde(default)]
+    pub id: u64,
+    /// The node the request was for, when that could be read (empty otherwise).
+    #[serde(default)]
+    pub node: String,
     /// Where it was found (the etcd key, or `inspection_queue/<id>`).
     pub key: String,
     /// Why it could not be read.
@@ -55,6 +62,14 @@ pub struct Quarantined {
     pub raw: String,
     /// When it was moved (ms since the Unix epoch).
     pub quarantined_at: u64,
+}
+
+/// The node named by a queue entry's bytes, if they are JSON enough to say (`request.node`); empty otherwise.
+pub(crate) fn node_named_in(raw: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(raw)
+        .ok()
+        .and_then(|v| v.pointer("/request/node").and_then(|n| n.as_str()).map(String::from))
+        .unwrap_or_default()
 }
 
 /// Picks the request to hand out: the oldest available one whose node has no older request in flight.
@@ -171,6 +186,10 @@ pub trait InspectionStore: Send + Sync + 'static {
     async fn pending(&self) -> Result<Vec<Request>, StoreError>;
     /// The requests that could not be read and were moved aside by a take, oldest first.
     async fn quarantined(&self) -> Result<Vec<Quarantined>, StoreError>;
+    /// How many requests are in quarantine, without reading them (a record can hold a ramdisk's data).
+    async fn quarantine_count(&self) -> Result<u64, StoreError>;
+    /// Forgets the quarantine record of request `id` (an operator read it); `false` if there was none.
+    async fn drop_quarantined(&self, id: u64) -> Result<bool, StoreError>;
     /// Notified once per request that may have become available (enqueue, release, the consume of a node's
     /// request before it; another replica's too): one waiting worker wakes per request, not every worker.
     fn wakeups(&self) -> Arc<Notify>;
@@ -195,6 +214,13 @@ mod tests {
             attempts: 0,
             available_at: 0,
         }
+    }
+
+    #[test]
+    fn the_node_of_an_unreadable_entry_is_found_when_legible() {
+        assert_eq!(node_named_in(br#"{"request": {"id": 4, "node": "n1", "kind": 7}}"#), "n1");
+        assert_eq!(node_named_in(br#"{"request": {"node": 5}}"#), "");
+        assert_eq!(node_named_in(b"{\"request\": garbage"), "");
     }
 
     #[test]

@@ -189,10 +189,26 @@ async fn check_etcd_corrupt_entry_is_quarantined_and_the_queue_goes_on(release: 
     assert_eq!(q[0].key, key);
     assert!(q[0].raw.contains("garbage"), "{q:?}");
     assert!(!q[0].error.is_empty());
+    // Named by its id, and by its node (the queue's index knows it even when the entry cannot be read).
+    assert_eq!((q[0].id, q[0].node.as_str()), (a1, "node-a"), "{q:?}");
     assert!(cl.get(key, None).await.unwrap().kvs().is_empty(), "moved, not copied");
     let kept = cl.get(c.full(&format!("inspect/quarantine/{a1:020}")), None).await.unwrap();
     assert_eq!(kept.kvs().len(), 1);
     assert!(s.pending().await.unwrap().is_empty());
+    // What /metrics exports, counted without reading the records; another replica on the same etcd sees it too.
+    let metrics = ironguard_controlplane::metrics::Metrics::new();
+    let gauges = ironguard_controlplane::metrics::StoreGauges::new(etcd_store(&etcd.url).await, &metrics);
+    gauges.refresh().await;
+    assert_eq!(metrics.inspection_quarantined.get(), 1);
+    assert!(metrics.encode().contains("\nironguard_controlplane_inspection_quarantined 1\n"), "{}", metrics.encode());
+    // Dropped once read: the key is gone, a second drop finds nothing, the count is 0.
+    assert!(s.drop_quarantined(a1).await.unwrap());
+    assert!(!s.drop_quarantined(a1).await.unwrap());
+    assert!(cl.get(c.full(&format!("inspect/quarantine/{a1:020}")), None).await.unwrap().kvs().is_empty());
+    assert!(s.quarantined().await.unwrap().is_empty());
+    gauges.invalidate().await;
+    gauges.refresh().await;
+    assert_eq!(metrics.inspection_quarantined.get(), 0);
     drop(etcd);
 }
 

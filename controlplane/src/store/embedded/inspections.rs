@@ -9,11 +9,11 @@ use async_trait::async_trait;
 use ironguard_inspection::lookup::{self, Attributes};
 use ironguard_inspection::records::{Kind, NodeRecord, Request, Taken};
 use ironguard_proto::time::now_ms;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::Notify;
 use tracing::error;
 
-use crate::store::inspections::{InspectionStore, LookupIndex, Quarantined, QueueEntry, pick};
+use crate::store::inspections::{InspectionStore, LookupIndex, Quarantined, QueueEntry, node_named_in, pick};
 use crate::store::{Backend, StoreError, embedded as backend};
 
 pub(super) const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("inspection_nodes");
@@ -412,6 +412,8 @@ impl InspectionStore for EmbeddedInspections {
                     let mut quarantine = w.open_table(QUARANTINE).map_err(backend("open the quarantine"))?;
                     for (id, raw, why) in &bad {
                         let rec = Quarantined {
+                            id: *id,
+                            node: node_named_in(raw),
                             key: format!("inspection_queue/{id}"),
                             error: why.clone(),
                             raw: String::from_utf8_lossy(raw).into_owned(),
@@ -422,10 +424,12 @@ impl InspectionStore for EmbeddedInspections {
                         q.remove(*id).map_err(backend("quarantine a request"))?;
                         error!(
                             entry = %rec.key,
+                            node = %rec.node,
                             error = %why,
                             "a queued request cannot be read: moved to quarantine (the inspection_quarantine table), \
-                             the rest of the queue goes on. `ironguardctl inspection quarantine` lists it; start the \
-                             node's inspection again if it still needs one"
+                             the rest of the queue goes on. `ironguardctl inspect quarantine` lists it; start the \
+                             node's inspection again if it still needs one, then `ironguardctl inspect quarantine \
+                             --drop {id}`"
                         );
                     }
                     quarantined = bad.len();
@@ -528,14 +532,44 @@ impl InspectionStore for EmbeddedInspections {
             let mut out = Vec::new();
             for row in t.iter().map_err(backend("read the quarantine"))? {
                 let (k, v) = row.map_err(backend("read the quarantine"))?;
-                out.push(serde_json::from_slice(v.value()).unwrap_or_else(|e| Quarantined {
+                let mut rec = serde_json::from_slice(v.value()).unwrap_or_else(|e| Quarantined {
+                    id: 0,
+                    node: String::new(),
                     key: format!("inspection_quarantine/{}", k.value()),
                     error: format!("the quarantine record itself cannot be read: {e}"),
                     raw: String::from_utf8_lossy(v.value()).into_owned(),
                     quarantined_at: 0,
-                }));
+                });
+                rec.id = k.value();
+                out.push(rec);
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn quarantine_count(&self) -> Result<u64, StoreError> {
+        self.blocking(|db| {
+            let r = db.begin_read().map_err(backend("begin a read"))?;
+            r.open_table(QUARANTINE)
+                .map_err(backend("open the quarantine"))?
+                .len()
+                .map_err(backend("count the quarantine"))
+        })
+        .await
+    }
+
+    async fn drop_quarantined(&self, id: u64) -> Result<bool, StoreError> {
+        self.blocking(move |db| {
+            let w = db.begin_write().map_err(backend("begin a transaction"))?;
+            let dropped = w
+                .open_table(QUARANTINE)
+                .map_err(backend("open the quarantine"))?
+                .remove(id)
+                .map_err(backend("drop a quarantined request"))?
+                .is_some();
+            w.commit().map_err(backend("commit"))?;
+            Ok(dropped)
         })
         .await
     }
@@ -615,7 +649,10 @@ mod tests {
     #[tokio::test]
     async fn a_corrupt_entry_is_quarantined_and_the_queue_goes_on() {
         let d = dir("quarantine");
-        let s = open(&d);
+        let s = Arc::new(open(&d));
+        let metrics = crate::metrics::Metrics::new();
+        let gauges = crate::metrics::StoreGauges::new(s.clone(), &metrics);
+        let gauge = || metrics.inspection_quarantined.get();
         let a = s.enqueue("n1", Kind::Start, serde_json::Value::Null).await.unwrap();
         let b = s.enqueue("n2", Kind::Start, serde_json::Value::Null).await.unwrap();
         let w = s.db.begin_write().unwrap();
@@ -627,9 +664,23 @@ mod tests {
         let q = s.quarantined().await.unwrap();
         assert_eq!(q.len(), 1, "{q:?}");
         assert_eq!((q[0].key.as_str(), q[0].raw.as_str()), (format!("inspection_queue/{a}").as_str(), "{not json"));
+        assert_eq!((q[0].id, q[0].node.as_str()), (a, ""), "named by its id; its node cannot be read");
+        assert_eq!(s.quarantine_count().await.unwrap(), 1);
+        assert_eq!(gauge(), -1, "not read yet");
+        gauges.refresh().await;
+        assert_eq!(gauge(), 1, "what /metrics exports");
         s.consume(&t).await.unwrap();
         assert!(s.take("w1", Duration::from_secs(5)).await.unwrap().is_none());
         assert!(s.pending().await.unwrap().is_empty());
+        // Dropped once read: gone, and a second drop finds nothing.
+        assert!(s.drop_quarantined(a).await.unwrap());
+        assert!(!s.drop_quarantined(a).await.unwrap());
+        assert!(s.quarantined().await.unwrap().is_empty());
+        assert_eq!(s.quarantine_count().await.unwrap(), 0);
+        gauges.invalidate().await;
+        gauges.refresh().await;
+        assert_eq!(gauge(), 0);
+        drop((gauges, s));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

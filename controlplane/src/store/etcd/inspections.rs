@@ -408,6 +408,14 @@ impl InspectionStore for EtcdInspections {
         self.queue.quarantined().await
     }
 
+    async fn quarantine_count(&self) -> Result<u64, StoreError> {
+        self.queue.quarantine_count().await
+    }
+
+    async fn drop_quarantined(&self, id: u64) -> Result<bool, StoreError> {
+        self.queue.drop_quarantined(id).await
+    }
+
     fn wakeups(&self) -> Arc<Notify> {
         self.queue.wake()
     }

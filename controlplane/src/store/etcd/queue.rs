@@ -9,7 +9,7 @@
 //! <prefix>/inspect/queue-index/head/<n>             the id of the node's first request
 //! <prefix>/inspect/queue-index/ready/<t:020>/<id:020>   a head available from time t (ms); value: <n>
 //! <prefix>/inspect/queue-index/leased/<t:020>/<id:020>  a head in flight until t; value: <n>
-//! <prefix>/inspect/quarantine/<id:020>              an entry that cannot be read, moved aside (JSON: key, error, raw)
+//! <prefix>/inspect/quarantine/<id:020>              an entry that cannot be read, moved aside (JSON: Quarantined)
 //! ```
 //!
 //! Only a node's first request (its *head*) is in `ready/` or `leased/`, so a node's requests run in order. Taking
@@ -36,7 +36,7 @@ use ironguard_proto::time::now_ms;
 use tokio::sync::Notify;
 use tracing::{debug, error, info, warn};
 
-use crate::store::inspections::{Quarantined, QueueEntry};
+use crate::store::inspections::{Quarantined, QueueEntry, node_named_in};
 use crate::store::{Backend, StoreError};
 
 fn e(op: &'static str) -> impl FnOnce(ironguard_coord::CoordError) -> StoreError {
@@ -519,6 +519,8 @@ impl EtcdQueue {
     ) -> Result<(), StoreError> {
         let key = self.quarantine_key(id);
         let rec = Quarantined {
+            id,
+            node: unhex(node_hex.as_bytes()).unwrap_or_else(|| node_named_in(raw)),
             key: self.queue_key(id),
             error: why.to_string(),
             raw: String::from_utf8_lossy(raw).into_owned(),
@@ -529,10 +531,11 @@ impl EtcdQueue {
         error!(
             entry = %rec.key,
             quarantine = %key,
-            node = unhex(node_hex.as_bytes()).unwrap_or_default(),
+            node = rec.node,
             error = why,
             "a queued request cannot be read: moved to quarantine, the rest of the queue goes on. Read it with \
-             `etcdctl get {key}`, start the node's inspection again if it still needs one, then delete the key"
+             `ironguardctl inspect quarantine`, start the node's inspection again if it still needs one, then \
+             `ironguardctl inspect quarantine --drop {id}`"
         );
         Ok(())
     }
@@ -601,6 +604,8 @@ impl EtcdQueue {
             }
             for (id, raw, why) in &bad {
                 let rec = Quarantined {
+                    id: *id,
+                    node: node_named_in(raw),
                     key: self.queue_key(*id),
                     error: why.clone(),
                     raw: String::from_utf8_lossy(raw).into_owned(),
@@ -617,8 +622,8 @@ impl EtcdQueue {
                         quarantine = %self.quarantine_key(*id),
                         error = %why,
                         "a queued request cannot be read: moved to quarantine, the rest of the queue goes on. Read \
-                         it with `etcdctl get`, start the node's inspection again if it still needs one, then delete \
-                         the key"
+                         it with `ironguardctl inspect quarantine`, start the node's inspection again if it still \
+                         needs one, then `ironguardctl inspect quarantine --drop {id}`"
                     );
                 }
                 if !entries.is_empty() {
@@ -706,20 +711,52 @@ impl EtcdQueue {
         }
     }
 
-    /// What is in quarantine: every record, oldest first.
+    /// What is in quarantine: every record, oldest first, its id taken from its key.
     pub(crate) async fn quarantined(&self) -> Result<Vec<Quarantined>, StoreError> {
         let (_, kvs) = self.pages(&format!("{}quarantine/", self.root), PENDING_PAGE, None).await?;
         Ok(kvs
             .into_iter()
             .map(|(key, raw)| {
-                serde_json::from_slice(&raw).unwrap_or_else(|err| Quarantined {
+                let mut rec = serde_json::from_slice(&raw).unwrap_or_else(|err| Quarantined {
+                    id: 0,
+                    node: String::new(),
                     key: key.clone(),
                     error: format!("the quarantine record itself cannot be read: {err}"),
                     raw: String::from_utf8_lossy(&raw).into_owned(),
                     quarantined_at: 0,
-                })
+                });
+                rec.id = id_of(key.as_bytes()).unwrap_or(rec.id);
+                rec
             })
             .collect())
+    }
+
+    /// How many records are in quarantine: a count-only read, whatever they hold.
+    pub(crate) async fn quarantine_count(&self) -> Result<u64, StoreError> {
+        let prefix = format!("{}quarantine/", self.root);
+        let r = self
+            .c
+            .retry("count the quarantine", |mut cl| {
+                let p = prefix.clone();
+                async move { cl.get(p, Some(GetOptions::new().with_prefix().with_count_only())).await }
+            })
+            .await
+            .map_err(e("count the quarantine"))?;
+        Ok(u64::try_from(r.count()).unwrap_or(0))
+    }
+
+    /// Deletes the quarantine record of request `id`; `false` if there was none.
+    pub(crate) async fn drop_quarantined(&self, id: u64) -> Result<bool, StoreError> {
+        let key = self.quarantine_key(id);
+        let r = self
+            .c
+            .retry("drop a quarantined request", |mut cl| {
+                let k = key.clone();
+                async move { cl.delete(k, None).await }
+            })
+            .await
+            .map_err(e("drop a quarantined request"))?;
+        Ok(r.deleted() > 0)
     }
 }
 
