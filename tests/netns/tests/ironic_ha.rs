@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use ironguard_netns_tests::ironic_ha::IronicConductors;
+use ironguard_netns_tests::ha::{HaOptions, HaSite};
+use ironguard_netns_tests::ironic;
+use ironguard_netns_tests::ironic_ha::{self, IronicConductors};
 use ironguard_netns_tests::*;
 
 /// Three namespaces `c0..c2` at 10.91.0.10–12 on one bridge (in a fourth namespace).
@@ -72,4 +74,47 @@ fn three_conductors_share_one_mariadb_and_every_node_gets_a_live_conductor() {
     assert_eq!(alive, ips, "still three alive");
     let reservations = site.db.query("SELECT COUNT(*) FROM nodes WHERE reservation IS NOT NULL;");
     assert_eq!(reservations.trim(), "0", "no node is left locked");
+}
+
+/// The HA site with an Ironic conductor on every PXE host: a node Ironic inspects boots from one host, posts its
+/// data to the conductor of the host that leased it (which hands it to the node's owner over JSON-RPC) and
+/// finishes; a node Ironic does not inspect gets nothing, and the inspected one is closed again afterwards.
+#[test]
+fn one_node_inspected_by_ironic_through_the_ha_site() {
+    let site = HaSite::with_options(HaOptions {
+        hosts: 3,
+        nodes: 2,
+        policy: "deny",
+        ironic_conductors: true,
+        ..Default::default()
+    });
+    let ironic = site.ironic.as_ref().expect("the site's conductors");
+    eprintln!("ironic-ha site set-up: {:?}", ironic.timings);
+    site.wait_leader(None, DEADLINE).expect("a leader");
+    let (a, b) = (mac("52:54:00:92:00:0a"), mac("52:54:00:92:00:0b"));
+    let api = &ironic.conductors[0];
+    let node_a = api.enroll("ha-a", &[a], "10.1.92.10", "agent");
+    let node_b = api.enroll("ha-b", &[b], "10.1.92.11", "agent");
+    api.drive_to(&node_a, "manageable");
+    api.drive_to(&node_b, "manageable");
+
+    api.drive_to(&node_a, "inspect wait");
+    let lease = wait_for(DEADLINE, || site.dhcp(0, a)).expect("the node Ironic inspects boots");
+    let host = site.hosts.iter().position(|h| h.ip == lease.server_id).expect("the lease comes from a PXE host");
+    assert!(site.plan.holds(host, lease.ip), "from that host's own range: {lease:?}");
+    assert!(site.dhcp_refused(1, b).is_none(), "a node Ironic does not inspect gets nothing");
+
+    // The ramdisk posts to the host that leased it (its address on the provisioning network).
+    site.nodes[0].ip(&["addr", "replace", &format!("{}/24", lease.ip), "dev", "eth0"]);
+    let rest = ironic::RestClient {
+        ns: site.nodes[0].name().to_string(),
+        url: format!("http://{}:{}", lease.server_id, ironic_ha::API_PORT),
+    };
+    let (status, reply) =
+        rest.api("POST", "/v1/continue_inspection", Some(&ipa_inventory(&[a], "10.1.92.10")), Some("latest"));
+    assert_eq!(status, 202, "Ironic accepted the inspection data: {reply}");
+    let node = api.wait_provision_state(&node_a, "manageable", Duration::from_secs(60));
+    assert_eq!(node["properties"]["cpu_arch"], "x86_64", "Ironic processed the data");
+    assert!(wait_for(DEADLINE, || site.all_refuse(a).then_some(())).is_some(), "closed again after inspection");
+    assert!(site.dhcp_refused(0, a).is_none(), "no lease after inspection");
 }
