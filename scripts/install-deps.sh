@@ -13,6 +13,8 @@ packages=(
                                                   # egress dataplane on a kernel before 6.16
   jq                                              # reads ironguardctl's JSON in the qemu guest's test scripts
   etcd-server etcd-client                         # the coordination service for HA tests
+  mariadb-server                                  # the database several Ironic conductors share (tests/netns/src/mariadb.rs:
+                                                  # a private mariadbd per test, never the host's service)
   python3-scapy tcpdump                           # crafted (relayed) DHCP packets; tcpdump compiles scapy's BPF filters
   python3 python3-venv                            # the real Ironic 39 and OpenStack clients (scripts/ironic-venv.sh)
   mmdebstrap                                      # the test command's fresh Debian 12 root (scripts/fresh-root.sh)
@@ -32,7 +34,7 @@ if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  # Do not let package scripts start services (etcd) on the host: tests start their own on loopback.
+  # Do not let package scripts start services (etcd, MariaDB) on the host: tests start their own in namespaces.
   policy=/usr/sbin/policy-rc.d
   created_policy=0
   if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; created_policy=1; fi

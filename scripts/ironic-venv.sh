@@ -7,14 +7,19 @@
 #   ironic_python_agent.inspector             ironic-python-agent's own callback code
 #   keystone, keystone-manage, gunicorn       a real Keystone (sqlite, fernet tokens) served by a WSGI server, for
 #                                             the inspector API's `auth_strategy = "keystone"` (tests/netns/src/keystone.rs)
+#   PyMySQL                                   the MariaDB driver of several conductors sharing one database
+#                                             (`mysql+pymysql://`, tests/netns/src/mariadb.rs)
 # Every package version is pinned in tests/ironic/constraints.txt (the set this project was tested with). The
-# environment is cached in $IRONGUARD_IRONIC_VENV (default /var/cache/ironguard/ironic-39.0.0) and rebuilt only
-# when the constraints change. Needs Debian's python3 and python3-venv (scripts/install-deps.sh) and PyPI.
+# environment is cached in $IRONGUARD_IRONIC_VENV (default /var/cache/ironguard/ironic-39.0.0-<hash of the
+# constraints>: checkouts with different constraints, e.g. two branches' worktrees, each keep their own instead of
+# rebuilding one in turn under each other's running tests) and rebuilt only when the constraints change. Needs
+# Debian's python3 and python3-venv (scripts/install-deps.sh) and PyPI.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 constraints=$here/tests/ironic/constraints.txt
-venv=${IRONGUARD_IRONIC_VENV:-/var/cache/ironguard/ironic-39.0.0}
-packages=(ironic python-ironicclient python-ironic-inspector-client python-openstackclient ironic-python-agent keystone gunicorn)
+venv=${IRONGUARD_IRONIC_VENV:-/var/cache/ironguard/ironic-39.0.0-$(sha256sum "$constraints" | cut -c1-12)}
+packages=(ironic python-ironicclient python-ironic-inspector-client python-openstackclient ironic-python-agent keystone gunicorn
+          PyMySQL)
 stamp=$venv/.ironguard-constraints
 
 ready() { [ -x "$venv/bin/ironic" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$constraints"; }

@@ -1,6 +1,8 @@
 //! A high-availability site: three (or more) PXE hosts on one provisioning bridge, each with its own dnsmasq
 //! (distinct ranges and server identifiers) and agent; etcd and two control-plane replicas on a separate
-//! management bridge. A partition is made by taking one host's management link down.
+//! management bridge. A partition is made by taking one host's management link down. With
+//! [`HaOptions::ironic_conductors`] every PXE host also runs a real Ironic 39 conductor (one MariaDB, JSON-RPC;
+//! [`IronicConductors`]) and the control planes filter for Ironic's own inspection.
 //!
 //! ```text
 //!   ns "mgmt": br-mgmt 10.90.0.1/24 ── etcd :2379, control planes :9100 and :9110
@@ -15,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use ironguard_dataplane::MacAddr;
 
+use crate::ironic_ha::{API_PORT, IronicConductors};
 use crate::{
     ControlPlane, Dnsmasq, EtcdProcess, EtcdRelease, Lease, Netns, Proc, TempDir, assert_kernel_refuses, dhcp,
     dhcp_refused, run_ok, start_agent, verdict, veth, wait_for,
@@ -57,6 +60,9 @@ pub struct PxeHost {
 /// The whole site.
 #[derive(Debug)]
 pub struct HaSite {
+    /// With [`HaOptions::ironic_conductors`]: one conductor per PXE host (index i on host i) and their MariaDB.
+    /// First, so that it is dropped (its logs read, MariaDB stopped) while the namespaces and directory exist.
+    pub ironic: Option<IronicConductors>,
     pub hosts: Vec<PxeHost>,
     pub nodes: Vec<Netns>,
     pub cps: Vec<ControlPlane>,
@@ -146,6 +152,10 @@ pub struct HaOptions {
     pub etcd_members: usize,
     /// The agents' TTL and margin.
     pub election: Election,
+    /// A real Ironic 39 conductor on every PXE host (API on its management address and on the provisioning network,
+    /// port [`API_PORT`]; one MariaDB; JSON-RPC), and the control planes following Ironic's own inspection
+    /// (`[sync] ironic_inspection`) through host 0's API.
+    pub ironic_conductors: bool,
 }
 
 impl Default for HaOptions {
@@ -159,6 +169,7 @@ impl Default for HaOptions {
             etcd: EtcdRelease::Debian12,
             etcd_members: 1,
             election: Election::TESTS,
+            ironic_conductors: false,
         }
     }
 }
@@ -232,11 +243,21 @@ impl HaSite {
         let etcd_list = etcd_endpoints.join(",");
         let etcd_toml = etcd_endpoints.iter().map(|e| format!("\"{e}\"")).collect::<Vec<_>>().join(", ");
         let etcd_flag = ["--etcd", etcd_list.as_str()];
+        // Ironic is reached through host 0's conductor (the others' APIs would answer the same: one database).
+        let cp_config = dir.join("controlplane-ironic.toml");
+        if o.ironic_conductors {
+            std::fs::write(&cp_config, ironic_cp_config(&format!("http://10.90.0.10:{API_PORT}")))
+                .expect("write the control planes' Ironic configuration");
+        }
+        let cp_config = cp_config.to_str().unwrap_or_default().to_string();
         let mut cps = Vec::new();
         for (grpc, admin) in [(9100u16, 9101u16), (9110, 9111)] {
             let mut extra: Vec<&str> = etcd_flag.to_vec();
             let rid = format!("cp-{grpc}");
             extra.extend(["--replica-id", rid.as_str(), "--unknown-mac-policy", o.policy]);
+            if o.ironic_conductors {
+                extra.extend(["--config", cp_config.as_str()]);
+            }
             cps.push(ControlPlane::start_on(&mgmt, &dir, "10.90.0.1", grpc, admin, &extra));
         }
         let mut hosts = Vec::new();
@@ -275,7 +296,16 @@ impl HaSite {
             prov.ip(&["link", "set", &format!("n{j}"), "master", "br-prov"]);
             nodes.push(node);
         }
+        // Before the agents: a host serves nobody until its agent leads, and Ironic's ports are then already known.
+        let ironic = o.ironic_conductors.then(|| {
+            let ips: Vec<String> = (0..n_hosts).map(|i| format!("10.90.0.{}", 10 + i)).collect();
+            let members: Vec<(&Netns, &str)> =
+                hosts.iter().map(|h| &h.ns).zip(ips.iter().map(String::as_str)).collect();
+            // The API also on the provisioning network, where the ramdisk posts `/v1/continue_inspection`.
+            IronicConductors::start(&members, &dir, "[api]\nhost_ip = 0.0.0.0\n")
+        });
         let mut site = Self {
+            ironic,
             hosts,
             nodes,
             cps,
@@ -412,6 +442,15 @@ impl HaSite {
             .spawn()
             .expect("run the scapy probe (python3-scapy)")
     }
+}
+
+/// The control planes' configuration for a site with Ironic conductors: Ironic at `url`, its ports denied and its
+/// own inspection followed quickly.
+fn ironic_cp_config(url: &str) -> String {
+    format!(
+        "[ironic]\nurl = \"{url}\"\nretries = 3\nretry_backoff_ms = 100\n\n\
+         [sync]\nironic_sync_secs = 1\nironic_inspection = true\nironic_inspection_period_ms = 300\n"
+    )
 }
 
 /// Starts host `i`'s DHCP server: its own slice of the plan's network, or broken as `setup` says.

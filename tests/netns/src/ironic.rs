@@ -7,6 +7,11 @@
 //! talk to its REST API with curl from inside that namespace: enroll nodes and ports, drive provision states
 //! (`manage`, `inspect`, `provide`, `active`, `abort`) and post `/v1/continue_inspection` as the ramdisk would.
 //!
+//! [`RealIronic::start_conductor`] runs the same process as one conductor of several, as production sites do
+//! (Metal3's HA mode, kolla): `rpc_transport = json-rpc` (noauth, like the API), the database a shared MariaDB
+//! ([`crate::mariadb::MariaDb`]), and the conductor's name its own address, which is what the other conductors' API
+//! connects to for JSON-RPC (Ironic resolves a conductor's `host` to reach it; Metal3 sets it to the address too).
+//!
 //! When the virtual environment is missing it is made on first use (PyPI); when that fails the test fails.
 
 use std::path::{Path, PathBuf};
@@ -78,6 +83,17 @@ fn template_db() -> &'static Path {
     })
 }
 
+/// How an Ironic shares its work: alone, or as one conductor of several.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deployment {
+    /// `rpc_transport = none` and a private sqlite database (a copy of the template).
+    Alone,
+    /// `rpc_transport = json-rpc` on the API's address and `rpc_port`, the database at `db_url` (SQLAlchemy URL,
+    /// e.g. [`crate::mariadb::MariaDb::ironic_url`], whose schema already exists), and the conductor named by the
+    /// API's address.
+    Conductor { db_url: String, rpc_port: u16 },
+}
+
 /// A running Ironic 39 in a namespace. Killed with its namespace's other processes when dropped.
 #[derive(Debug)]
 pub struct RealIronic {
@@ -85,6 +101,10 @@ pub struct RealIronic {
     /// `http://HOST:PORT` as seen from inside the namespace.
     pub url: String,
     pub conf: PathBuf,
+    /// The conductor's name (`[DEFAULT] host`), as `baremetal conductor list` and a node's `conductor` show it.
+    pub conductor: String,
+    /// How long the process took to answer its API (start to `GET /` 200).
+    pub startup: Duration,
     ns: String,
 }
 
@@ -97,22 +117,96 @@ impl RealIronic {
     /// Ironic on `host:port` in `ns`; `extra_conf` is appended to its configuration (later sections and options
     /// win, e.g. `[api]\nmax_limit = 5\n` or `[fake]\npower_delay = 3\n`).
     pub fn start_with(ns: &Netns, dir: &TempDir, host: &str, port: u16, extra_conf: &str) -> Self {
-        let state = dir.join(&format!("ironic-{port}"));
+        Self::launch(ns, dir, host, port, &Deployment::Alone, extra_conf)
+    }
+
+    /// One conductor of several (API and conductor in one process, as [`RealIronic::start_with`]) on `host:port`
+    /// in `ns`, sharing the database at `db_url` and reaching the others by JSON-RPC on `rpc_port`.
+    pub fn start_conductor(
+        ns: &Netns,
+        dir: &TempDir,
+        host: &str,
+        port: u16,
+        db_url: &str,
+        rpc_port: u16,
+        extra_conf: &str,
+    ) -> Self {
+        Self::launch(ns, dir, host, port, &Deployment::Conductor { db_url: db_url.to_string(), rpc_port }, extra_conf)
+    }
+
+    /// Starts `ironic` and waits until its API answers.
+    pub fn launch(ns: &Netns, dir: &TempDir, host: &str, port: u16, deployment: &Deployment, extra_conf: &str) -> Self {
+        let t = Instant::now();
+        let tag = match deployment {
+            Deployment::Alone => format!("ironic-{port}"),
+            Deployment::Conductor { .. } => format!("ironic-{host}-{port}"),
+        };
+        let state = dir.join(&tag);
         std::fs::create_dir_all(state.join("locks")).expect("ironic state dir");
-        let db = state.join("ironic.sqlite");
-        std::fs::copy(template_db(), &db).expect("copy the template database");
         let conf = state.join("ironic.conf");
-        std::fs::write(&conf, config(host, port, &db, &state.join("locks"), extra_conf)).expect("write ironic.conf");
+        let (conductor, text) = match deployment {
+            Deployment::Alone => {
+                let db = state.join("ironic.sqlite");
+                std::fs::copy(template_db(), &db).expect("copy the template database");
+                let db_url = format!("sqlite:///{}", db.display());
+                (
+                    "ironguard-test".to_string(),
+                    config(host, port, "none", "ironguard-test", &db_url, &state, extra_conf),
+                )
+            }
+            Deployment::Conductor { db_url, rpc_port } => {
+                let rpc = format!("[json_rpc]\nhost_ip = {host}\nport = {rpc_port}\n\n{extra_conf}");
+                // A conductor on another JSON-RPC port than 8089 registers as `host:port` (Ironic's
+                // `prepare_host`), which is how the others then reach it.
+                let name = if *rpc_port == 8089 { host.to_string() } else { format!("{host}:{rpc_port}") };
+                (name, config(host, port, "json-rpc", host, db_url, &state, &rpc))
+            }
+        };
+        std::fs::write(&conf, text).expect("write ironic.conf");
         let mut cmd = ns.cmd(venv_bin("ironic"));
         cmd.arg("--config-file").arg(&conf);
-        let proc = Proc::spawn("ironic", cmd, dir.join(&format!("ironic-{port}.log")));
-        let me = Self { proc, url: format!("http://{host}:{port}"), conf, ns: ns.name().to_string() };
+        let proc = Proc::spawn("ironic", cmd, dir.join(&format!("{tag}.log")));
+        let mut me = Self {
+            proc,
+            url: format!("http://{host}:{port}"),
+            conf,
+            conductor,
+            startup: Duration::ZERO,
+            ns: ns.name().to_string(),
+        };
         // Wait bounds for a process that never comes up, not measurements: Ironic imports hundreds of modules, and
         // beside a CPU hog and the rest of the suite it took over 60 s to listen (T22).
         let up = wait_tcp_listen(ns, port, Duration::from_secs(240))
             && crate::wait_for(Duration::from_secs(60), || (me.api("GET", "/", None).0 == 200).then_some(())).is_some();
         assert!(up, "Ironic did not start:\n{}", me.proc.log_text());
+        me.startup = t.elapsed();
         me
+    }
+
+    /// The namespace this Ironic runs in.
+    pub fn ns_name(&self) -> &str {
+        &self.ns
+    }
+
+    /// `baremetal ARGS -f json` from this Ironic's namespace (noauth, newest microversion): the parsed output;
+    /// panics unless the command succeeds.
+    pub fn baremetal_json(&self, args: &[&str]) -> Value {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns])
+            .arg(venv_bin("baremetal"))
+            .args(["--os-auth-type", "none", "--os-endpoint", &self.url, "--os-baremetal-api-version", "latest"])
+            .args(args)
+            .args(["-f", "json"])
+            .env("PYTHONWARNINGS", "ignore")
+            .output()
+            .expect("run baremetal");
+        assert!(
+            out.status.success(),
+            "baremetal {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("baremetal -f json prints JSON")
     }
 
     /// One API call with the newest microversion; (HTTP status, JSON body or Null).
@@ -322,12 +416,14 @@ pub fn ipa_inventory(macs: &[MacAddr], bmc: &str) -> Value {
     })
 }
 
-fn config(host: &str, port: u16, db: &Path, locks: &Path, extra: &str) -> String {
+/// Ironic's configuration: the API on `host:port`, `rpc_transport`, the conductor's name, the database and the
+/// state directory (locks); `extra` last, so that its sections and options win.
+fn config(host: &str, port: u16, rpc_transport: &str, name: &str, db_url: &str, state: &Path, extra: &str) -> String {
     format!(
         "[DEFAULT]
 auth_strategy = noauth
-rpc_transport = none
-host = ironguard-test
+rpc_transport = {rpc_transport}
+host = {name}
 use_stderr = true
 debug = false
 enabled_hardware_types = fake-hardware
@@ -351,7 +447,7 @@ host_ip = {host}
 port = {port}
 
 [database]
-connection = sqlite:///{db}
+connection = {db_url}
 
 [dhcp]
 dhcp_provider = none
@@ -368,7 +464,6 @@ lock_path = {locks}
 
 {extra}
 ",
-        db = db.display(),
-        locks = locks.display()
+        locks = state.join("locks").display()
     )
 }
