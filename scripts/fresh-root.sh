@@ -22,7 +22,7 @@
 # build's fingerprints match; the Rust toolchain (~/.rustup, ~/.cargo/bin, read-only) and cargo's download cache
 # are bound in from this machine, as the machine image ships them.
 #
-#   scripts/fresh-root.sh [--suite bookworm] [bootstrap DIR | run DIR]
+#   scripts/fresh-root.sh [--suite bookworm|trixie] [bootstrap DIR | run DIR]
 # Without a phase: both, in a temporary directory deleted at the end (kept with IRONGUARD_KEEP_ROOT=1).
 # `bootstrap DIR` makes the root and runs the install step (network and disk, little CPU: scripts/test.sh runs it
 # beside the build); `run DIR` does the rest. Everything runs in a private mount namespace, so no mount outlives it.
@@ -36,6 +36,8 @@ phase=${1:-all}
 case "$suite" in
   bookworm) mirrors=("deb http://deb.debian.org/debian bookworm main" "deb http://deb.debian.org/debian bookworm-updates main"
     "deb http://deb.debian.org/debian-security bookworm-security main") ;;
+  trixie) mirrors=("deb http://deb.debian.org/debian trixie main" "deb http://deb.debian.org/debian trixie-updates main"
+    "deb http://deb.debian.org/debian-security trixie-security main") ;;
   *) echo "fresh-root: unknown suite $suite" >&2; exit 2 ;;
 esac
 
