@@ -29,6 +29,8 @@ pub struct EtcdCoordinator {
     memory: std::sync::Arc<std::sync::Mutex<StoreMemory>>,
     /// A client per endpoint: keep-alives go on all, requests to the one that answered last.
     lanes: Arc<Lanes>,
+    /// The client for watches: it requires an etcd leader ([`EtcdCoordinator::watch_client`]).
+    watcher: Client,
 }
 
 impl std::fmt::Debug for EtcdCoordinator {
@@ -150,6 +152,13 @@ impl EtcdCoordinator {
         // The client dials lazily, but authenticates at once when a user is set: bounded like any request.
         let bound = Duration::from_millis(cfg.dial_timeout_ms.saturating_add(cfg.request_timeout_ms));
         let lanes = Arc::new(Lanes::new(&cfg.endpoints, opts.clone(), bound));
+        // Watches require an etcd leader: a member without one (cut from the others) ends the watches it serves, so
+        // that the watcher opens another (on another member) instead of staying on one that hears nothing.
+        let watching = Client::connect(&cfg.endpoints, Some(opts.clone().with_require_leader(true)));
+        let watcher = match tokio::time::timeout(bound, watching).await {
+            Ok(r) => r.map_err(e("connect"))?,
+            Err(_) => return Err(CoordError::Etcd { op: "connect", source: timed_out() }),
+        };
         let client = match tokio::time::timeout(bound, Client::connect(&cfg.endpoints, Some(opts))).await {
             Ok(r) => r.map_err(e("connect"))?,
             Err(_) => return Err(CoordError::Etcd { op: "connect", source: timed_out() }),
@@ -161,6 +170,7 @@ impl EtcdCoordinator {
             retries: cfg.retries.max(1),
             memory: Default::default(),
             lanes,
+            watcher,
         })
     }
 
@@ -197,6 +207,12 @@ impl EtcdCoordinator {
         self.client.clone()
     }
 
+    /// The client for watches: a member without an etcd leader ends them (etcd's `hasleader`), where a watch would
+    /// otherwise stay open on a member cut from the others and hear nothing.
+    pub fn watch_client(&self) -> Client {
+        self.watcher.clone()
+    }
+
     /// The full key for a key relative to the prefix.
     pub fn full(&self, key: &str) -> String {
         format!("{}/{key}", self.prefix)
@@ -213,7 +229,7 @@ impl EtcdCoordinator {
         options: WatchOptions,
         op: &'static str,
     ) -> Result<etcd_client::WatchStream, CoordError> {
-        let mut client = self.client.clone();
+        let mut client = self.watcher.clone();
         match tokio::time::timeout(self.request_timeout, client.watch(key, Some(options))).await {
             Ok(r) => r.map_err(e(op)),
             Err(_) => Err(CoordError::Etcd { op, source: timed_out() }),

@@ -414,12 +414,40 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             }));
         }
         Fault::EtcdLeaderPeersCut => {
+            // A MAC allowed before the cut and denied during it: whatever member each control plane's watch sits
+            // on, every host must refuse it while the cut lasts (a watch on the cut member hears nothing).
+            let x = crate::mac(RESTORED_MAC);
+            let cp = "https://10.90.0.1:9100";
+            let allow = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "allow", RESTORED_MAC]);
+            if !allow.status.success() {
+                return Err(format!("allowing {RESTORED_MAC}: {}", String::from_utf8_lossy(&allow.stderr)));
+            }
+            crate::wait_for(Duration::from_secs(20), || (!site.all_refuse(x)).then_some(()))
+                .ok_or("the allowed MAC never reached a host's kernel")?;
             let m = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
             let ns = &site.etcd_ns[m];
             block_both_ways(ns, 2380)?;
-            std::thread::sleep(2 * ttl);
+            let cut_at = Instant::now();
+            // While etcd elects another leader (a second or two) a write fails with a clear error, as any etcd
+            // write does: the operator tries again.
+            let mut deny = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "deny", RESTORED_MAC]);
+            while !deny.status.success() && cut_at.elapsed() < ttl {
+                std::thread::sleep(Duration::from_millis(200));
+                deny = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "deny", RESTORED_MAC]);
+            }
+            let refused = deny.status.success()
+                && crate::wait_for((2 * ttl).saturating_sub(cut_at.elapsed()), || site.all_refuse(x).then_some(()))
+                    .is_some();
+            std::thread::sleep((2 * ttl).saturating_sub(cut_at.elapsed()));
             unblock(ns);
             site.etcd_member(m).wait_up(Duration::from_secs(60));
+            if !refused {
+                return Err(format!(
+                    "{RESTORED_MAC}, denied while etcd member {m} was cut from its peers, was still served at the end \
+                     of the cut (deny: {})",
+                    String::from_utf8_lossy(&deny.stderr).trim()
+                ));
+            }
         }
         Fault::EtcdQuorumLoss => {
             let lead = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
@@ -480,7 +508,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
     Ok(Round { fault, leader, injected, serving, serving_at, lease_deadline, stopped_in, etcd_back_at })
 }
 
-/// A MAC the restore faults allow before the snapshot and deny after it.
+/// A MAC the restore faults allow before the snapshot and deny after it (and the peers' cut, before and during).
 const RESTORED_MAC: &str = "52:54:00:5e:57:0e";
 
 /// The restore faults: `RESTORED_MAC` allowed, a snapshot of the cluster saved, the MAC denied (until every host

@@ -345,7 +345,7 @@ impl Follower {
     /// Follows the watch until it breaks.
     async fn watch(&self, at: &mut i64, stop: &CancellationToken) {
         let keys = &self.keys;
-        let mut client = self.c.client();
+        let mut client = self.c.watch_client();
         let watch =
             client.watch(keys.root.clone(), Some(WatchOptions::new().with_prefix().with_start_revision(*at + 1))).await;
         let mut w = match watch {

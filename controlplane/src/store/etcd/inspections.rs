@@ -76,7 +76,7 @@ impl EtcdInspections {
         let stop = CancellationToken::new();
         // Wake one local worker per request that became ready (enqueued as its node's first request, released, or
         // promoted when the one before it was consumed), on any replica: not every worker per write to the queue.
-        let (client, ready, wake, stop2) = (c.client(), queue.ready_prefix(), queue.wake(), stop.clone());
+        let (client, ready, wake, stop2) = (c.watch_client(), queue.ready_prefix(), queue.wake(), stop.clone());
         tokio::spawn(async move {
             let mut client = client;
             let opts = WatchOptions::new().with_prefix().with_filters([WatchFilterType::NoDelete]);
