@@ -428,23 +428,25 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
             let ns = &site.etcd_ns[m];
             block_both_ways(ns, 2380)?;
             let cut_at = Instant::now();
-            // While etcd elects another leader (a second or two) a write fails with a clear error, as any etcd
-            // write does: the operator tries again.
+            // While etcd elects another leader a write fails with a clear error, as any etcd write does: the operator
+            // tries again. The cut lasts until the deny is written and every host refuses the MAC (bounded: only
+            // something stuck takes 30 s), and at least 2 × TTL.
+            let bound = Duration::from_secs(30);
             let mut deny = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "deny", RESTORED_MAC]);
-            while !deny.status.success() && cut_at.elapsed() < ttl {
+            while !deny.status.success() && cut_at.elapsed() < bound {
                 std::thread::sleep(Duration::from_millis(200));
                 deny = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "deny", RESTORED_MAC]);
             }
             let refused = deny.status.success()
-                && crate::wait_for((2 * ttl).saturating_sub(cut_at.elapsed()), || site.all_refuse(x).then_some(()))
+                && crate::wait_for(bound.saturating_sub(cut_at.elapsed()), || site.all_refuse(x).then_some(()))
                     .is_some();
             std::thread::sleep((2 * ttl).saturating_sub(cut_at.elapsed()));
             unblock(ns);
             site.etcd_member(m).wait_up(Duration::from_secs(60));
             if !refused {
                 return Err(format!(
-                    "{RESTORED_MAC}, denied while etcd member {m} was cut from its peers, was still served at the end \
-                     of the cut (deny: {})",
+                    "{RESTORED_MAC}, denied while etcd member {m} was cut from its peers, was still served 30 s \
+                     into the cut (deny: {})",
                     String::from_utf8_lossy(&deny.stderr).trim()
                 ));
             }
