@@ -634,23 +634,27 @@ pub fn etcdctl(site: &HaSite, args: &[&str]) -> Result<String, String> {
 /// Drops the host's outgoing TCP to these ports (a table of the test's own in the host's namespace).
 fn block(ns: &Netns, ports: &[u16]) -> Result<(), String> {
     let list = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
-    let script = format!(
-        "table inet ig_fault {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    tcp dport {{ {list} }} drop\n  }}\n}}\n"
-    );
-    let path = std::env::temp_dir().join(crate::unique("fault-block.nft"));
-    std::fs::write(&path, script).map_err(|e| e.to_string())?;
-    let out = ns.cmd("nft").arg("-f").arg(&path).output().map_err(|e| e.to_string());
-    let _ = std::fs::remove_file(&path);
-    let out = out?;
-    out.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    load_fault_table(
+        ns,
+        &format!(
+            "table inet ig_fault {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    tcp dport {{ {list} }} drop\n  }}\n}}\n"
+        ),
+    )
 }
 
 /// Drops TCP to and from `port` in `ns`, both ways and on connections either side opened (the same table as
 /// [`block`]): a clean partition of that port.
 fn block_both_ways(ns: &Netns, port: u16) -> Result<(), String> {
-    let script = format!(
-        "table inet ig_fault {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    tcp dport {port} drop\n    tcp sport {port} drop\n  }}\n  chain in {{\n    type filter hook input priority 0; policy accept;\n    tcp dport {port} drop\n    tcp sport {port} drop\n  }}\n}}\n"
-    );
+    load_fault_table(
+        ns,
+        &format!(
+            "table inet ig_fault {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    tcp dport {port} drop\n    tcp sport {port} drop\n  }}\n  chain in {{\n    type filter hook input priority 0; policy accept;\n    tcp dport {port} drop\n    tcp sport {port} drop\n  }}\n}}\n"
+        ),
+    )
+}
+
+/// Loads an nft script (the fault's own table, `ig_fault`) in `ns`. Err: nft's complaint.
+fn load_fault_table(ns: &Netns, script: &str) -> Result<(), String> {
     let path = std::env::temp_dir().join(crate::unique("fault-block.nft"));
     std::fs::write(&path, script).map_err(|e| e.to_string())?;
     let out = ns.cmd("nft").arg("-f").arg(&path).output().map_err(|e| e.to_string());
