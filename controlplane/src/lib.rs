@@ -145,6 +145,8 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
         let health = ironguard_ironic::IronicHealth {
             failed_attempts: metrics.ironic_failed_attempts.clone(),
             up: metrics.ironic_up.clone(),
+            requests: metrics.ironic_requests.clone(),
+            failovers: metrics.ironic_failovers.clone(),
         };
         Some(Arc::new(Ironic::new(config.ironic.clone()).context("configuring the Ironic client")?.with_health(health)))
     };

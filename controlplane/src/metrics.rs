@@ -53,6 +53,10 @@ pub struct Metrics {
     pub ironic_failed_attempts: Counter,
     /// 1 while the last Ironic call got an answer, 0 once a call gave up after its retries (-1 before any call).
     pub ironic_up: Gauge,
+    /// Ironic requests sent, each attempt counted.
+    pub ironic_requests: Counter,
+    /// Moves from an Ironic API endpoint that did not answer to the next of `[ironic] url` and `fallback_urls`.
+    pub ironic_failovers: Counter,
     /// What the Ironic sync holds back as a mass drop (`[sync] ironic_drop_max_percent`), by what: "denies"
     /// (`ironic` denies of ports Ironic no longer lists), "inspections" (of nodes it no longer lists). 0: nothing.
     pub ironic_sync_held: Family<WhatLabel, Gauge>,
@@ -118,6 +122,14 @@ impl Metrics {
             "1 while the last Ironic call got an answer, 0 once a call gave up after its retries, -1 before any",
             ironic_up.clone(),
         );
+        let ironic_requests = Counter::default();
+        registry.register("ironic_requests", "Ironic requests sent, each attempt counted", ironic_requests.clone());
+        let ironic_failovers = Counter::default();
+        registry.register(
+            "ironic_failovers",
+            "Moves from an Ironic API endpoint that did not answer to the next of [ironic] url and fallback_urls",
+            ironic_failovers.clone(),
+        );
         let ironic_sync_held = Family::<WhatLabel, Gauge>::default();
         // Exported at 0 from the start: an alert on a series that appears only when it fires would never be tested.
         for what in ["denies", "inspections"] {
@@ -165,6 +177,8 @@ impl Metrics {
             agent_dhcp_healthy,
             ironic_failed_attempts,
             ironic_up,
+            ironic_requests,
+            ironic_failovers,
             ironic_sync_held,
             etcd_outdated,
             inspection_quarantined,

@@ -8,6 +8,7 @@
 //! [`crypto_provider`] is the process's rustls provider, installed once, here, for every TLS client and server.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -28,6 +29,11 @@ pub const MIN_MICROVERSION: (u32, u32) = (1, 8);
 pub struct IronicConfig {
     /// Ironic API endpoint, e.g. `https://ironic.example:6385`. Empty: no Ironic (inspections cannot run).
     pub url: String,
+    /// More API endpoints of the same Ironic, for an HA Ironic with no virtual address in front of it (one API per
+    /// conductor, e.g. `["http://10.0.0.12:6385", "http://10.0.0.13:6385"]`). A request that cannot reach the
+    /// endpoint in use (connection refused or timed out, 502/503/504) moves to the next one at once; later requests
+    /// stay on the endpoint that answered. Every endpoint must reach the same database.
+    pub fallback_urls: Vec<String>,
     /// `noauth`, `http_basic` or `password` (Keystone v3).
     pub auth_type: String,
     pub username: String,
@@ -53,6 +59,7 @@ impl Default for IronicConfig {
     fn default() -> Self {
         Self {
             url: String::new(),
+            fallback_urls: Vec::new(),
             auth_type: "noauth".into(),
             username: String::new(),
             password: ironguard_coord::Secret::default(),
@@ -74,6 +81,14 @@ impl IronicConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !(self.url.is_empty() || self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return Err(format!("[ironic] url {:?} must start with http:// or https://", self.url));
+        }
+        if self.url.is_empty() && !self.fallback_urls.is_empty() {
+            return Err("[ironic] fallback_urls needs url (the endpoint tried first)".into());
+        }
+        for u in &self.fallback_urls {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(format!("[ironic] fallback_urls entry {u:?} must start with http:// or https://"));
+            }
         }
         match self.auth_type.as_str() {
             "noauth" => {}
@@ -178,6 +193,10 @@ pub struct InterfaceValidation {
 pub struct Ironic {
     http: reqwest::Client,
     cfg: IronicConfig,
+    /// `url` then `fallback_urls`, without a trailing `/`.
+    bases: Vec<String>,
+    /// The index in `bases` of the endpoint in use.
+    current: AtomicUsize,
     version: OnceCell<String>,
     token: RwLock<Option<String>>,
     health: IronicHealth,
@@ -188,6 +207,10 @@ pub struct Ironic {
 pub struct IronicHealth {
     pub failed_attempts: prometheus_client::metrics::counter::Counter,
     pub up: prometheus_client::metrics::gauge::Gauge,
+    /// Every request sent (each attempt counts).
+    pub requests: prometheus_client::metrics::counter::Counter,
+    /// Moves from an endpoint that did not answer to the next of `url` and `fallback_urls`.
+    pub failovers: prometheus_client::metrics::counter::Counter,
 }
 
 /// The rustls crypto provider of the process (ring, already in the tree for tonic and etcd-client), installed as
@@ -276,7 +299,17 @@ impl Ironic {
             b = b.tls_certs_only(certs);
         }
         let http = b.build().map_err(|e| IronicError::Config(format!("HTTP client: {e}")))?;
-        Ok(Self { http, cfg, version: OnceCell::new(), token: RwLock::new(None), health: IronicHealth::default() })
+        let bases =
+            std::iter::once(&cfg.url).chain(&cfg.fallback_urls).map(|u| u.trim_end_matches('/').to_string()).collect();
+        Ok(Self {
+            http,
+            cfg,
+            bases,
+            current: AtomicUsize::new(0),
+            version: OnceCell::new(),
+            token: RwLock::new(None),
+            health: IronicHealth::default(),
+        })
     }
 
     /// Reports reachability into these metrics.
@@ -289,8 +322,29 @@ impl Ironic {
         &self.cfg
     }
 
+    /// The endpoint in use.
     fn base(&self) -> &str {
-        self.cfg.url.trim_end_matches('/')
+        &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
+    }
+
+    /// The endpoint requests go to now (`url`, or one of `fallback_urls` after `url` stopped answering).
+    pub fn endpoint(&self) -> &str {
+        self.base()
+    }
+
+    /// Moves from endpoint `from` (an index in `bases`) to the next, unless another request moved already.
+    fn fail_over(&self, from: usize, why: &str) {
+        let to = (from + 1) % self.bases.len();
+        if self.current.compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            self.health.failovers.inc();
+            warn!(
+                from = %self.bases[from],
+                to = %self.bases[to],
+                "Ironic's API at {} does not answer ({why}); using {} (check that conductor's API service)",
+                self.bases[from],
+                self.bases[to]
+            );
+        }
     }
 
     /// Asks Ironic for its versions once and settles on min(ours, its maximum).
@@ -382,14 +436,32 @@ impl Ironic {
         body: Option<&Value>,
         version: Option<&str>,
     ) -> Result<String, IronicError> {
-        let attempts = self.cfg.retries + 1;
+        // The path below the endpoint, so that a retry after a fail-over goes to the next endpoint.
+        let path = self
+            .bases
+            .iter()
+            .find_map(|b| url.strip_prefix(b.as_str()).filter(|rest| rest.is_empty() || rest.starts_with('/')))
+            .map(str::to_string);
+        // Every endpoint gets a try before the request gives up.
+        let attempts = (self.cfg.retries + 1).max(self.bases.len() as u32);
         let mut last = String::new();
         let mut refreshed = false;
+        // Whether the last attempt failed over to an endpoint this request has not tried: it goes there at once.
+        let mut moved = 0usize;
+        let mut fresh = false;
         for attempt in 0..attempts {
-            if attempt > 0 {
+            if attempt > 0 && !fresh {
                 let pause = Duration::from_millis(self.cfg.retry_backoff_ms).saturating_mul(1 << (attempt - 1).min(6));
                 tokio::time::sleep(pause.min(Duration::from_secs(10))).await;
             }
+            fresh = false;
+            let used = self.current.load(Ordering::Relaxed) % self.bases.len();
+            let target = match &path {
+                Some(p) => format!("{}{p}", self.bases[used]),
+                None => url.to_string(),
+            };
+            let url = target.as_str();
+            self.health.requests.inc();
             let mut req = self.http.request(method.clone(), url).header("Accept", "application/json");
             if let Some(v) = version {
                 req = req.header("X-OpenStack-Ironic-API-Version", v);
@@ -412,11 +484,25 @@ impl Ironic {
                         .join(": ");
                     debug!(op, attempt, error = %e, "Ironic request failed");
                     self.health.failed_attempts.inc();
+                    if self.bases.len() > 1 && path.is_some() {
+                        self.fail_over(used, &last);
+                        moved += 1;
+                        fresh = moved < self.bases.len();
+                    }
                     continue;
                 }
             };
             let status = resp.status().as_u16();
             let text = resp.text().await.unwrap_or_default();
+            // A proxy or a server with no working backend: the next endpoint may answer.
+            if matches!(status, 502..=504) && self.bases.len() > 1 && path.is_some() {
+                self.health.failed_attempts.inc();
+                last = format!("{status}: {}", error_message(&text));
+                self.fail_over(used, &last);
+                moved += 1;
+                fresh = moved < self.bases.len();
+                continue;
+            }
             // What the match below retries: a 5xx, or a 409 for a locked node.
             if status >= 500 || (status == 409 && error_message(&text).to_lowercase().contains("lock")) {
                 self.health.failed_attempts.inc();

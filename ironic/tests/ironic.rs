@@ -301,3 +301,70 @@ async fn ironic_over_tls_with_a_ca_bundle() {
     assert!(e.contains("cannot read"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A port on 127.0.0.1 nobody listens on (connection refused).
+fn refused_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    format!("http://127.0.0.1:{port}")
+}
+
+/// An HA Ironic with no VIP: `url` refuses, then answers 503 (a proxy with no backend); the request moves to the
+/// next endpoint at once, and later requests stay on the one that answered. With every endpoint down, each got a
+/// try and the error says so.
+#[tokio::test]
+async fn a_request_moves_to_the_next_ironic_endpoint_and_stays_there() {
+    let f = fake(FakeIronicConfig::default()).await;
+    let health = ironguard_ironic::IronicHealth::default();
+    let ironic = Ironic::new(IronicConfig {
+        url: refused_url(),
+        fallback_urls: vec![format!("{}/", f.url())],
+        retries: 0,
+        ..Default::default()
+    })
+    .unwrap()
+    .with_health(health.clone());
+    let node = ironic.get_node("55555555-5555-5555-5555-555555555555").await.unwrap();
+    assert_eq!(node.uuid, "55555555-5555-5555-5555-555555555555");
+    assert_eq!(health.failovers.get(), 1, "one move, although retries = 0");
+    assert_eq!(ironic.endpoint(), f.url(), "the endpoint that answered is the one in use");
+    let before = health.requests.get();
+    ironic.get_node("55555555-5555-5555-5555-555555555555").await.unwrap();
+    assert_eq!(health.requests.get(), before + 1, "the next request goes straight to it");
+    assert_eq!(health.failovers.get(), 1);
+
+    // 503 from the endpoint in use (e.g. haproxy with no backend up): the next one is asked.
+    let unavailable = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let busy = format!("http://{}", unavailable.local_addr().unwrap());
+    let app = axum::Router::new().fallback(|| async { (StatusCode::SERVICE_UNAVAILABLE, "no server is available") });
+    tokio::spawn(async move { axum::serve(unavailable, app).await });
+    let health = ironguard_ironic::IronicHealth::default();
+    let ironic =
+        Ironic::new(IronicConfig { url: busy.clone(), fallback_urls: vec![f.url()], retries: 0, ..Default::default() })
+            .unwrap()
+            .with_health(health.clone());
+    ironic.get_node("55555555-5555-5555-5555-555555555555").await.unwrap();
+    assert_eq!((health.failovers.get(), ironic.endpoint()), (1, f.url().as_str()));
+
+    // Every endpoint down: each gets its try, and the error names the last failure.
+    let ironic = Ironic::new(IronicConfig {
+        url: refused_url(),
+        fallback_urls: vec![refused_url(), busy],
+        retries: 0,
+        retry_backoff_ms: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let e = ironic.get_node("55555555-5555-5555-5555-555555555555").await.unwrap_err();
+    assert!(matches!(e, IronicError::Exhausted { attempts: 3, .. }), "{e}");
+    assert!(e.to_string().contains("503"), "the last endpoint's answer: {e}");
+}
+
+#[test]
+fn fallback_urls_are_checked() {
+    let c = IronicConfig { fallback_urls: vec!["http://b:6385".into()], ..Default::default() };
+    assert!(c.validate().unwrap_err().contains("needs url"));
+    let c = IronicConfig { url: "http://a:6385".into(), fallback_urls: vec!["b:6385".into()], ..Default::default() };
+    assert!(c.validate().unwrap_err().contains("\"b:6385\""));
+}

@@ -243,23 +243,14 @@ impl HaSite {
         let etcd_list = etcd_endpoints.join(",");
         let etcd_toml = etcd_endpoints.iter().map(|e| format!("\"{e}\"")).collect::<Vec<_>>().join(", ");
         let etcd_flag = ["--etcd", etcd_list.as_str()];
-        // Ironic is reached through host 0's conductor (the others' APIs would answer the same: one database).
+        // Ironic is reached through host 0's conductor, and the others' APIs when it does not answer (one database).
         let cp_config = dir.join("controlplane-ironic.toml");
         if o.ironic_conductors {
-            std::fs::write(&cp_config, ironic_cp_config(&format!("http://10.90.0.10:{API_PORT}")))
+            let urls: Vec<String> = (0..n_hosts).map(|i| format!("http://10.90.0.{}:{API_PORT}", 10 + i)).collect();
+            std::fs::write(&cp_config, ironic_cp_config(&urls))
                 .expect("write the control planes' Ironic configuration");
         }
         let cp_config = cp_config.to_str().unwrap_or_default().to_string();
-        let mut cps = Vec::new();
-        for (grpc, admin) in [(9100u16, 9101u16), (9110, 9111)] {
-            let mut extra: Vec<&str> = etcd_flag.to_vec();
-            let rid = format!("cp-{grpc}");
-            extra.extend(["--replica-id", rid.as_str(), "--unknown-mac-policy", o.policy]);
-            if o.ironic_conductors {
-                extra.extend(["--config", cp_config.as_str()]);
-            }
-            cps.push(ControlPlane::start_on(&mgmt, &dir, "10.90.0.1", grpc, admin, &extra));
-        }
         let mut hosts = Vec::new();
         for i in 0..n_hosts {
             let ns = Netns::new(&format!("pxe{i}"));
@@ -302,8 +293,19 @@ impl HaSite {
             let members: Vec<(&Netns, &str)> =
                 hosts.iter().map(|h| &h.ns).zip(ips.iter().map(String::as_str)).collect();
             // The API also on the provisioning network, where the ramdisk posts `/v1/continue_inspection`.
-            IronicConductors::start(&members, &dir, "[api]\nhost_ip = 0.0.0.0\n")
+            IronicConductors::start(&members, &dir, CONDUCTOR_CONF)
         });
+        // The control planes after Ironic: their first requests go to host 0's API, and stay there while it answers.
+        let mut cps = Vec::new();
+        for (grpc, admin) in [(9100u16, 9101u16), (9110, 9111)] {
+            let mut extra: Vec<&str> = etcd_flag.to_vec();
+            let rid = format!("cp-{grpc}");
+            extra.extend(["--replica-id", rid.as_str(), "--unknown-mac-policy", o.policy]);
+            if o.ironic_conductors {
+                extra.extend(["--config", cp_config.as_str()]);
+            }
+            cps.push(ControlPlane::start_on(&mgmt, &dir, "10.90.0.1", grpc, admin, &extra));
+        }
         let mut site = Self {
             ironic,
             hosts,
@@ -332,6 +334,34 @@ impl HaSite {
         h.server.signal(nix::sys::signal::Signal::SIGCONT);
         h.server.kill();
         h.server = start_server(&h.ns, &self.dir, self.server, &self.plan, i, setup);
+    }
+
+    /// Host `i` dies whole: its agent, its DHCP server and its Ironic conductor (if any) get SIGKILL at once.
+    /// Returns when all three are gone.
+    pub fn kill_host(&mut self, i: usize) {
+        use nix::sys::signal::Signal::SIGKILL;
+        let h = &mut self.hosts[i];
+        let mut procs: Vec<&mut Proc> = vec![&mut h.server];
+        procs.extend(h.agent.as_mut());
+        if let Some(ironic) = self.ironic.as_mut() {
+            procs.push(&mut ironic.conductors[i].proc);
+        }
+        for p in &procs {
+            p.signal(SIGKILL);
+        }
+        for p in procs {
+            p.wait_exit(crate::SETUP_DEADLINE);
+        }
+    }
+
+    /// Host `i` back after [`HaSite::kill_host`]: its DHCP server, its conductor (same configuration and database;
+    /// returns once its API answers) and its agent.
+    pub fn revive_host(&mut self, i: usize) {
+        self.restart_server(i, ServerSetup::Normal);
+        if let Some(ironic) = self.ironic.as_mut() {
+            ironic.conductors[i].restart(&self.hosts[i].ns);
+        }
+        self.start_agent(i);
     }
 
     pub fn start_agent(&mut self, i: usize) {
@@ -444,14 +474,23 @@ impl HaSite {
     }
 }
 
-/// The control planes' configuration for a site with Ironic conductors: Ironic at `url`, its ports denied and its
-/// own inspection followed quickly.
-fn ironic_cp_config(url: &str) -> String {
+/// The control planes' configuration for a site with Ironic conductors: Ironic at the first of `urls` and the
+/// others when it does not answer (an HA Ironic without a VIP), its ports denied and its own inspection followed
+/// quickly.
+fn ironic_cp_config(urls: &[String]) -> String {
+    let fallback = urls[1..].iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(", ");
     format!(
-        "[ironic]\nurl = \"{url}\"\nretries = 3\nretry_backoff_ms = 100\n\n\
-         [sync]\nironic_sync_secs = 1\nironic_inspection = true\nironic_inspection_period_ms = 300\n"
+        "[ironic]\nurl = \"{}\"\nfallback_urls = [{fallback}]\ntimeout_ms = 5000\nretries = 3\nretry_backoff_ms = 100\n\n\
+         [sync]\nironic_sync_secs = 1\nironic_inspection = true\nironic_inspection_period_ms = 300\n",
+        urls[0]
     )
 }
+
+/// What every conductor of the site adds to its configuration: its API on every address (also the provisioning
+/// network, where the ramdisk posts), and a dead conductor noticed within seconds rather than Ironic's minute
+/// (heartbeat every 2 s, dead after 10 s, hash ring rebuilt every 3 s), so that its nodes move to a live one.
+pub const CONDUCTOR_CONF: &str = "[api]\nhost_ip = 0.0.0.0\n\n[conductor]\nheartbeat_interval = 2\nheartbeat_timeout = 10\n\n\
+                                  [DEFAULT]\nhash_ring_reset_interval = 3\n";
 
 /// Starts host `i`'s DHCP server: its own slice of the plan's network, or broken as `setup` says.
 fn start_server(ns: &Netns, dir: &TempDir, kind: ServerKind, plan: &DhcpPlan, i: usize, setup: ServerSetup) -> Proc {
@@ -542,6 +581,12 @@ struct Progress {
 
 impl Watcher {
     pub fn start(hosts: &[PxeHost]) -> Self {
+        Self::start_every(hosts, Duration::from_millis(2))
+    }
+
+    /// Reads every host's kernel state with `pause` between reads (a long run on a busy machine samples less
+    /// often: each read costs CPU).
+    pub fn start_every(hosts: &[PxeHost], pause: Duration) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut threads = Vec::new();
         let mut progress = Vec::new();
@@ -577,7 +622,7 @@ impl Watcher {
                             eprintln!("watcher: reading the kernel state failed: {e}");
                         }
                     }
-                    std::thread::sleep(Duration::from_millis(2));
+                    std::thread::sleep(pause);
                 }
                 assert_eq!(errors, 0, "the kernel watcher could not read a host's state {errors} times");
                 samples

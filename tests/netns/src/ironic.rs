@@ -106,6 +106,8 @@ pub struct RealIronic {
     /// How long the process took to answer its API (start to `GET /` 200).
     pub startup: Duration,
     ns: String,
+    log: PathBuf,
+    port: u16,
 }
 
 impl RealIronic {
@@ -165,7 +167,8 @@ impl RealIronic {
         std::fs::write(&conf, text).expect("write ironic.conf");
         let mut cmd = ns.cmd(venv_bin("ironic"));
         cmd.arg("--config-file").arg(&conf);
-        let proc = Proc::spawn("ironic", cmd, dir.join(&format!("{tag}.log")));
+        let log = dir.join(&format!("{tag}.log"));
+        let proc = Proc::spawn("ironic", cmd, log.clone());
         let mut me = Self {
             proc,
             url: format!("http://{host}:{port}"),
@@ -173,14 +176,37 @@ impl RealIronic {
             conductor,
             startup: Duration::ZERO,
             ns: ns.name().to_string(),
+            log,
+            port,
         };
+        me.wait_up(ns, t);
+        me
+    }
+
+    /// Waits until the API answers; `startup` is the time since `t`.
+    fn wait_up(&mut self, ns: &Netns, t: Instant) {
         // Wait bounds for a process that never comes up, not measurements: Ironic imports hundreds of modules, and
         // beside a CPU hog and the rest of the suite it took over 60 s to listen (T22).
-        let up = wait_tcp_listen(ns, port, Duration::from_secs(240))
-            && crate::wait_for(Duration::from_secs(60), || (me.api("GET", "/", None).0 == 200).then_some(())).is_some();
-        assert!(up, "Ironic did not start:\n{}", me.proc.log_text());
-        me.startup = t.elapsed();
-        me
+        let up = wait_tcp_listen(ns, self.port, Duration::from_secs(240))
+            && crate::wait_for(Duration::from_secs(60), || (self.api("GET", "/", None).0 == 200).then_some(()))
+                .is_some();
+        assert!(up, "Ironic did not start:\n{}", self.proc.log_text());
+        self.startup = t.elapsed();
+    }
+
+    /// Stops this Ironic as its service manager would (SIGTERM; SIGKILL after 30 s) and starts it again with the
+    /// same configuration, state and log; returns once its API answers (`startup` is then the time from the stop).
+    pub fn restart(&mut self, ns: &Netns) {
+        assert_eq!(ns.name(), self.ns, "restart Ironic in its own namespace");
+        let t = Instant::now();
+        self.proc.signal(nix::sys::signal::Signal::SIGTERM);
+        if self.proc.wait_exit(Duration::from_secs(30)).is_none() {
+            self.proc.kill();
+        }
+        let mut cmd = ns.cmd(venv_bin("ironic"));
+        cmd.arg("--config-file").arg(&self.conf);
+        self.proc = Proc::spawn("ironic", cmd, self.log.clone());
+        self.wait_up(ns, t);
     }
 
     /// The namespace this Ironic runs in.

@@ -36,6 +36,7 @@ pub mod mariadb;
 pub mod pki;
 pub mod secrets;
 pub mod shapes;
+pub mod site_round;
 pub use etcd::{EtcdProcess, EtcdRelease, TlsFiles};
 pub use ironic::{RealIronic, ipa_inventory};
 

@@ -1,0 +1,677 @@
+//! Ironic's own inspection of many nodes at once through the HA site with three conductors (issue 24's production
+//! shape): the nodes enrolled and set up by [`enroll_nodes`], one round of inspections by [`run_round`], with a
+//! fault mid-run ([`SiteFault`]). The test (`tests/ironic_ha.rs`) runs a round; `ironguard-bench site` repeats them
+//! and reports the figures of [`RoundReport`].
+//!
+//! A round, as a site lives it:
+//! - every inspected node is put in `inspect` through one of the conductors' APIs (in turn), and its namespace then
+//!   boots as a ramdisk would: DHCP (busybox udhcpc, again until a lease comes), then ironic-python-agent's callback
+//!   `POST /v1/continue_inspection` to the API of the host that leased it. A callback that finds no API there
+//!   (its host died) or gets a 5xx (the node's conductor died and Ironic has not moved it yet) is sent again, a
+//!   second later, to the next host's API: what a VIP in front of the conductors gives a real ramdisk. The node is
+//!   done when Ironic has it back in `manageable` with its data processed.
+//! - meanwhile the nodes Ironic does not inspect (enroll, manageable, available, active, maintenance) and a stranger
+//!   no one enrolled ask for DHCP every 2 s, and a probe node that Ironic inspects but whose ramdisk never reports
+//!   sends a DISCOVER every 100 ms: each must be answered by one server at most.
+//! - the fault: when a third of the nodes have posted their data, the leading PXE host dies whole (agent, dnsmasq and
+//!   conductor SIGKILLed), or one conductor that does not share the leader's host restarts.
+//!
+//! What the round measures comes from the real parts: leases from udhcpc, offers and acknowledgements from every
+//! dnsmasq's own log (`--log-dhcp`: per exchange id), double offers from the probe's capture, openness from every
+//! host's kernel, Ironic's requests from the control planes' metrics.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ironguard_dataplane::MacAddr;
+use serde_json::json;
+
+use crate::ha::{HaSite, Watcher, certain_runs, dual_open, probe_results};
+use crate::ironic::{RestClient, ipa_inventory};
+use crate::ironic_ha::API_PORT;
+use crate::{DhcpAttempt, Lease, Netns, Want, dhcp_start, mac, metric, set_mac_up, wait_for};
+
+/// The states of the nodes Ironic does not inspect, in turn.
+pub const OTHER_STATES: [&str; 5] = ["enroll", "manageable", "available", "active", "maintenance"];
+
+/// How long a node may take from its inspection's start to `manageable`, for a round with a fault included: a bound
+/// for a node that never finishes, not a measurement.
+const NODE_DEADLINE: Duration = Duration::from_secs(180);
+
+/// One enrolled node and the namespace that plays it.
+#[derive(Debug, Clone)]
+pub struct SiteNode {
+    /// Index in the site's nodes.
+    pub j: usize,
+    pub name: String,
+    pub mac: MacAddr,
+    pub uuid: String,
+    pub bmc: String,
+    /// Its provision state between rounds.
+    pub state: &'static str,
+}
+
+/// The site's nodes: those Ironic inspects, the others, the probe node and a stranger (a MAC nobody enrolled).
+#[derive(Debug, Clone)]
+pub struct SiteNodes {
+    pub inspected: Vec<SiteNode>,
+    pub others: Vec<SiteNode>,
+    pub probe: SiteNode,
+    /// (node index, MAC)
+    pub stranger: (usize, MacAddr),
+}
+
+impl SiteNodes {
+    /// Namespaces the site needs for `inspected` and `others`: one each, the probe node's and the stranger's.
+    pub fn namespaces(inspected: usize, others: usize) -> usize {
+        inspected + others + 2
+    }
+}
+
+/// What a site fault does mid-round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiteFault {
+    None,
+    /// The leading PXE host dies whole: its agent, dnsmasq and Ironic conductor SIGKILLed together.
+    LeaderHostDies,
+    /// The conductor of a host that does not lead is stopped (SIGTERM) and started again.
+    ConductorRestarts,
+}
+
+impl SiteFault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "no fault",
+            Self::LeaderHostDies => "leader host killed",
+            Self::ConductorRestarts => "a conductor restarted",
+        }
+    }
+}
+
+/// One inspected node's round.
+#[derive(Debug, Clone)]
+pub struct NodeOutcome {
+    pub name: String,
+    pub mac: MacAddr,
+    /// Its lease, and the host that gave it (index).
+    pub lease: Option<(Lease, usize)>,
+    /// From its `inspect` request accepted to the lease.
+    pub boot_to_lease: Option<Duration>,
+    /// From its `inspect` request accepted to `manageable` again, with its data processed.
+    pub inspect_to_finished: Option<Duration>,
+    /// udhcpc runs until the lease (1: the first run leased).
+    pub dhcp_runs: u32,
+    /// Callbacks sent until Ironic accepted one (202).
+    pub posts: u32,
+    /// The `last_error` of each inspection Ironic failed before the one that finished (the node was inspected again).
+    pub failed_by_ironic: Vec<String>,
+    /// Why it did not finish, if it did not.
+    pub error: Option<String>,
+}
+
+/// A round's figures (see the module's documentation for where each comes from).
+#[derive(Debug, Clone)]
+pub struct RoundReport {
+    pub fault: SiteFault,
+    pub nodes: Vec<NodeOutcome>,
+    /// The host that died, or whose conductor restarted.
+    pub fault_host: Option<usize>,
+    /// From the kill to another host certainly open (its kernel read open twice in a row).
+    pub failover_gap: Option<Duration>,
+    /// From the conductor's stop to its API answering again.
+    pub restart_took: Option<Duration>,
+    /// The probe's DISCOVERs, those answered by two servers or more, and those unanswered.
+    pub probe_discovers: usize,
+    pub probe_doubles: usize,
+    pub probe_unanswered: usize,
+    /// Exchanges (MAC and transaction id) of inspected nodes that more than one host's dnsmasq offered.
+    pub exchanges_offered_by_two: Vec<String>,
+    /// Inspected nodes acknowledged by more than one host in the round.
+    pub acked_by_two: Vec<String>,
+    /// Inspected nodes some dnsmasq logged an acknowledgement for (each one that leased: the logs were read).
+    pub acked_nodes: usize,
+    /// DISCOVERs the others and the stranger sent; offers any dnsmasq logged for them; leases they got.
+    pub others_discovers: usize,
+    pub others_offers: usize,
+    pub others_leases: usize,
+    /// Time two hosts' kernels were certainly open together.
+    pub dual_open: Duration,
+    /// Requests the control planes sent Ironic during the round, and their moves to another Ironic API.
+    pub ironic_requests: f64,
+    pub ironic_failovers: f64,
+    pub wall: Duration,
+}
+
+impl RoundReport {
+    pub fn finished(&self) -> usize {
+        self.nodes.iter().filter(|n| n.inspect_to_finished.is_some()).count()
+    }
+
+    /// Everything the round must hold, as failures in words (empty: it held).
+    pub fn violations(&self, site_plan: &crate::ha::DhcpPlan) -> Vec<String> {
+        let mut v = Vec::new();
+        for n in &self.nodes {
+            if let Some(e) = &n.error {
+                v.push(format!("{} did not finish: {e}", n.name));
+            }
+            if let Some((lease, host)) = &n.lease {
+                if !site_plan.holds(*host, lease.ip) {
+                    v.push(format!("{} leased {} from host {host}, outside its slice", n.name, lease.ip));
+                }
+            }
+        }
+        let leased = self.nodes.iter().filter(|n| n.lease.is_some()).count();
+        if self.acked_nodes != leased {
+            v.push(format!("{leased} nodes leased, but the dnsmasq logs acknowledge {}", self.acked_nodes));
+        }
+        if self.probe_doubles > 0 {
+            v.push(format!(
+                "{} of the probe's {} DISCOVERs answered by two servers",
+                self.probe_doubles, self.probe_discovers
+            ));
+        }
+        if !self.exchanges_offered_by_two.is_empty() {
+            v.push(format!("exchanges offered by two hosts: {:?}", self.exchanges_offered_by_two));
+        }
+        if !self.acked_by_two.is_empty() {
+            v.push(format!("nodes acknowledged by two hosts: {:?}", self.acked_by_two));
+        }
+        if self.others_offers + self.others_leases > 0 {
+            v.push(format!(
+                "nodes Ironic does not inspect, or a stranger, were offered {} times and leased {} times",
+                self.others_offers, self.others_leases
+            ));
+        }
+        if !self.dual_open.is_zero() {
+            v.push(format!("two hosts open together for {:?}", self.dual_open));
+        }
+        v
+    }
+
+    /// The round as JSON (times in milliseconds).
+    pub fn json(&self) -> serde_json::Value {
+        let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+        json!({
+            "fault": self.fault.name(),
+            "nodes": self.nodes.iter().map(|n| json!({
+                "name": n.name, "host": n.lease.as_ref().map(|l| l.1), "boot_to_lease_ms": ms(n.boot_to_lease),
+                "inspect_to_finished_ms": ms(n.inspect_to_finished), "dhcp_runs": n.dhcp_runs, "posts": n.posts, "failed_by_ironic": n.failed_by_ironic,
+                "error": n.error,
+            })).collect::<Vec<_>>(),
+            "fault_host": self.fault_host,
+            "failover_gap_ms": ms(self.failover_gap),
+            "restart_ms": ms(self.restart_took),
+            "probe_discovers": self.probe_discovers,
+            "probe_doubles": self.probe_doubles,
+            "probe_unanswered": self.probe_unanswered,
+            "exchanges_offered_by_two": self.exchanges_offered_by_two,
+            "acked_by_two": self.acked_by_two,
+            "acked_nodes": self.acked_nodes,
+            "others_discovers": self.others_discovers,
+            "others_offers": self.others_offers,
+            "others_leases": self.others_leases,
+            "dual_open_ms": self.dual_open.as_secs_f64() * 1000.0,
+            "ironic_requests": self.ironic_requests,
+            "ironic_failovers": self.ironic_failovers,
+            "wall_ms": self.wall.as_secs_f64() * 1000.0,
+        })
+    }
+}
+
+/// Enrolls `inspected` nodes (driven to `manageable`), `others` nodes in [`OTHER_STATES`] in turn, the probe node
+/// (`manageable`), through the conductors' APIs in turn, and picks the stranger's MAC. The site needs
+/// [`SiteNodes::namespaces`] nodes.
+pub fn enroll_nodes(site: &HaSite, inspected: usize, others: usize) -> SiteNodes {
+    let ironic = site.ironic.as_ref().expect("a site with Ironic conductors");
+    assert!(site.nodes.len() >= SiteNodes::namespaces(inspected, others), "the site has too few node namespaces");
+    let n_api = ironic.conductors.len();
+    let make = |j: usize, tag: &str, k: usize, group: u8| {
+        let name = format!("{tag}-{k}");
+        let m = mac(&format!("52:54:00:a{group}:{:02x}:{:02x}", k / 256, k % 256));
+        let bmc = format!("10.1.{}.{}", 100 + group, k + 1);
+        let uuid = ironic.conductors[j % n_api].enroll(&name, &[m], &bmc, "agent");
+        SiteNode { j, name, mac: m, uuid, bmc, state: "enroll" }
+    };
+    let mut inspected_nodes: Vec<SiteNode> = (0..inspected).map(|k| make(k, "inspected", k, 1)).collect();
+    let mut other_nodes: Vec<SiteNode> = (0..others).map(|k| make(inspected + k, "other", k, 2)).collect();
+    let mut probe = make(inspected + others, "probe", 0, 3);
+    let stranger = (inspected + others + 1, mac("52:54:00:a4:00:01"));
+    // All `manage` requests first (each conductor verifies its own nodes), then the waits.
+    for n in inspected_nodes.iter().chain(std::iter::once(&probe)).chain(other_nodes.iter().filter(|n| n.j % 5 != 0)) {
+        ironic.conductors[n.j % n_api].provision(&n.uuid, "manage");
+    }
+    let api = &ironic.conductors[0];
+    for n in inspected_nodes.iter_mut().chain(std::iter::once(&mut probe)) {
+        api.wait_provision_state(&n.uuid, "manageable", Duration::from_secs(60));
+        n.state = "manageable";
+    }
+    for (k, n) in other_nodes.iter_mut().enumerate() {
+        let want = OTHER_STATES[k % OTHER_STATES.len()];
+        if want != "enroll" {
+            api.wait_provision_state(&n.uuid, "manageable", Duration::from_secs(60));
+        }
+        match want {
+            "maintenance" => {
+                api.api_ok(
+                    "PUT",
+                    &format!("/v1/nodes/{}/maintenance", n.uuid),
+                    Some(&json!({"reason": "ironguard site test"})),
+                );
+            }
+            "enroll" => {}
+            other => api.drive_to(&n.uuid, other),
+        }
+        n.state = want;
+    }
+    SiteNodes { inspected: inspected_nodes, others: other_nodes, probe, stranger }
+}
+
+/// Offers and acknowledgements in a dnsmasq log (`--log-dhcp`), from byte `from` on: (kind, transaction id, MAC).
+fn dnsmasq_events(path: &std::path::Path, from: u64) -> Vec<(&'static str, String, String)> {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default()).into_owned();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for (i, w) in words.iter().enumerate() {
+            let kind = if w.starts_with("DHCPOFFER(") {
+                "offer"
+            } else if w.starts_with("DHCPACK(") {
+                "ack"
+            } else {
+                continue;
+            };
+            // "<xid> DHCPOFFER(prov0) <ip> <mac>"
+            if let (Some(xid), Some(m)) = (i.checked_sub(1).and_then(|p| words.get(p)), words.get(i + 2)) {
+                out.push((kind, xid.to_string(), m.to_lowercase()));
+            }
+        }
+    }
+    out
+}
+
+fn log_len(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The control planes' total of a counter (`ironguard_controlplane_ironic_requests_total`, ...).
+fn cp_total(site: &HaSite, name: &str) -> f64 {
+    site.cps.iter().filter_map(|cp| metric(&site.mgmt, &cp.admin(), name)).sum()
+}
+
+/// A DHCP client that asks every 2 s for the whole round and must get nothing: busybox udhcpc.
+fn asker(node: &Netns, m: MacAddr) -> Child {
+    set_mac_up(node, "eth0", m);
+    node.cmd("busybox")
+        .args(["udhcpc", "-i", "eth0", "-f", "-q", "-n", "-t", "100000", "-T", "2", "-A", "1", "-s", "/bin/true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn udhcpc")
+}
+
+/// Stops an [`asker`]: (DISCOVERs it sent, leases it got).
+fn asked(mut child: Child) -> (usize, usize) {
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("udhcpc");
+    let err = String::from_utf8_lossy(&out.stderr);
+    // busybox 1.35 says "broadcasting discover", older ones "sending discover".
+    let discovers = err.lines().filter(|l| l.ends_with(" discover")).count();
+    let leases = err.lines().filter(|l| l.contains("lease of") && l.contains("obtained")).count();
+    (discovers, leases)
+}
+
+/// The node as any live API shows it, asked from `node`'s namespace (each host's API in turn).
+fn node_state(node: &Netns, hosts: &[Ipv4Addr], uuid: &str) -> Option<serde_json::Value> {
+    hosts.iter().find_map(|h| {
+        let rest = RestClient { ns: node.name().to_string(), url: format!("http://{h}:{API_PORT}") };
+        let (status, v) = rest.api("GET", &format!("/v1/nodes/{uuid}"), None, Some("latest"));
+        (status == 200).then_some(v)
+    })
+}
+
+/// One request to the first API that answers (not with a connection failure): (status, body).
+fn any_api(
+    node: &Netns,
+    hosts: &[Ipv4Addr],
+    method: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut last = (0, serde_json::Value::Null);
+    for h in hosts {
+        let rest = RestClient { ns: node.name().to_string(), url: format!("http://{h}:{API_PORT}") };
+        last = rest.api(method, path, Some(body), Some("latest"));
+        if last.0 != 0 {
+            break;
+        }
+    }
+    last
+}
+
+fn processed(v: &serde_json::Value) -> bool {
+    v["provision_state"] == "manageable" && v["properties"]["cpu_arch"] == "x86_64"
+}
+
+/// How one boot of a node's ramdisk ended.
+enum Boot {
+    /// Ironic accepted its data.
+    Accepted,
+    /// Ironic failed the inspection (e.g. its conductor stopped mid-callback): its `last_error`.
+    FailedByIronic(String),
+}
+
+/// One node's inspection as a ramdisk and its operator live it: DHCP until a lease, the callback to the leasing host's
+/// API (the next host's on no answer or a 5xx), then waiting for Ironic to finish. An inspection Ironic fails is
+/// started again (`manage`, `inspect`), as Metal3's baremetal-operator or an operator does, at most twice.
+/// `hosts` are the PXE hosts' provisioning addresses.
+fn boot(
+    node: &Netns,
+    n: &SiteNode,
+    hosts: &[Ipv4Addr],
+    prefix: u8,
+    started: Instant,
+    posted: &AtomicUsize,
+) -> NodeOutcome {
+    let mut out = NodeOutcome {
+        name: n.name.clone(),
+        mac: n.mac,
+        lease: None,
+        boot_to_lease: None,
+        inspect_to_finished: None,
+        dhcp_runs: 0,
+        posts: 0,
+        failed_by_ironic: Vec::new(),
+        error: None,
+    };
+    let deadline = started + NODE_DEADLINE;
+    loop {
+        match boot_once(node, n, hosts, prefix, started, deadline, &mut out) {
+            Err(e) => {
+                out.error = Some(e);
+                return out;
+            }
+            Ok(Boot::Accepted) => {
+                posted.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+            Ok(Boot::FailedByIronic(why)) => {
+                out.failed_by_ironic.push(why);
+                if out.failed_by_ironic.len() > 2 {
+                    out.error = Some(format!("Ironic failed its inspection {} times", out.failed_by_ironic.len()));
+                    return out;
+                }
+                let path = format!("/v1/nodes/{}/states/provision", n.uuid);
+                for (target, state) in [("manage", "manageable"), ("inspect", "inspect wait")] {
+                    let (status, reply) = any_api(node, hosts, "PUT", &path, &json!({"target": target}));
+                    let reached = (status == 202).then(|| {
+                        wait_for(deadline.saturating_duration_since(Instant::now()), || {
+                            node_state(node, hosts, &n.uuid)
+                                .filter(|v| v["provision_state"] == state)
+                                .map(|_| ())
+                                .or_else(|| {
+                                    std::thread::sleep(Duration::from_millis(200));
+                                    None
+                                })
+                        })
+                    });
+                    if reached.flatten().is_none() {
+                        out.error = Some(format!(
+                            "inspecting it again: {target} answered {status} {reply}, or it never reached {state}"
+                        ));
+                        return out;
+                    }
+                }
+            }
+        }
+    }
+    // Finished: manageable again, with its data processed (asked of any API that answers).
+    let done = wait_for(deadline.saturating_duration_since(Instant::now()), || {
+        node_state(node, hosts, &n.uuid).filter(processed).map(|_| started.elapsed()).or_else(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            None
+        })
+    });
+    match done {
+        Some(d) => out.inspect_to_finished = Some(d),
+        None => out.error = Some("accepted its data but never came back to manageable".into()),
+    }
+    out
+}
+
+/// One boot of the ramdisk: DHCP, then the callback until Ironic accepts it or has failed the inspection.
+fn boot_once(
+    node: &Netns,
+    n: &SiteNode,
+    hosts: &[Ipv4Addr],
+    prefix: u8,
+    started: Instant,
+    deadline: Instant,
+    out: &mut NodeOutcome,
+) -> Result<Boot, String> {
+    let lease = loop {
+        out.dhcp_runs += 1;
+        let attempt: DhcpAttempt = dhcp_start(node, "eth0", n.mac, Want::Lease);
+        if let Some(l) = attempt.finish() {
+            break l;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no lease after {} client runs", out.dhcp_runs));
+        }
+    };
+    out.boot_to_lease.get_or_insert(started.elapsed());
+    let host = hosts
+        .iter()
+        .position(|h| *h == lease.server_id)
+        .ok_or(format!("leased by {}, not a PXE host", lease.server_id))?;
+    out.lease = Some((lease.clone(), host));
+    node.ip(&["addr", "flush", "dev", "eth0"]);
+    node.ip(&["addr", "add", &format!("{}/{prefix}", lease.ip), "dev", "eth0"]);
+    let data = ipa_inventory(&[n.mac], &n.bmc);
+    let mut target = host;
+    loop {
+        out.posts += 1;
+        let rest = RestClient { ns: node.name().to_string(), url: format!("http://{}:{API_PORT}", hosts[target]) };
+        let (status, reply) = rest.api("POST", "/v1/continue_inspection", Some(&data), Some("latest"));
+        if status == 202 {
+            return Ok(Boot::Accepted);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("Ironic never accepted its data: last answer {status}: {reply}"));
+        }
+        if status != 0 && status < 500 {
+            // Refused: the node no longer waits for data. Ironic either processed an earlier post whose answer was
+            // lost, or holds the node in `inspecting` (a conductor stopped mid-callback) and fails it once that
+            // conductor is back.
+            let now = wait_for(deadline.saturating_duration_since(Instant::now()), || {
+                node_state(node, hosts, &n.uuid).filter(|v| v["provision_state"] != "inspecting").or_else(|| {
+                    std::thread::sleep(Duration::from_millis(200));
+                    None
+                })
+            })
+            .ok_or(format!("Ironic refused its data ({status}: {reply}) and kept it inspecting"))?;
+            return match now["provision_state"].as_str() {
+                _ if processed(&now) => Ok(Boot::Accepted),
+                Some("inspect failed") => {
+                    Ok(Boot::FailedByIronic(now["last_error"].as_str().unwrap_or_default().to_string()))
+                }
+                other => Err(format!("Ironic refused its data ({status}: {reply}); the node is {other:?}")),
+            };
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        target = (target + 1) % hosts.len();
+    }
+}
+
+/// One round: every inspected node inspected at once, with `fault` when a third of them have posted their data.
+/// Leaves the inspected nodes and the probe node `manageable` again (for another round) and returns what was seen;
+/// the caller judges it ([`RoundReport::violations`]).
+pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> RoundReport {
+    let t_round = Instant::now();
+    let live: Vec<usize> = (0..site.hosts.len()).filter(|i| site.hosts[*i].agent.is_some()).collect();
+    let hosts_ip: Vec<Ipv4Addr> = site.hosts.iter().map(|h| h.ip).collect();
+    let logs: Vec<std::path::PathBuf> =
+        (0..site.hosts.len()).map(|i| site.dir.join(&format!("dnsmasq-pxe{i}.log"))).collect();
+    let log_from: Vec<u64> = logs.iter().map(|p| log_len(p)).collect();
+    let requests0 = cp_total(site, "ironguard_controlplane_ironic_requests_total");
+    let failovers0 = cp_total(site, "ironguard_controlplane_ironic_failovers_total");
+    let (leader, _) = site.wait_leader(None, crate::SETUP_DEADLINE).expect("a leader before the round");
+    let ironic = site.ironic.as_ref().expect("a site with Ironic conductors");
+    let api = |k: usize| &ironic.conductors[live[k % live.len()]];
+
+    // The probe node: inspected, its ramdisk silent; its DISCOVERs each get one offer.
+    api(0).provision(&nodes.probe.uuid, "inspect");
+    let probe_open = wait_for(crate::DEADLINE, || {
+        site.hosts.iter().any(|h| crate::kernel_decision(&h.ns, nodes.probe.mac).served).then_some(())
+    });
+    assert!(probe_open.is_some(), "the probe node's MAC was never let through while Ironic inspects it");
+    let probe = site.spawn_probe(nodes.probe.j, nodes.probe.mac, 3600.0, 0.1, 0);
+    let askers: Vec<Child> = nodes
+        .others
+        .iter()
+        .map(|n| (n.j, n.mac))
+        .chain(std::iter::once(nodes.stranger))
+        .map(|(j, m)| asker(&site.nodes[j], m))
+        .collect();
+    let watcher = Watcher::start_every(&site.hosts, Duration::from_millis(20));
+
+    let posted = AtomicUsize::new(0);
+    let prefix = site.plan.prefix_len;
+    let fault_at = nodes.inspected.len().div_ceil(3);
+    let mut fault_host = None;
+    let mut failover_gap = None;
+    let mut restart_took = None;
+    let outcomes: Vec<NodeOutcome> = {
+        let HaSite { ironic, hosts, nodes: node_ns, .. } = &mut *site;
+        let ironic = ironic.as_mut().expect("conductors");
+        std::thread::scope(|s| {
+            let mut handles = Vec::new();
+            for (k, n) in nodes.inspected.iter().enumerate() {
+                let c = &ironic.conductors[live[k % live.len()]];
+                c.provision(&n.uuid, "inspect");
+                let started = Instant::now();
+                let (node, hosts_ip, posted) = (&node_ns[n.j], &hosts_ip, &posted);
+                handles.push(s.spawn(move || boot(node, n, hosts_ip, prefix, started, posted)));
+            }
+            if fault != SiteFault::None {
+                let reached = wait_for(NODE_DEADLINE, || (posted.load(Ordering::SeqCst) >= fault_at).then_some(()));
+                assert!(reached.is_some(), "a third of the nodes never posted their data");
+                match fault {
+                    SiteFault::LeaderHostDies => {
+                        let h = &hosts[leader];
+                        let t = Instant::now();
+                        let mut pids = vec![h.server.pid(), ironic.conductors[leader].proc.pid()];
+                        pids.extend(h.agent.as_ref().map(|a| a.pid()));
+                        for pid in pids {
+                            let _ = nix::sys::signal::kill(
+                                nix::unistd::Pid::from_raw(pid),
+                                nix::sys::signal::Signal::SIGKILL,
+                            );
+                        }
+                        fault_host = Some(leader);
+                        let others: Vec<usize> = live.iter().copied().filter(|i| *i != leader).collect();
+                        let up = wait_for(crate::SETUP_DEADLINE, || {
+                            others.iter().any(|i| watcher.wait_open(*i, t, Duration::from_millis(50))).then_some(())
+                        });
+                        failover_gap = up.map(|_| t.elapsed());
+                    }
+                    SiteFault::ConductorRestarts => {
+                        let i = *live.iter().find(|i| **i != leader).expect("a host that does not lead");
+                        fault_host = Some(i);
+                        let t = Instant::now();
+                        ironic.conductors[i].restart(&hosts[i].ns);
+                        restart_took = Some(t.elapsed());
+                    }
+                    SiteFault::None => {}
+                }
+            }
+            handles.into_iter().map(|h| h.join().expect("a node's boot panicked")).collect()
+        })
+    };
+    if fault == SiteFault::LeaderHostDies {
+        // Reap what was killed; the host stays dead.
+        if let Some(i) = fault_host {
+            site.kill_host(i);
+            site.hosts[i].agent = None;
+        }
+    }
+
+    let (probe_discovers, probe_doubles, probe_unanswered) = {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(probe.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let r = probe_results(probe);
+        (r.len(), r.iter().filter(|(_, s)| s.len() > 1).count(), r.iter().filter(|(_, s)| s.is_empty()).count())
+    };
+    let (mut others_discovers, mut others_leases) = (0, 0);
+    for a in askers {
+        let (d, l) = asked(a);
+        others_discovers += d;
+        others_leases += l;
+    }
+    let samples = watcher.finish_raw();
+    let dual: Duration = dual_open(&certain_runs(&samples)).iter().map(|(_, _, d)| *d).sum();
+
+    // Every dnsmasq's own record of the round.
+    let inspected_macs: BTreeSet<String> = nodes.inspected.iter().map(|n| n.mac.to_string().to_lowercase()).collect();
+    let other_macs: BTreeSet<String> = nodes
+        .others
+        .iter()
+        .map(|n| n.mac)
+        .chain(std::iter::once(nodes.stranger.1))
+        .map(|m| m.to_string().to_lowercase())
+        .collect();
+    let mut offered: BTreeMap<(String, String), BTreeSet<usize>> = BTreeMap::new();
+    let mut acked: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+    let mut others_offers = 0;
+    for (i, p) in logs.iter().enumerate() {
+        for (kind, xid, m) in dnsmasq_events(p, log_from[i]) {
+            if other_macs.contains(&m) {
+                others_offers += usize::from(kind == "offer");
+            } else if inspected_macs.contains(&m) {
+                match kind {
+                    "offer" => offered.entry((m, xid)).or_default().insert(i),
+                    _ => acked.entry(m).or_default().insert(i),
+                };
+            }
+        }
+    }
+    let exchanges_offered_by_two =
+        offered.iter().filter(|(_, h)| h.len() > 1).map(|((m, x), h)| format!("{m} xid {x} by hosts {h:?}")).collect();
+    let acked_nodes = acked.len();
+    let acked_by_two = acked.iter().filter(|(_, h)| h.len() > 1).map(|(m, h)| format!("{m} by hosts {h:?}")).collect();
+
+    // The probe node back to manageable for the next round (abort → inspect failed → manage).
+    let site_ref = &*site;
+    let ironic = site_ref.ironic.as_ref().expect("conductors");
+    let api =
+        ironic.conductors.iter().enumerate().find(|(i, _)| site_ref.hosts[*i].agent.is_some()).expect("a live API").1;
+    api.provision(&nodes.probe.uuid, "abort");
+    api.wait_provision_state(&nodes.probe.uuid, "inspect failed", Duration::from_secs(60));
+    api.provision(&nodes.probe.uuid, "manage");
+    api.wait_provision_state(&nodes.probe.uuid, "manageable", Duration::from_secs(60));
+
+    RoundReport {
+        fault,
+        nodes: outcomes,
+        fault_host,
+        failover_gap,
+        restart_took,
+        probe_discovers,
+        probe_doubles,
+        probe_unanswered,
+        exchanges_offered_by_two,
+        acked_by_two,
+        acked_nodes,
+        others_discovers,
+        others_offers,
+        others_leases,
+        dual_open: dual,
+        ironic_requests: cp_total(site_ref, "ironguard_controlplane_ironic_requests_total") - requests0,
+        ironic_failovers: cp_total(site_ref, "ironguard_controlplane_ironic_failovers_total") - failovers0,
+        wall: t_round.elapsed(),
+    }
+}
