@@ -17,10 +17,14 @@
 //! - `storm`: a boot storm of N simulated PXE clients on the 3-host site, with no fault, the leader's host killed
 //!   and its dnsmasq frozen mid-storm, next to the same storm against one dnsmasq alone: leased share, time to
 //!   lease, NAKs, duplicate addresses, double offers.
+//! - `site`: Ironic's own inspection of many nodes at once through the 3-host site with three real Ironic
+//!   conductors (MariaDB, JSON-RPC) and a 3-member etcd 3.5, round after round, with no fault, a conductor
+//!   restarted and the leader's host killed mid-round: boot → lease, inspect → finished, failover gap, Ironic
+//!   requests per node, double offers, offers to nodes Ironic does not inspect, dual-open time.
 //!
-//! Each benchmark that has a chart (`dataplane`, `filters`, `callbacks`, `ha`, `storm`) also writes it as SVG next
-//! to its JSON (`dataplane.json` → `dataplane.svg`); `plot KIND --json IN --svg OUT` draws it again from a saved
-//! JSON (no root needed).
+//! Each benchmark that has a chart (`dataplane`, `filters`, `callbacks`, `ha`, `storm`, `site`) also writes it as
+//! SVG next to its JSON (`dataplane.json` → `dataplane.svg`); `plot KIND --json IN --svg OUT` draws it again from a
+//! saved JSON (no root needed).
 #![forbid(unsafe_code)]
 
 mod callbacks;
@@ -31,6 +35,7 @@ mod hostile;
 mod inspect;
 mod plot;
 mod queue;
+mod site;
 mod stats;
 mod storm;
 
@@ -64,6 +69,8 @@ enum Command {
     Queue(queue::Args),
     /// Boot storm: N PXE clients at once on the 3-host site (no fault, leader killed, dnsmasq frozen) vs dnsmasq alone.
     Storm(storm::Args),
+    /// Ironic's inspections through the 3-conductor HA site, with faults: time to lease and to finished, safety.
+    Site(site::Args),
     /// Draws a benchmark's chart (SVG) again from its saved JSON (no root needed).
     Plot(PlotArgs),
 }
@@ -91,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         Command::Inspect(args) => inspect::run(args),
         Command::Storm(args) => storm::run(args),
         Command::Queue(args) => queue::run(args),
+        Command::Site(args) => site::run(args),
         Command::Plot(args) => {
             let text =
                 std::fs::read_to_string(&args.json).with_context(|| format!("reading {}", args.json.display()))?;

@@ -29,6 +29,8 @@ pub enum Kind {
     Storm,
     /// The etcd work queue: cost per operation against the queue's length, ironguard and the previous algorithm.
     Queue,
+    /// CDFs of boot → lease and inspect → finished per scenario of Ironic's inspections through the HA site.
+    Site,
 }
 
 /// The chart of `kind` drawn from `json`, as an SVG document.
@@ -40,6 +42,7 @@ pub fn svg(kind: Kind, json: &Value) -> anyhow::Result<String> {
         Kind::Ha => ha_svg(json),
         Kind::Storm => storm_svg(json),
         Kind::Queue => queue_svg(json),
+        Kind::Site => site_svg(json),
     }
 }
 
@@ -49,6 +52,11 @@ pub(crate) const BLUE_: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
 pub(crate) const ORANGE_: RGBColor = RGBColor(0xff, 0x7f, 0x0e);
 pub(crate) const GREEN_: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
 pub(crate) const RED_: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+// Their lighter shades (the same palette's light half), for a second curve of the same series.
+pub(crate) const LIGHT_BLUE: RGBColor = RGBColor(0xae, 0xc7, 0xe8);
+pub(crate) const LIGHT_ORANGE: RGBColor = RGBColor(0xff, 0xbb, 0x78);
+pub(crate) const LIGHT_GREEN: RGBColor = RGBColor(0x98, 0xdf, 0x8a);
+pub(crate) const LIGHT_RED: RGBColor = RGBColor(0xff, 0x98, 0x96);
 const GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
 const MESH_BOLD: RGBColor = RGBColor(0xcc, 0xcc, 0xcc);
 const MESH_LIGHT: RGBColor = RGBColor(0xee, 0xee, 0xee);
@@ -76,6 +84,16 @@ type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 fn num(v: &Value, at: &str, key: &str) -> anyhow::Result<f64> {
     match v.get(key) {
         Some(x) => x.as_f64().with_context(|| format!("{at}: `{key}` is not a number: {x}")),
+        None => bail!("{at}: no `{key}`"),
+    }
+}
+
+/// `v[key]` as a number, or `None` when it is `null` (a figure that does not exist, e.g. a node that never
+/// finished); a missing key is an error.
+fn opt_num(v: &Value, at: &str, key: &str) -> anyhow::Result<Option<f64>> {
+    match v.get(key) {
+        Some(Value::Null) => Ok(None),
+        Some(x) => x.as_f64().map(Some).with_context(|| format!("{at}: `{key}` is not a number: {x}")),
         None => bail!("{at}: no `{key}`"),
     }
 }
@@ -676,12 +694,23 @@ pub fn ha_svg(json: &Value) -> anyhow::Result<String> {
 // callbacks
 
 struct Cdf {
-    label: &'static str,
+    label: String,
     color: RGBColor,
     /// Sorted samples.
     samples: Vec<f64>,
+    /// What the percentages are of (at least the samples; more when some have no value, e.g. a node that never
+    /// finished: the curve then ends below 100 %).
+    of: usize,
     /// (name, percentile in %, value) from the JSON's summary.
     marks: Vec<(&'static str, f64, f64)>,
+}
+
+impl Cdf {
+    /// The curve's vertices: one per sample, at (value, share at or below in %), values below `x_lo` at `x_lo`.
+    fn points(&self, x_lo: f64) -> Vec<(f64, f64)> {
+        let of = self.of.max(self.samples.len()).max(1) as f64;
+        self.samples.iter().enumerate().map(|(i, &v)| (v.max(x_lo), (i + 1) as f64 / of * 100.0)).collect()
+    }
 }
 
 /// Cumulative distributions (x: ms, log; y: % of callbacks) of the reply latency and of callback → `finished`,
@@ -708,7 +737,8 @@ pub fn callbacks_svg(json: &Value) -> anyhow::Result<String> {
             ("p99", 99.0, num(summary, &sat, "p99")?),
             ("max", 100.0, num(summary, &sat, "max")?),
         ];
-        cdfs.push(Cdf { label, color, samples, marks });
+        let of = samples.len();
+        cdfs.push(Cdf { label: label.to_string(), color, samples, of, marks });
     }
     let (x_lo, x_hi) = log_range(cdfs.iter().flat_map(|c| c.samples.iter().copied()), 1.6, 2.5);
     let (x_bold, x_light) = log_ticks(x_lo, x_hi);
@@ -730,7 +760,7 @@ pub fn callbacks_svg(json: &Value) -> anyhow::Result<String> {
         "callback → finished: the inspection's finished_at minus the callback's send time (same host clock).".to_string(),
     ];
 
-    let legend: Vec<(Swatch, String)> = cdfs.iter().map(|c| (Swatch::LineDot(c.color), c.label.to_string())).collect();
+    let legend: Vec<(Swatch, String)> = cdfs.iter().map(|c| (Swatch::LineDot(c.color), c.label.clone())).collect();
 
     render((1100, 720), |root| {
         let area = frame(root, "Ramdisk callbacks (/v1/continue): latency distribution", &context.join(", "), &notes)?;
@@ -759,10 +789,7 @@ pub fn callbacks_svg(json: &Value) -> anyhow::Result<String> {
             .draw()
             .map_err(plotting)?;
         for c in &cdfs {
-            let len = c.samples.len() as f64;
-            let points: Vec<(f64, f64)> =
-                c.samples.iter().enumerate().map(|(i, &v)| (v.max(x_lo), (i + 1) as f64 / len * 100.0)).collect();
-            chart.draw_series(LineSeries::new(points, c.color.stroke_width(2))).map_err(plotting)?;
+            chart.draw_series(LineSeries::new(c.points(x_lo), c.color.stroke_width(2))).map_err(plotting)?;
             chart
                 .draw_series(c.marks.iter().map(|&(name, pct, v)| {
                     // p99 and max sit 1 % apart: p99's label goes below right (under the curve's flat top), the
@@ -999,6 +1026,143 @@ pub fn storm_svg(json: &Value) -> anyhow::Result<String> {
                         .map_err(plotting)?;
                 }
             }
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// site
+
+/// A site scenario's colours: its boot → lease curve, and its inspect → finished curve in a lighter shade.
+fn site_colors(key: &str) -> (RGBColor, RGBColor) {
+    match key {
+        "none" => (BLUE_, LIGHT_BLUE),
+        "conductor-restart" => (GREEN_, LIGHT_GREEN),
+        "leader-host-dies" => (RED_, LIGHT_RED),
+        _ => (ORANGE_, LIGHT_ORANGE),
+    }
+}
+
+/// Per scenario of the site benchmark two cumulative distributions (x: ms from the node's `inspect` request, log;
+/// y: % of the scenario's inspected nodes, all rounds): boot → lease in the scenario's colour, inspect → finished
+/// in a lighter shade of it, one vertex per node, with the JSON's p50 / p99 / max marked on each curve (their
+/// values in the legend). A node without a figure (never leased or finished) counts in the percentages, so its
+/// curve ends below 100 %.
+pub fn site_svg(json: &Value) -> anyhow::Result<String> {
+    let at = "site JSON";
+    let scenarios = array(json, at, "scenarios")?;
+    ensure!(!scenarios.is_empty(), "{at}: `scenarios` is empty");
+    let mut cdfs = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, sc) in scenarios.iter().enumerate() {
+        let sat = format!("{at}: scenarios[{i}]");
+        let name = match text(sc, "fault") {
+            "" => text(sc, "key"),
+            n => n,
+        };
+        let rounds = array(sc, &sat, "rounds")?;
+        if rounds.is_empty() {
+            skipped.push(name.to_string());
+            continue;
+        }
+        let summary = object(sc, &sat, "summary")?;
+        let (dark, light) = site_colors(text(sc, "key"));
+        for (key, what, color) in
+            [("boot_to_lease_ms", "boot → lease", dark), ("inspect_to_finished_ms", "inspect → finished", light)]
+        {
+            let (mut samples, mut of) = (Vec::new(), 0);
+            for (r, round) in rounds.iter().enumerate() {
+                let rat = format!("{sat}: rounds[{r}]");
+                for (k, node) in array(round, &rat, "nodes")?.iter().enumerate() {
+                    of += 1;
+                    samples.extend(opt_num(node, &format!("{rat}: nodes[{k}]"), key)?);
+                }
+            }
+            samples.sort_by(f64::total_cmp);
+            let fig = object(summary, &format!("{sat}: summary"), key)?;
+            let fat = format!("{sat}: summary: {key}");
+            let mut marks = Vec::new();
+            for (mark, pct) in [("p50", 50.0), ("p99", 99.0), ("max", 100.0)] {
+                marks.extend(opt_num(fig, &fat, mark)?.map(|v| (mark, pct, v)));
+            }
+            let figures = marks.iter().map(|(m, _, v)| format!("{m} {}", fmt_ms(*v))).collect::<Vec<_>>().join(" · ");
+            let label = match figures.as_str() {
+                "" => format!("{name}: {what} (none)"),
+                f => format!("{name}: {what} ({f})"),
+            };
+            cdfs.push(Cdf { label, color, samples, of, marks });
+        }
+    }
+    ensure!(!cdfs.is_empty(), "{at}: no scenario has a round");
+    let (x_lo, x_hi) =
+        log_range(cdfs.iter().flat_map(|c| c.samples.iter().copied().chain(c.marks.iter().map(|m| m.2))), 1.6, 2.5);
+    let (x_bold, x_light) = log_ticks(x_lo, x_hi);
+    let mut context = Vec::new();
+    if let Some(n) = json.get("inspected").and_then(Value::as_u64) {
+        context.push(format!("{n} nodes inspected at once"));
+    }
+    if let Some(n) = json.get("others").and_then(Value::as_u64) {
+        context.push(format!("{n} others"));
+    }
+    if let Some(n) = json.get("rounds").and_then(Value::as_u64) {
+        context.push(format!("{n} round{} per scenario", if n == 1 { "" } else { "s" }));
+    }
+    if !text(json, "etcd").is_empty() {
+        context.push(format!("etcd {}", text(json, "etcd")));
+    }
+    if !text(json, "ironic").is_empty() {
+        context.push(format!("Ironic {}", text(json, "ironic")));
+    }
+    let mut notes = vec![
+        "boot → lease (dark): from the node's `inspect` request accepted to its DHCP lease (udhcpc, run again until a lease)."
+            .to_string(),
+        "inspect → finished (light): from the same request to `manageable` again with its data processed (the callback included)."
+            .to_string(),
+        "y: share of the scenario's inspected nodes over all its rounds; a node that never leased or finished keeps its curve below 100 %."
+            .to_string(),
+    ];
+    if !skipped.is_empty() {
+        notes.push(format!("No round completed: {}.", skipped.join(", ")));
+    }
+    let legend: Vec<(Swatch, String)> = cdfs.iter().map(|c| (Swatch::LineDot(c.color), c.label.clone())).collect();
+
+    render((1200, 880), |root| {
+        let area = frame(
+            root,
+            "Ironic inspecting nodes through the HA site: time to lease and to finished",
+            &context.join(", "),
+            &notes,
+        )?;
+        let area = legend_above(&area, 80, &legend)?;
+        let mut chart = ChartBuilder::on(&area)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(
+                (x_lo..x_hi).log_scale().with_key_points(x_bold).with_light_points(x_light),
+                FixedTicks::new(
+                    0.0..102.0,
+                    vec![0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 99.0, 100.0],
+                ),
+            )
+            .map_err(plotting)?;
+        chart
+            .configure_mesh()
+            .x_desc("time from the node's inspect request (ms, log scale)")
+            .y_desc("nodes at or below (%)")
+            .x_label_formatter(&|v| tick(*v))
+            .y_label_formatter(&|v| if *v == 99.0 { String::new() } else { format!("{v:.0}") })
+            .bold_line_style(MESH_BOLD)
+            .light_line_style(MESH_LIGHT)
+            .axis_desc_style((FONT, 17))
+            .label_style((FONT, 15))
+            .draw()
+            .map_err(plotting)?;
+        for c in &cdfs {
+            chart.draw_series(LineSeries::new(c.points(x_lo), c.color.stroke_width(2))).map_err(plotting)?;
+            chart
+                .draw_series(c.marks.iter().map(|&(_, pct, v)| Circle::new((v.max(x_lo), pct), 4, c.color.filled())))
+                .map_err(plotting)?;
         }
         Ok(())
     })
@@ -1410,6 +1574,74 @@ mod tests {
         assert!(e.contains("`callbacks` is empty"), "{e}");
     }
 
+    #[test]
+    fn site_chart_has_two_curves_per_scenario() {
+        let svg = site_svg(&crate::site::sample_json()).expect("chart");
+        let doc = parse(&svg);
+        for want in [
+            "Ironic inspecting nodes through the HA site: time to lease and to finished",
+            "time from the node's inspect request (ms, log scale)",
+            "nodes at or below (%)",
+            "10 nodes inspected at once, 5 others, 2 rounds per scenario, etcd 3.5.16 (3 members), \
+             Ironic 39.0.0 (3 conductors, MariaDB, json-rpc)",
+            "no fault: boot → lease (p50 ",
+            "max 550.0 ms",
+            "leader host killed: inspect → finished (p50 ",
+            "boot → lease (dark)",
+            "inspect → finished (light)",
+        ] {
+            assert!(has_text(&doc, want), "no text {want:?} in {:?}", texts(&doc));
+        }
+        // Each curve: one vertex per node of the scenario's rounds (no fault: 2 × 10; the host killed: 1 × 10).
+        for (color, vertices) in [(BLUE_, 20), (LIGHT_BLUE, 20), (RED_, 10), (LIGHT_RED, 10)] {
+            let lines = polylines(&doc, color);
+            assert_eq!(lines.iter().filter(|p| **p == vertices).count(), 1, "{}: {lines:?}", hex(color));
+            // p50, p99 and max on the curve (+ the legend's dot).
+            assert_eq!(filled_circles(&doc, color), 3 + 1, "{}", hex(color));
+        }
+        // No conductor restart in the sample.
+        assert!(polylines(&doc, GREEN_).is_empty() && polylines(&doc, LIGHT_GREEN).is_empty());
+    }
+
+    #[test]
+    fn site_chart_counts_nodes_that_never_finished() {
+        let mut v = crate::site::sample_json();
+        v["scenarios"][0]["rounds"][1]["nodes"][4]["inspect_to_finished_ms"] = Value::Null;
+        let doc_text = site_svg(&v).expect("chart");
+        let doc = parse(&doc_text);
+        // 19 vertices, the last at 95 %: the curve ends below 100 %.
+        assert!(polylines(&doc, LIGHT_BLUE).contains(&19), "{:?}", polylines(&doc, LIGHT_BLUE));
+        assert_eq!(polylines(&doc, BLUE_).iter().filter(|p| **p == 20).count(), 1);
+    }
+
+    #[test]
+    fn site_errors_name_the_missing_field() {
+        let mut v = crate::site::sample_json();
+        v["scenarios"][1]["rounds"][0]["nodes"][3].as_object_mut().expect("object").remove("boot_to_lease_ms");
+        let e = format!("{:#}", site_svg(&v).expect_err("no boot_to_lease_ms"));
+        assert!(e.contains("scenarios[1]: rounds[0]: nodes[3]") && e.contains("boot_to_lease_ms"), "{e}");
+
+        let mut v = crate::site::sample_json();
+        v["scenarios"][0]["summary"].as_object_mut().expect("object").remove("inspect_to_finished_ms");
+        let e = format!("{:#}", site_svg(&v).expect_err("no summary figure"));
+        assert!(e.contains("scenarios[0]") && e.contains("inspect_to_finished_ms"), "{e}");
+
+        let mut v = crate::site::sample_json();
+        v["scenarios"][0]["summary"]["boot_to_lease_ms"].as_object_mut().expect("object").remove("p99");
+        let e = format!("{:#}", site_svg(&v).expect_err("no p99"));
+        assert!(e.contains("boot_to_lease_ms") && e.contains("p99"), "{e}");
+
+        let mut v = crate::site::sample_json();
+        v["scenarios"][0]["rounds"][0]["nodes"][0]["boot_to_lease_ms"] = json!("x");
+        let e = format!("{:#}", site_svg(&v).expect_err("not a number"));
+        assert!(e.contains("nodes[0]") && e.contains("not a number"), "{e}");
+
+        let e = format!("{:#}", site_svg(&json!({"scenarios": []})).expect_err("empty"));
+        assert!(e.contains("`scenarios` is empty"), "{e}");
+        let e = format!("{:#}", site_svg(&json!({"full_load": []})).expect_err("not the site's"));
+        assert!(e.contains("no `scenarios`"), "{e}");
+    }
+
     fn filters_sample() -> Value {
         let one = Samples::new((1..=100).map(|i| d(1.0 + i as f64 * 0.03)).collect());
         let three = Samples::new((1..=100).map(|i| d(2.0 + i as f64 * 0.02)).collect());
@@ -1515,6 +1747,8 @@ mod tests {
         assert!(svg(Kind::Ha, &ha_sample()).is_ok());
         assert!(svg(Kind::Callbacks, &callbacks_sample()).is_ok());
         assert!(svg(Kind::Filters, &filters_sample()).is_ok());
+        assert!(svg(Kind::Site, &crate::site::sample_json()).is_ok());
+        assert!(svg(Kind::Site, &ha_sample()).is_err());
         // Another benchmark's JSON is refused with a message, not drawn as nonsense.
         assert!(svg(Kind::Ha, &dataplane_sample()).is_err());
         assert!(svg(Kind::Dataplane, &ha_sample()).is_err());
