@@ -108,6 +108,7 @@ ip netns exec pxe "$BIN/ironguard-agent" --config /tmp/agent.toml run >/tmp/agen
 AGENT=$!
 leading() { ip netns exec pxe busybox wget -q -O - http://127.0.0.1:9181/metrics | grep -q '^ironguard_agent_mode 3'; }
 check_eventually agent-leads 300 leading
+leading || { echo "--- agent log (not leading)"; tail -40 /tmp/agent.log; echo "--- control plane log"; tail -20 /tmp/cp.log; }
 ctl filters allow $M1 >/dev/null && ctl filters deny $M2 >/dev/null
 check_eventually agent-allowed 300 lease n1 $M1
 check agent-denied no lease n1 $M2
