@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# A stock Debian 12 kernel to boot under qemu, for the tests that need what this machine's kernel lacks (the
-# ipset backend needs the hash:mac set type, CONFIG_IP_SET_HASH_MAC, which production kernels have as a module).
+# A stock Debian kernel to boot under qemu, for the tests that need what this machine's kernel lacks (the
+# ipset backend needs the hash:mac set type, CONFIG_IP_SET_HASH_MAC, which production kernels have as a module), and
+# for the kernels sites run: Debian 12's 6.1 (the default) and Debian 13's 6.12 (`--suite trixie`).
+#
+#   scripts/guest-kernel.sh [--suite bookworm|trixie]
 #
 # Prints the directory that holds, cached after the first run:
-#   boot/vmlinuz-*          the kernel of Debian's linux-image-amd64 (apt-get download; never installed)
+#   boot/vmlinuz-*          the kernel of Debian's linux-image-amd64 (apt-get download; never installed). For
+#                           trixie, apt reads trixie's indexes into a private directory (signatures checked against
+#                           the machine's debian-archive-keyring, as for the machine's own sources); the machine's
+#                           apt state is not touched.
 #   lib/modules/*           its modules, with modules.dep (depmod)
 #   initrd.gz               busybox (static) and the virtio/9p modules; its /init mounts this machine's root
 #                           read-only over 9p, mounts tmpfs on /tmp and /run, and runs the script named on the
@@ -13,7 +19,13 @@
 #                           the fresh tmpfs at its own path.
 # Run as root; needs qemu-system-x86, busybox-static and kmod (scripts/install-deps.sh installs them).
 set -euo pipefail
-cache=/var/cache/ironguard/guest-kernel
+suite=bookworm
+if [ "${1:-}" = --suite ]; then suite=${2:?usage: guest-kernel.sh [--suite bookworm|trixie]}; fi
+case "$suite" in
+  bookworm) cache=${IRONGUARD_GUEST_KERNEL_CACHE:-/var/cache/ironguard/guest-kernel} ;;
+  trixie) cache=${IRONGUARD_GUEST_KERNEL_CACHE:-/var/cache/ironguard/guest-kernel-trixie} ;;
+  *) echo "guest-kernel: unknown suite $suite (bookworm or trixie)" >&2; exit 2 ;;
+esac
 # .ready-v1: the kernel, its modules and an initrd are there. .ready-v2: the initrd's /init knows ig.keep. .ready-v3:
 # it mounts the host's root with cache=loose. (Older checkouts sharing this cache look for their own stamp, and each
 # initrd does all the older ones did.)
@@ -30,11 +42,28 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 if [ ! -f "$kernel_stamp" ]; then
   rm -rf "$cache" && mkdir -p "$cache"
+  apt_opts=()
+  if [ "$suite" != bookworm ]; then
+    # Another release's indexes, in a directory of this run's own: apt checks their signatures as for the
+    # machine's sources, and the machine's own lists and cache stay as they are.
+    mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial"
+    printf 'deb http://deb.debian.org/debian %s main\ndeb http://deb.debian.org/debian-security %s-security main\n' \
+      "$suite" "$suite" >"$work/apt/sources.list"
+    apt_opts=(-o "Dir::Etc::SourceList=$work/apt/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+      -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache" -o APT::Sandbox::User=root)
+    apt-get "${apt_opts[@]}" -qq update >/dev/null ||
+      { echo "guest-kernel: cannot read $suite's package indexes from deb.debian.org" >&2; exit 1; }
+  fi
   # The metapackage names the current kernel package; download that one.
-  pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
-  [ -n "$pkg" ] || { echo "guest-kernel: cannot find the kernel package behind linux-image-amd64" >&2; exit 1; }
-  apt-get download -q "$pkg" >/dev/null 2>&1 || { chmod 777 "$work"; apt-get download -q "$pkg" >/dev/null; }
+  pkg=$(apt-cache "${apt_opts[@]}" depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  [ -n "$pkg" ] || { echo "guest-kernel: cannot find the kernel package behind linux-image-amd64 ($suite)" >&2; exit 1; }
+  apt-get "${apt_opts[@]}" download -q "$pkg" >/dev/null 2>&1 ||
+    { chmod 777 "$work"; apt-get "${apt_opts[@]}" download -q "$pkg" >/dev/null; }
   dpkg-deb -x ./*.deb "$cache"
+  # Debian 13's packages ship /usr/lib/modules (merged /usr); depmod and modprobe -d read DIR/lib/modules.
+  if [ ! -d "$cache/lib/modules" ] && [ -d "$cache/usr/lib/modules" ]; then
+    mkdir -p "$cache/lib" && ln -s ../usr/lib/modules "$cache/lib/modules"
+  fi
   depmod -b "$cache" "$(ls "$cache/lib/modules")"
 fi
 version=$(ls "$cache/lib/modules")
@@ -46,12 +75,22 @@ if ldd "$initrd/bin/busybox" >/dev/null 2>&1; then
   echo "guest-kernel: busybox must be the static one (Debian package busybox-static)" >&2
   exit 1
 fi
-k="$cache/lib/modules/$version/kernel"
-mods="drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_legacy_dev
-  drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci fs/netfs/netfs fs/fscache/fscache net/9p/9pnet
-  net/9p/9pnet_virtio fs/9p/9p"
+# The virtio and 9p modules with what they need, in load order, as modprobe resolves them from the kernel's own
+# modules.dep (6.1 and 6.12 differ: fscache went into netfs; trixie compresses modules with xz, which busybox's
+# insmod cannot read, so they are unpacked here). Built-in ones are skipped.
 order=""
-for m in $mods; do cp "$k/$m.ko" "$initrd/mods/"; order="$order $(basename "$m")"; done
+while read -r verb path _; do
+  [ "$verb" = insmod ] || continue
+  name=$(basename "$path"); name=${name%%.ko*}
+  case " $order " in *" $name "*) continue ;; esac
+  case "$path" in
+    *.ko.xz) xz -dc "$path" >"$initrd/mods/$name.ko" ;;
+    *.ko.zst) zstd -qdc "$path" >"$initrd/mods/$name.ko" ;;
+    *) cp "$path" "$initrd/mods/$name.ko" ;;
+  esac
+  order="$order $name"
+done < <(for m in virtio_pci 9pnet_virtio 9p; do modprobe -d "$cache" -S "$version" --show-depends "$m"; done)
+case " $order " in *" 9p "*) ;; *) echo "guest-kernel: no 9p module found in $version (got:$order)" >&2; exit 1 ;; esac
 cat >"$initrd/init" <<EOF
 #!/bin/busybox sh
 /bin/busybox --install -s /bin

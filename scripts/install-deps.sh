@@ -9,8 +9,9 @@ packages=(
                                                   # also serves as the init of the qemu guest (scripts/guest-kernel.sh)
   isc-dhcp-client                                 # a real DHCPv6 client (dhclient -6)
   isc-dhcp-server                                 # a real DHCP server on raw (AF_PACKET) sockets (ISC dhcpd)
-  qemu-system-x86 kmod                            # a stock Debian kernel under qemu: the ipset backend's tests and the
-                                                  # egress dataplane on a kernel before 6.16
+  qemu-system-x86 kmod xz-utils zstd              # stock Debian kernels (12's 6.1, 13's 6.12) under qemu: the ipset
+                                                  # backend's tests and the egress dataplane on kernels before 6.16
+                                                  # (xz, zstd: the modules Debian 13 compresses, for the guest's initrd)
   jq                                              # reads ironguardctl's JSON in the qemu guest's test scripts
   etcd-server etcd-client                         # the coordination service for HA tests
   mariadb-server                                  # the database several Ironic conductors share (tests/netns/src/mariadb.rs:

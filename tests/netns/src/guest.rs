@@ -1,5 +1,5 @@
-//! Tests that need another kernel than this machine's: a stock Debian 12 kernel (6.1) booted with qemu
-//! (`scripts/guest-kernel.sh`). The guest mounts this machine's root read-only (with a tmpfs of its own on /tmp and
+//! Tests that need another kernel than this machine's: a stock Debian 12 (6.1) or Debian 13 (6.12) kernel booted
+//! with qemu (`scripts/guest-kernel.sh`). The guest mounts this machine's root read-only (with a tmpfs of its own on /tmp and
 //! /run, where only the script's and the binaries' directories stay visible, so the checkout may live anywhere) and
 //! runs one script from `tests/netns/scripts/` with the workspace's binaries; the script prints
 //! `RESULT <check> PASS|FAIL [detail]` per check, then `DONE`.
@@ -21,13 +21,46 @@ const BOOT_LIMIT: Duration = Duration::from_secs(420);
 /// before nextest's own limit for these tests (30 minutes), so that the test reports the guest's console itself.
 const GUEST_LIMIT: Duration = Duration::from_secs(1680);
 
-/// Boots the Debian kernel with `script` (a file name in `tests/netns/scripts/`) and asserts that the guest
-/// finished, that no check failed, and that every one of `checks` ran. Returns the guest's console output.
+/// Which stock Debian kernel a guest boots (`scripts/guest-kernel.sh --suite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestKernel {
+    /// Debian 12's linux-image-amd64 (6.1).
+    Debian12,
+    /// Debian 13's linux-image-amd64 (6.12).
+    Debian13,
+}
+
+impl GuestKernel {
+    fn suite(self) -> &'static str {
+        match self {
+            Self::Debian12 => "bookworm",
+            Self::Debian13 => "trixie",
+        }
+    }
+
+    /// What the guest's console says of the kernel it runs ("guest: kernel 6.1.").
+    pub fn console_marker(self) -> &'static str {
+        match self {
+            Self::Debian12 => "guest: kernel 6.1.",
+            Self::Debian13 => "guest: kernel 6.12.",
+        }
+    }
+}
+
+/// [`run_checks_in_kernel`] in Debian 12's kernel.
 pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
+    run_checks_in_kernel(GuestKernel::Debian12, script, checks)
+}
+
+/// Boots `kernel` with `script` (a file name in `tests/netns/scripts/`) and asserts that the guest finished, that
+/// no check failed, that every one of `checks` ran, and that the guest ran that kernel. Returns the guest's console
+/// output.
+pub fn run_checks_in_kernel(kernel: GuestKernel, script: &str, checks: &[&str]) -> String {
     require_privileges();
     require_tools(&[("qemu-system-x86_64", "qemu-system-x86"), ("depmod", "kmod")]);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = run_ok(&mut Command::new(root.join("scripts/guest-kernel.sh")));
+    let guest_kernel = kernel;
+    let out = run_ok(Command::new(root.join("scripts/guest-kernel.sh")).args(["--suite", kernel.suite()]));
     let cache = String::from_utf8_lossy(&out.stdout).trim().lines().last().unwrap_or_default().to_string();
     let kernel = std::fs::read_dir(Path::new(&cache).join("boot"))
         .expect("the guest kernel's boot directory")
@@ -121,5 +154,6 @@ pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
     for name in checks {
         assert!(results.iter().any(|(n, _)| n == name), "check {name} did not run in the guest");
     }
+    assert!(console.contains(guest_kernel.console_marker()), "the guest runs {guest_kernel:?}'s kernel");
     console
 }
