@@ -370,10 +370,18 @@ async fn never_expires(session: &ironguard_coord::Session, d: Duration) -> Resul
 }
 
 /// A session on a three-member cluster keeps its lease while etcd keeps its quorum: its keep-alives go to every
-/// member at once, and a member that stops answering (the etcd leader frozen: its connections stay open, its
-/// requests hang) or dies (the next etcd leader killed) costs nothing; each time etcd elects another leader, and
-/// the expiry estimate moves on past the fault (issue 24).
-fn a_session_outlives_a_silent_and_a_dead_etcd_leader(release: EtcdRelease) {
+/// member at once, and a member that stops answering (`frozen`: the etcd leader paused, its connections stay open,
+/// its requests hang) or dies (`killed`) costs nothing; etcd elects another leader, and the expiry estimate moves
+/// on past the fault (issue 24). Each fault on a cluster of its own: a leader frozen and then thawed can, in the
+/// seconds after, revoke leases from its stale lease table (etcd 3.4.23 and 3.5.16: the lease is then gone for every
+/// member, and the session rightly ends; track record O30), which would judge the next fault on a session etcd
+/// itself ended.
+fn a_session_outlives_an_etcd_leader(release: EtcdRelease, fault: &'static str) {
+    // The coordinator's own account (its lanes), shown with a failure.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("ironguard_coord=debug"))
+        .with_test_writer()
+        .try_init();
     let (ns, mut members) = cluster(release);
     let urls: Vec<String> = members.iter().map(|m| m.url.clone()).collect();
     ironguard_netns_tests::in_netns(&ns, move || {
@@ -383,42 +391,50 @@ fn a_session_outlives_a_silent_and_a_dead_etcd_leader(release: EtcdRelease) {
             let c = EtcdCoordinator::connect(&cfg).await.unwrap();
             let ttl = Duration::from_secs(5);
             let s = c.session(ttl).await.unwrap();
-            for fault in ["frozen", "killed"] {
-                let mut leader = None;
-                for _ in 0..100 {
-                    leader = etcd_leader(&members).await;
-                    if leader.is_some() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut leader = None;
+            for _ in 0..100 {
+                leader = etcd_leader(&members).await;
+                if leader.is_some() {
+                    break;
                 }
-                let leader = leader.expect("an etcd leader before the fault");
-                let Expiry::At(before) = s.expiry() else { panic!("{:?} before the fault", s.expiry()) };
-                if fault == "frozen" {
-                    members[leader].freeze();
-                } else {
-                    members[leader].stop();
-                }
-                let held = never_expires(&s, 2 * ttl).await;
-                if fault == "frozen" {
-                    members[leader].thaw();
-                }
-                held.unwrap_or_else(|e| panic!("etcd leader member {leader} {fault}: {e}"));
-                let Expiry::At(after) = s.expiry() else { panic!("{:?}", s.expiry()) };
-                assert!(after >= before + ttl, "the estimate did not move on after the etcd leader was {fault}");
-                assert_ne!(etcd_leader(&members).await, None, "no etcd leader after the fault");
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            let leader = leader.expect("an etcd leader before the fault");
+            let Expiry::At(before) = s.expiry() else { panic!("{:?} before the fault", s.expiry()) };
+            if fault == "frozen" {
+                members[leader].freeze();
+            } else {
+                members[leader].stop();
+            }
+            let held = never_expires(&s, 2 * ttl).await;
+            if fault == "frozen" {
+                members[leader].thaw();
+            }
+            held.unwrap_or_else(|e| panic!("etcd leader member {leader} {fault}: {e}"));
+            let Expiry::At(after) = s.expiry() else { panic!("{:?}", s.expiry()) };
+            assert!(after >= before + ttl, "the estimate did not move on after the etcd leader was {fault}");
+            assert_ne!(etcd_leader(&members).await, None, "no etcd leader after the fault");
             drop(members);
         })
     });
 }
 
 #[test]
-fn a_session_outlives_a_silent_and_a_dead_etcd_leader_on_etcd_3_4() {
-    a_session_outlives_a_silent_and_a_dead_etcd_leader(EtcdRelease::Debian12);
+fn a_session_outlives_a_silent_etcd_leader_on_etcd_3_4() {
+    a_session_outlives_an_etcd_leader(EtcdRelease::Debian12, "frozen");
 }
 
 #[test]
-fn a_session_outlives_a_silent_and_a_dead_etcd_leader_on_etcd_3_5() {
-    a_session_outlives_a_silent_and_a_dead_etcd_leader(EtcdRelease::Debian13);
+fn a_session_outlives_a_silent_etcd_leader_on_etcd_3_5() {
+    a_session_outlives_an_etcd_leader(EtcdRelease::Debian13, "frozen");
+}
+
+#[test]
+fn a_session_outlives_a_dead_etcd_leader_on_etcd_3_4() {
+    a_session_outlives_an_etcd_leader(EtcdRelease::Debian12, "killed");
+}
+
+#[test]
+fn a_session_outlives_a_dead_etcd_leader_on_etcd_3_5() {
+    a_session_outlives_an_etcd_leader(EtcdRelease::Debian13, "killed");
 }

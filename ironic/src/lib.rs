@@ -197,6 +197,9 @@ pub struct Ironic {
     bases: Vec<String>,
     /// The index in `bases` of the endpoint in use.
     current: AtomicUsize,
+    /// The index of the endpoint that answered last (`usize::MAX`: none yet), so that a move away from it is said
+    /// at `warn` and the rounds of an Ironic that answers nowhere (e.g. not started yet) only at `debug`.
+    answered: AtomicUsize,
     version: OnceCell<String>,
     token: RwLock<Option<String>>,
     health: IronicHealth,
@@ -306,6 +309,7 @@ impl Ironic {
             cfg,
             bases,
             current: AtomicUsize::new(0),
+            answered: AtomicUsize::new(usize::MAX),
             version: OnceCell::new(),
             token: RwLock::new(None),
             health: IronicHealth::default(),
@@ -337,13 +341,17 @@ impl Ironic {
         let to = (from + 1) % self.bases.len();
         if self.current.compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
             self.health.failovers.inc();
-            warn!(
-                from = %self.bases[from],
-                to = %self.bases[to],
-                "Ironic's API at {} does not answer ({why}); using {} (check that conductor's API service)",
-                self.bases[from],
-                self.bases[to]
-            );
+            if self.answered.load(Ordering::Relaxed) == from {
+                warn!(
+                    from = %self.bases[from],
+                    to = %self.bases[to],
+                    "Ironic's API at {} does not answer ({why}); using {} (check that conductor's API service)",
+                    self.bases[from],
+                    self.bases[to]
+                );
+            } else {
+                debug!(from = %self.bases[from], to = %self.bases[to], why, "Ironic's API does not answer; trying the next");
+            }
         }
     }
 
@@ -508,6 +516,7 @@ impl Ironic {
                 self.health.failed_attempts.inc();
             } else {
                 self.health.up.set(1);
+                self.answered.store(used, Ordering::Relaxed);
             }
             match status {
                 200..=299 => return Ok(text),
