@@ -267,7 +267,7 @@ fn one_round(site: &mut HaSite, nodes: &SiteNodes, scenario: Scenario) -> Round 
     let report = site_round::run_round(site, nodes, scenario.fault());
     let mut violations = report.violations(&site.plan);
     violations.extend(round_checks(site, nodes, &report));
-    if scenario == Scenario::LeaderHostDies {
+    if scenario == Scenario::LeaderHostDies && report.revived_after.is_none() {
         if let Some(i) = report.fault_host {
             site.revive_host(i);
         }
@@ -503,6 +503,7 @@ pub(crate) fn sample_json() -> Value {
         fault_host: (fault == SiteFault::LeaderHostDies).then_some(1),
         failover_gap: (fault == SiteFault::LeaderHostDies).then_some(Duration::from_millis(2500)),
         restart_took: None,
+        revived_after: None,
         probe_discovers: 300,
         probe_doubles: 0,
         probe_unanswered: 2,

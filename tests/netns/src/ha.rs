@@ -357,11 +357,8 @@ impl HaSite {
     /// Host `i` back after [`HaSite::kill_host`]: its DHCP server, its conductor (same configuration and database;
     /// returns once its API answers) and its agent.
     pub fn revive_host(&mut self, i: usize) {
-        self.restart_server(i, ServerSetup::Normal);
-        if let Some(ironic) = self.ironic.as_mut() {
-            ironic.conductors[i].restart(&self.hosts[i].ns);
-        }
-        self.start_agent(i);
+        let conductor = self.ironic.as_mut().map(|c| &mut c.conductors[i]);
+        revive_host(&mut self.hosts[i], i, &self.dir, self.server, &self.plan, conductor);
     }
 
     pub fn start_agent(&mut self, i: usize) {
@@ -472,6 +469,25 @@ impl HaSite {
             .spawn()
             .expect("run the scapy probe (python3-scapy)")
     }
+}
+
+/// [`HaSite::revive_host`] from the site's parts, for a caller that holds other parts of the site borrowed (host
+/// `h`, number `i`, and its conductor if the site has them).
+pub fn revive_host(
+    h: &mut PxeHost,
+    i: usize,
+    dir: &TempDir,
+    kind: ServerKind,
+    plan: &DhcpPlan,
+    conductor: Option<&mut crate::ironic::RealIronic>,
+) {
+    h.server.signal(nix::sys::signal::Signal::SIGCONT);
+    h.server.kill();
+    h.server = start_server(&h.ns, dir, kind, plan, i, ServerSetup::Normal);
+    if let Some(c) = conductor {
+        c.restart(&h.ns);
+    }
+    h.agent = Some(start_agent(&h.ns, dir, &h.config, None));
 }
 
 /// The control planes' configuration for a site with Ironic conductors: Ironic at the first of `urls` and the

@@ -13,8 +13,11 @@
 //! - meanwhile the nodes Ironic does not inspect (enroll, manageable, available, active, maintenance) and a stranger
 //!   no one enrolled ask for DHCP every 2 s, and a probe node that Ironic inspects but whose ramdisk never reports
 //!   sends a DISCOVER every 100 ms: each must be answered by one server at most.
-//! - the fault: when a third of the nodes have posted their data, the leading PXE host dies whole (agent, dnsmasq and
-//!   conductor SIGKILLed), or one conductor that does not share the leader's host restarts.
+//! - the fault: when a third of the nodes have posted their data, the host that leads then dies whole (agent, dnsmasq
+//!   and conductor SIGKILLed), or one conductor that does not share the leader's host restarts. A node whose data the
+//!   dead conductor was processing stays `inspecting`: Ironic fails such a node only when that conductor starts
+//!   again. Once one has waited 20 s, the dead host is brought back (dnsmasq, conductor, agent), as its operator
+//!   would, and the node is inspected again.
 //!
 //! What the round measures comes from the real parts: leases from udhcpc, offers and acknowledgements from every
 //! dnsmasq's own log (`--log-dhcp`: per exchange id), double offers from the probe's capture, openness from every
@@ -36,6 +39,16 @@ use crate::{DhcpAttempt, Lease, Netns, Want, dhcp_start, mac, metric, set_mac_up
 
 /// The states of the nodes Ironic does not inspect, in turn.
 pub const OTHER_STATES: [&str; 5] = ["enroll", "manageable", "available", "active", "maintenance"];
+
+/// How long a node may wait in `inspecting` under a dead conductor before the dead host is brought back.
+const STUCK_FOR: Duration = Duration::from_secs(20);
+
+/// The one host whose kernel says it leads (as `ironguardctl chains` reads it), if exactly one does.
+fn current_leader(hosts: &[crate::ha::PxeHost]) -> Option<usize> {
+    let leaders: Vec<usize> =
+        hosts.iter().enumerate().filter(|(_, h)| crate::verdict(&h.ns) == "LEADER").map(|(i, _)| i).collect();
+    (leaders.len() == 1).then(|| leaders[0])
+}
 
 /// How long a node may take from its inspection's start to `manageable`, for a round with a fault included: a bound
 /// for a node that never finishes, not a measurement.
@@ -123,6 +136,8 @@ pub struct RoundReport {
     pub failover_gap: Option<Duration>,
     /// From the conductor's stop to its API answering again.
     pub restart_took: Option<Duration>,
+    /// When the dead host was brought back (from the kill), if a node was left `inspecting` by its conductor.
+    pub revived_after: Option<Duration>,
     /// The probe's DISCOVERs, those answered by two servers or more, and those unanswered.
     pub probe_discovers: usize,
     pub probe_doubles: usize,
@@ -204,6 +219,7 @@ impl RoundReport {
             "fault_host": self.fault_host,
             "failover_gap_ms": ms(self.failover_gap),
             "restart_ms": ms(self.restart_took),
+            "revived_after_ms": ms(self.revived_after),
             "probe_discovers": self.probe_discovers,
             "probe_doubles": self.probe_doubles,
             "probe_unanswered": self.probe_unanswered,
@@ -376,6 +392,7 @@ fn boot(
     prefix: u8,
     started: Instant,
     posted: &AtomicUsize,
+    stuck: &AtomicUsize,
 ) -> NodeOutcome {
     let mut out = NodeOutcome {
         name: n.name.clone(),
@@ -390,7 +407,7 @@ fn boot(
     };
     let deadline = started + NODE_DEADLINE;
     loop {
-        match boot_once(node, n, hosts, prefix, started, deadline, &mut out) {
+        match boot_once(node, n, hosts, prefix, (started, deadline), stuck, &mut out) {
             Err(e) => {
                 out.error = Some(e);
                 return out;
@@ -449,8 +466,8 @@ fn boot_once(
     n: &SiteNode,
     hosts: &[Ipv4Addr],
     prefix: u8,
-    started: Instant,
-    deadline: Instant,
+    (started, deadline): (Instant, Instant),
+    stuck: &AtomicUsize,
     out: &mut NodeOutcome,
 ) -> Result<Boot, String> {
     let lease = loop {
@@ -487,13 +504,15 @@ fn boot_once(
             // Refused: the node no longer waits for data. Ironic either processed an earlier post whose answer was
             // lost, or holds the node in `inspecting` (a conductor stopped mid-callback) and fails it once that
             // conductor is back.
+            stuck.fetch_add(1, Ordering::SeqCst);
             let now = wait_for(deadline.saturating_duration_since(Instant::now()), || {
                 node_state(node, hosts, &n.uuid).filter(|v| v["provision_state"] != "inspecting").or_else(|| {
                     std::thread::sleep(Duration::from_millis(200));
                     None
                 })
-            })
-            .ok_or(format!("Ironic refused its data ({status}: {reply}) and kept it inspecting"))?;
+            });
+            stuck.fetch_sub(1, Ordering::SeqCst);
+            let now = now.ok_or(format!("Ironic refused its data ({status}: {reply}) and kept it inspecting"))?;
             return match now["provision_state"].as_str() {
                 _ if processed(&now) => Ok(Boot::Accepted),
                 Some("inspect failed") => {
@@ -545,8 +564,11 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
     let mut fault_host = None;
     let mut failover_gap = None;
     let mut restart_took = None;
+    let mut revived_after = None;
+    let (stuck, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let outcomes: Vec<NodeOutcome> = {
-        let HaSite { ironic, hosts, nodes: node_ns, .. } = &mut *site;
+        let HaSite { ironic, hosts, nodes: node_ns, dir, server, plan, .. } = &mut *site;
+        let (stuck, done) = (&stuck, &done);
         let ironic = ironic.as_mut().expect("conductors");
         std::thread::scope(|s| {
             let mut handles = Vec::new();
@@ -555,13 +577,19 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
                 c.provision(&n.uuid, "inspect");
                 let started = Instant::now();
                 let (node, hosts_ip, posted) = (&node_ns[n.j], &hosts_ip, &posted);
-                handles.push(s.spawn(move || boot(node, n, hosts_ip, prefix, started, posted)));
+                handles.push(s.spawn(move || {
+                    let out = boot(node, n, hosts_ip, prefix, started, posted, stuck);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    out
+                }));
             }
             if fault != SiteFault::None {
                 let reached = wait_for(NODE_DEADLINE, || (posted.load(Ordering::SeqCst) >= fault_at).then_some(()));
                 assert!(reached.is_some(), "a third of the nodes never posted their data");
                 match fault {
                     SiteFault::LeaderHostDies => {
+                        // The host that leads now: on a busy machine the lead may have moved since the round began.
+                        let leader = wait_for(crate::SETUP_DEADLINE, || current_leader(hosts)).unwrap_or(leader);
                         let h = &hosts[leader];
                         let t = Instant::now();
                         let mut pids = vec![h.server.pid(), ironic.conductors[leader].proc.pid()];
@@ -578,6 +606,21 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
                             others.iter().any(|i| watcher.wait_open(*i, t, Duration::from_millis(50))).then_some(())
                         });
                         failover_gap = up.map(|_| t.elapsed());
+                        // A node whose data the dead conductor was processing stays `inspecting` (Ironic fails such
+                        // a node only when that conductor starts again): once one has waited STUCK_FOR, the dead
+                        // host is brought back, as its operator would.
+                        let mut stuck_since: Option<Instant> = None;
+                        while done.load(Ordering::SeqCst) < nodes.inspected.len() {
+                            if stuck.load(Ordering::SeqCst) == 0 {
+                                stuck_since = None;
+                            } else if stuck_since.get_or_insert_with(Instant::now).elapsed() >= STUCK_FOR {
+                                let conductor = Some(&mut ironic.conductors[leader]);
+                                crate::ha::revive_host(&mut hosts[leader], leader, dir, *server, plan, conductor);
+                                revived_after = Some(t.elapsed());
+                                break;
+                            }
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
                     }
                     SiteFault::ConductorRestarts => {
                         let i = *live.iter().find(|i| **i != leader).expect("a host that does not lead");
@@ -592,7 +635,7 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
             handles.into_iter().map(|h| h.join().expect("a node's boot panicked")).collect()
         })
     };
-    if fault == SiteFault::LeaderHostDies {
+    if fault == SiteFault::LeaderHostDies && revived_after.is_none() {
         // Reap what was killed; the host stays dead.
         if let Some(i) = fault_host {
             site.kill_host(i);
@@ -660,6 +703,7 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
         fault_host,
         failover_gap,
         restart_took,
+        revived_after,
         probe_discovers,
         probe_doubles,
         probe_unanswered,
