@@ -713,6 +713,62 @@ impl Cdf {
     }
 }
 
+/// Draws `cdfs` on `area`: x the value in ms on a log scale over `x_range`, y the share at or below in %, each
+/// curve with its marks (a dot, labelled "p50 12 ms" beside it when `labelled`).
+fn draw_cdfs(
+    area: &Area<'_>,
+    cdfs: &[Cdf],
+    (x_lo, x_hi): (f64, f64),
+    (x_desc, y_desc): (&str, &str),
+    labelled: bool,
+) -> anyhow::Result<()> {
+    let (x_bold, x_light) = log_ticks(x_lo, x_hi);
+    let mut chart = ChartBuilder::on(area)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(
+            (x_lo..x_hi).log_scale().with_key_points(x_bold).with_light_points(x_light),
+            FixedTicks::new(0.0..102.0, vec![0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 99.0, 100.0]),
+        )
+        .map_err(plotting)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| if *v == 99.0 { String::new() } else { format!("{v:.0}") })
+        .bold_line_style(MESH_BOLD)
+        .light_line_style(MESH_LIGHT)
+        .axis_desc_style((FONT, 17))
+        .label_style((FONT, 15))
+        .draw()
+        .map_err(plotting)?;
+    for c in cdfs {
+        chart.draw_series(LineSeries::new(c.points(x_lo), c.color.stroke_width(2))).map_err(plotting)?;
+        if labelled {
+            chart
+                .draw_series(c.marks.iter().map(|&(name, pct, v)| {
+                    // p99 and max sit 1 % apart: p99's label goes below right (under the curve's flat top), the
+                    // others to the right.
+                    let offset = if name == "p99" { (8, 14) } else { (8, -4) };
+                    EmptyElement::at((v.max(x_lo), pct))
+                        + Circle::new((0, 0), 4, c.color.filled())
+                        + Text::new(
+                            format!("{name} {}", fmt_ms(v)),
+                            offset,
+                            small(c.color).pos(Pos::new(HPos::Left, VPos::Center)),
+                        )
+                }))
+                .map_err(plotting)?;
+        } else {
+            chart
+                .draw_series(c.marks.iter().map(|&(_, pct, v)| Circle::new((v.max(x_lo), pct), 4, c.color.filled())))
+                .map_err(plotting)?;
+        }
+    }
+    Ok(())
+}
+
 /// Cumulative distributions (x: ms, log; y: % of callbacks) of the reply latency and of callback → `finished`,
 /// one vertex per callback, with the JSON's p50 / p99 / max marked on each curve.
 pub fn callbacks_svg(json: &Value) -> anyhow::Result<String> {
@@ -741,7 +797,6 @@ pub fn callbacks_svg(json: &Value) -> anyhow::Result<String> {
         cdfs.push(Cdf { label: label.to_string(), color, samples, of, marks });
     }
     let (x_lo, x_hi) = log_range(cdfs.iter().flat_map(|c| c.samples.iter().copied()), 1.6, 2.5);
-    let (x_bold, x_light) = log_ticks(x_lo, x_hi);
     let n = callbacks.len();
     let nodes = json.get("nodes").and_then(Value::as_u64).unwrap_or(n as u64);
     let mut context = vec![format!("{nodes} callbacks")];
@@ -765,47 +820,7 @@ pub fn callbacks_svg(json: &Value) -> anyhow::Result<String> {
     render((1100, 720), |root| {
         let area = frame(root, "Ramdisk callbacks (/v1/continue): latency distribution", &context.join(", "), &notes)?;
         let area = legend_above(&area, 80, &legend)?;
-        let mut chart = ChartBuilder::on(&area)
-            .x_label_area_size(50)
-            .y_label_area_size(80)
-            .build_cartesian_2d(
-                (x_lo..x_hi).log_scale().with_key_points(x_bold).with_light_points(x_light),
-                FixedTicks::new(
-                    0.0..102.0,
-                    vec![0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 99.0, 100.0],
-                ),
-            )
-            .map_err(plotting)?;
-        chart
-            .configure_mesh()
-            .x_desc("latency (ms, log scale)")
-            .y_desc("callbacks at or below (%)")
-            .x_label_formatter(&|v| tick(*v))
-            .y_label_formatter(&|v| if *v == 99.0 { String::new() } else { format!("{v:.0}") })
-            .bold_line_style(MESH_BOLD)
-            .light_line_style(MESH_LIGHT)
-            .axis_desc_style((FONT, 17))
-            .label_style((FONT, 15))
-            .draw()
-            .map_err(plotting)?;
-        for c in &cdfs {
-            chart.draw_series(LineSeries::new(c.points(x_lo), c.color.stroke_width(2))).map_err(plotting)?;
-            chart
-                .draw_series(c.marks.iter().map(|&(name, pct, v)| {
-                    // p99 and max sit 1 % apart: p99's label goes below right (under the curve's flat top), the
-                    // others to the right.
-                    let (offset, h) = if name == "p99" { ((8, 14), HPos::Left) } else { ((8, -4), HPos::Left) };
-                    EmptyElement::at((v.max(x_lo), pct))
-                        + Circle::new((0, 0), 4, c.color.filled())
-                        + Text::new(
-                            format!("{name} {}", fmt_ms(v)),
-                            offset,
-                            small(c.color).pos(Pos::new(h, VPos::Center)),
-                        )
-                }))
-                .map_err(plotting)?;
-        }
-        Ok(())
+        draw_cdfs(&area, &cdfs, (x_lo, x_hi), ("latency (ms, log scale)", "callbacks at or below (%)"), true)
     })
 }
 
@@ -1097,7 +1112,6 @@ pub fn site_svg(json: &Value) -> anyhow::Result<String> {
     ensure!(!cdfs.is_empty(), "{at}: no scenario has a round");
     let (x_lo, x_hi) =
         log_range(cdfs.iter().flat_map(|c| c.samples.iter().copied().chain(c.marks.iter().map(|m| m.2))), 1.6, 2.5);
-    let (x_bold, x_light) = log_ticks(x_lo, x_hi);
     let mut context = Vec::new();
     if let Some(n) = json.get("inspected").and_then(Value::as_u64) {
         context.push(format!("{n} nodes inspected at once"));
@@ -1135,36 +1149,13 @@ pub fn site_svg(json: &Value) -> anyhow::Result<String> {
             &notes,
         )?;
         let area = legend_above(&area, 80, &legend)?;
-        let mut chart = ChartBuilder::on(&area)
-            .x_label_area_size(50)
-            .y_label_area_size(80)
-            .build_cartesian_2d(
-                (x_lo..x_hi).log_scale().with_key_points(x_bold).with_light_points(x_light),
-                FixedTicks::new(
-                    0.0..102.0,
-                    vec![0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 99.0, 100.0],
-                ),
-            )
-            .map_err(plotting)?;
-        chart
-            .configure_mesh()
-            .x_desc("time from the node's inspect request (ms, log scale)")
-            .y_desc("nodes at or below (%)")
-            .x_label_formatter(&|v| tick(*v))
-            .y_label_formatter(&|v| if *v == 99.0 { String::new() } else { format!("{v:.0}") })
-            .bold_line_style(MESH_BOLD)
-            .light_line_style(MESH_LIGHT)
-            .axis_desc_style((FONT, 17))
-            .label_style((FONT, 15))
-            .draw()
-            .map_err(plotting)?;
-        for c in &cdfs {
-            chart.draw_series(LineSeries::new(c.points(x_lo), c.color.stroke_width(2))).map_err(plotting)?;
-            chart
-                .draw_series(c.marks.iter().map(|&(_, pct, v)| Circle::new((v.max(x_lo), pct), 4, c.color.filled())))
-                .map_err(plotting)?;
-        }
-        Ok(())
+        draw_cdfs(
+            &area,
+            &cdfs,
+            (x_lo, x_hi),
+            ("time from the node's inspect request (ms, log scale)", "nodes at or below (%)"),
+            false,
+        )
     })
 }
 
