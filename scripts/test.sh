@@ -150,7 +150,9 @@ if [ "$fresh_root" = 1 ]; then
   # that they do not wait behind the tests' eight threads and then run on alone on a half-idle machine (at 904 s
   # the tests had ended at 647 s, the guests and the fresh root at 892 and 886). The tests keep working starved:
   # they pass beside a CPU hog (docs/testing.md).
-  bg_stage guest "Debian 12 kernel under qemu: ipset backend, egress before Linux 6.16, observation sets" \
+  guest_kernels="Debian 12 kernel"
+  [ "$debian13" = 1 ] && guest_kernels="Debian 12 and 13 kernels"
+  bg_stage guest "$guest_kernels under qemu: ipset backend, egress before Linux 6.16, observation sets" \
     nice -n -5 cargo nextest run --profile ci --workspace --locked -E "$guests"
   await_stage fresh-bootstrap
   if [ "$debian13" = 1 ]; then
