@@ -416,14 +416,7 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
         Fault::EtcdLeaderPeersCut => {
             // A MAC allowed before the cut and denied during it: whatever member each control plane's watch sits
             // on, every host must refuse it while the cut lasts (a watch on the cut member hears nothing).
-            let x = crate::mac(RESTORED_MAC);
-            let cp = "https://10.90.0.1:9100";
-            let allow = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "allow", RESTORED_MAC]);
-            if !allow.status.success() {
-                return Err(format!("allowing {RESTORED_MAC}: {}", String::from_utf8_lossy(&allow.stderr)));
-            }
-            crate::wait_for(Duration::from_secs(20), || (!site.all_refuse(x)).then_some(()))
-                .ok_or("the allowed MAC never reached a host's kernel")?;
+            let (x, cp) = allow_restored_mac(site)?;
             let m = site.etcd_leader_member().ok_or("no etcd leader member before the fault")?;
             let ns = &site.etcd_ns[m];
             block_both_ways(ns, 2380)?;
@@ -513,10 +506,9 @@ pub fn run_round(site: &mut HaSite, fault: Fault) -> Result<Round, String> {
 /// A MAC the restore faults allow before the snapshot and deny after it (and the peers' cut, before and during).
 const RESTORED_MAC: &str = "52:54:00:5e:57:0e";
 
-/// The restore faults: `RESTORED_MAC` allowed, a snapshot of the cluster saved, the MAC denied (until every host
-/// refuses it), then every member stopped, restored from the snapshot (`bump`: `--bump-revision`) and started. Then,
-/// for 3 × TTL, every host's kernel is read every 20 ms: none may serve the MAC. Err: what went wrong.
-fn restore(site: &mut HaSite, bump: Option<u64>, ttl: Duration) -> Result<(), String> {
+/// Allows `RESTORED_MAC` through the first control plane and waits until a host's kernel lets it through: (the
+/// MAC, that control plane's URL). Err: what went wrong.
+fn allow_restored_mac(site: &HaSite) -> Result<(ironguard_dataplane::MacAddr, &'static str), String> {
     let x = crate::mac(RESTORED_MAC);
     let cp = "https://10.90.0.1:9100";
     let allow = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "allow", RESTORED_MAC]);
@@ -525,6 +517,14 @@ fn restore(site: &mut HaSite, bump: Option<u64>, ttl: Duration) -> Result<(), St
     }
     crate::wait_for(Duration::from_secs(20), || (!site.all_refuse(x)).then_some(()))
         .ok_or("the allowed MAC never reached a host's kernel")?;
+    Ok((x, cp))
+}
+
+/// The restore faults: `RESTORED_MAC` allowed, a snapshot of the cluster saved, the MAC denied (until every host
+/// refuses it), then every member stopped, restored from the snapshot (`bump`: `--bump-revision`) and started. Then,
+/// for 3 × TTL, every host's kernel is read every 20 ms: none may serve the MAC. Err: what went wrong.
+fn restore(site: &mut HaSite, bump: Option<u64>, ttl: Duration) -> Result<(), String> {
+    let (x, cp) = allow_restored_mac(site)?;
     let snapshot = site.dir.join(&crate::unique("etcd-snapshot.db"));
     let out = site
         .mgmt
