@@ -56,12 +56,31 @@ fn timed_out() -> etcd_client::Error {
 fn transient(err: &etcd_client::Error) -> bool {
     match err {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        etcd_client::Error::GRpcStatus(s) => matches!(
-            s.code(),
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown | tonic::Code::Aborted
-        ),
+        etcd_client::Error::GRpcStatus(s) => {
+            matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown | tonic::Code::Aborted
+            ) || client_timeout(s)
+        }
         _ => false,
     }
+}
+
+/// A request that ran past the channel's own timeout (`with_timeout`, the request timeout): tonic reports it as
+/// `Cancelled` ("Timeout expired"), not `DeadlineExceeded`, with the timeout as its source. It is the same event as
+/// [`timed_out`] (which is retried): a slow or busy member, not a refused request.
+fn client_timeout(s: &tonic::Status) -> bool {
+    if s.code() != tonic::Code::Cancelled {
+        return false;
+    }
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 fn kv(k: &etcd_client::KeyValue, prefix_len: usize) -> KeyValue {
@@ -913,4 +932,21 @@ pub async fn revoke(coord: &EtcdCoordinator, session: &Session) -> Result<(), Co
     let lease = session.lease;
     coord.retry("lease revoke", |mut c| async move { c.lease_revoke(lease).await }).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_past_the_channel_timeout_is_retried_and_a_cancel_is_not() {
+        // What tonic's channel gives a request that outlived `with_timeout`: Cancelled, the timeout as its source.
+        let mut past = tonic::Status::cancelled("Timeout expired");
+        past.set_source(std::sync::Arc::new(tonic::TimeoutExpired(())));
+        assert!(transient(&etcd_client::Error::GRpcStatus(past)));
+        assert!(transient(&timed_out()));
+        // A cancel for any other reason, and a refused request, are not retried.
+        assert!(!transient(&etcd_client::Error::GRpcStatus(tonic::Status::cancelled("context canceled"))));
+        assert!(!transient(&etcd_client::Error::GRpcStatus(tonic::Status::permission_denied("no"))));
+    }
 }
