@@ -144,7 +144,9 @@ pub struct RoundReport {
     pub probe_unanswered: usize,
     /// Exchanges (MAC and transaction id) of inspected nodes that more than one host's dnsmasq offered.
     pub exchanges_offered_by_two: Vec<String>,
-    /// Inspected nodes acknowledged by more than one host in the round.
+    /// Inspected nodes acknowledged by two hosts at once: one exchange (MAC and transaction id) acknowledged by two
+    /// hosts, or more hosts acknowledging a node than its DHCP client ran (a node that boots again, after Ironic
+    /// failed its inspection or a client run got no lease, leases from whichever host leads then: not two servers).
     pub acked_by_two: Vec<String>,
     /// Inspected nodes some dnsmasq logged an acknowledgement for (each one that leased: the logs were read).
     pub acked_nodes: usize,
@@ -705,7 +707,7 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
         .map(|m| m.to_string().to_lowercase())
         .collect();
     let mut offered: BTreeMap<(String, String), BTreeSet<usize>> = BTreeMap::new();
-    let mut acked: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+    let mut acked: BTreeMap<(String, String), BTreeSet<usize>> = BTreeMap::new();
     let mut others_offers = 0;
     for (i, p) in logs.iter().enumerate() {
         for (kind, xid, m) in dnsmasq_events(p, log_from[i]) {
@@ -714,15 +716,32 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
             } else if inspected_macs.contains(&m) {
                 match kind {
                     "offer" => offered.entry((m, xid)).or_default().insert(i),
-                    _ => acked.entry(m).or_default().insert(i),
+                    _ => acked.entry((m, xid)).or_default().insert(i),
                 };
             }
         }
     }
     let exchanges_offered_by_two =
         offered.iter().filter(|(_, h)| h.len() > 1).map(|((m, x), h)| format!("{m} xid {x} by hosts {h:?}")).collect();
-    let acked_nodes = acked.len();
-    let acked_by_two = acked.iter().filter(|(_, h)| h.len() > 1).map(|(m, h)| format!("{m} by hosts {h:?}")).collect();
+    let mut acked_hosts: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+    for ((m, _), h) in &acked {
+        acked_hosts.entry(m.as_str()).or_default().extend(h);
+    }
+    let acked_nodes = acked_hosts.len();
+    let runs = |m: &str| {
+        outcomes.iter().find(|n| n.mac.to_string().eq_ignore_ascii_case(m)).map_or(1, |n| n.dhcp_runs.max(1) as usize)
+    };
+    let acked_by_two: Vec<String> = acked
+        .iter()
+        .filter(|(_, h)| h.len() > 1)
+        .map(|((m, x), h)| format!("{m} xid {x} by hosts {h:?}"))
+        .chain(
+            acked_hosts
+                .iter()
+                .filter(|(m, h)| h.len() > runs(m))
+                .map(|(m, h)| format!("{m} by hosts {h:?} in {} DHCP client run(s)", runs(m))),
+        )
+        .collect();
 
     // The probe node back to manageable for the next round (abort → inspect failed → manage).
     let site_ref = &*site;
