@@ -105,7 +105,11 @@ in_root() {
 
 if [ "$phase" = bootstrap ]; then
   echo "== fresh Debian root ($suite): mmdebstrap --variant=minbase"
-  mmdebstrap --quiet --variant=minbase --mode=root "$suite" "$root" "${mirrors[@]}"
+  # force-unsafe-io: dpkg without an fsync per unpacked file, in this throwaway root only (it stays in the root's
+  # dpkg.cfg.d, so the install step below unpacks the same way). It changes what survives a power cut, not what is
+  # installed; with an fsync per file, two roots unpacking beside the build stalled the build's writes (the build
+  # took 241 s beside them, 160 s alone).
+  mmdebstrap --quiet --variant=minbase --mode=root --dpkgopt=force-unsafe-io "$suite" "$root" "${mirrors[@]}"
   cp /etc/resolv.conf "$root/etc/resolv.conf"
   # This machine's network: the certificate authorities it trusts locally (e.g. an egress proxy's) and the variables
   # that point TLS clients at the trust store. Not an install step of ironguard's; ca-certificates (installed by
