@@ -45,20 +45,19 @@ bg_stage() {
      exit "$rc"' "$id" "$@" >"$CI_DIR/$id.log" 2>&1 &
   BG_PID[$id]=$!
 }
-# How the stages share the CPU. The tests in the foreground (and the build before them), every background stage (the
-# fresh roots, the qemu guests) beside them. The background stages are chains of mostly serial steps (apt, a build,
-# the demo, systemd; an emulated guest) whose CPU grows with their wall time: starved, they cost more in all and end
-# last. Many tests time leases, elections and fences: starved well below a core, they fail. Fair shares do not hold
-# the two apart: beside the tests (eight at a time, each starting processes by the hundred) a background stage with
-# the same cgroup weight got 0.1-0.3 of a core where it was due one, and a qemu guest took four times its time.
-# So while any background stage runs after the build, the tests get at most 1.2 of the 2 cores (a CFS bandwidth
-# quota on their cgroup: 24 ms of every 20 ms), which leaves the background stages 0.8 of a core or more, and the
-# whole machine once they are done (cap_tests). Measured beside the heaviest end-to-end tests: tests capped at 1.2
-# cores, a busy loop and a qemu guest beside them got 0.43 and 0.3 of a core, the guest ended in 195 s instead of
-# 300 s, and the tests passed.
+# How the stages share the CPU. From the build to the end the run is CPU-bound on 2 cores, and most of its work costs
+# CPU in proportion to its wall time (etcd, Ironic's conductors, the agents and the emulated guests tick while they
+# wait): a stage slowed by another costs more in all. Run side by side, the tests (alone 1.7 of the 2 cores) and the
+# background stages stretched each other and the run took 960-1030 s; in phases, each goes at the speed it has
+# alone:
+#   1. the build, beside the fresh roots' bootstraps (apt, dpkg and pip: the disk and the network as much as the CPU);
+#   2. the tests with the machine to themselves; the background stages only on what they leave idle (their cgroup
+#      is SCHED_IDLE: cpu.idle), which is enough for the fresh roots' own builds (rustc has no clock to miss); what
+#      runs a clock there (a root's demo, the qemu guests) waits for the tests to end (phase_gate);
+#   3. then the qemu guests, the rest of the fresh roots' runs and the benchmark smoke runs, with the whole machine.
 # This needs the cgroup-v1 cpu controller (as on the CI machines): the tests in the cgroup `main` of this run's, the
-# background stages in `side`, each in a cgroup of its own. Without it, the stages share as the kernel's autogroups
-# do (each background stage is a session of its own, each session an equal share).
+# background stages in `side`, each in a cgroup of its own. Without it the fresh roots' runs wait for the tests'
+# end as a whole.
 SIDE_GROUP=
 # side_stage ID PID: PID, the leader of background stage ID, and what it starts later, in the background stages'
 # cgroup.
@@ -70,35 +69,26 @@ export -f side_stage
 cpu_groups_start() {
   local v1=/sys/fs/cgroup/cpu run
   run=$v1/ironguard-test-$$
-  if [ -w "$v1/cgroup.procs" ] && [ -w "$v1/cpu.cfs_quota_us" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
+  if [ -w "$v1/cgroup.procs" ] && [ -f "$v1/cpu.idle" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
     echo $$ >"$run/main/cgroup.procs" 2>/dev/null && grep -q "ironguard-test-$$/main" /proc/$$/cgroup; then
     export SIDE_GROUP=$run/side
     stage "CPU shares: cpu cgroups under $run (the tests in main, the background stages in side)"
   else
     rmdir "$run/main" "$run/side" "$run" 2>/dev/null || true
-    stage "CPU shares: the sessions' autogroups (no cgroup-v1 cpu controller to use)"
+    stage "CPU shares: no cgroup-v1 cpu controller to use; the fresh roots' runs wait for the tests as a whole"
   fi
 }
-# cap_tests ID...: the tests at most 1.2 cores until the background stages ID... have all ended, then uncapped (in
-# the background; it ends by itself).
-cap_tests() {
+# side_idle 1|0: the background stages only on CPU the tests leave idle, or back to an equal share.
+side_idle() {
   [ -n "$SIDE_GROUP" ] || return 0
-  local main
-  main=$(dirname "$SIDE_GROUP")/main
-  echo 20000 >"$main/cpu.cfs_period_us" && echo 24000 >"$main/cpu.cfs_quota_us" || return 0
-  (
-    for id in "$@"; do
-      while [ ! -f "$CI_DIR/$id.end" ] && kill -0 $$ 2>/dev/null; do sleep 1; done
-    done
-    echo -1 >"$main/cpu.cfs_quota_us" 2>/dev/null
-    echo "== the background stages are done: the tests uncapped (at $(now) s)"
-  ) &
+  echo "$1" >"$SIDE_GROUP/cpu.idle" 2>/dev/null || true
 }
+# The file phase 3 waits for: written when the tests have ended.
+PHASE_GATE=$CI_DIR/tests-ended
 cpu_groups_end() {
   [ -n "$SIDE_GROUP" ] || return 0
   local run g
   run=$(dirname "$SIDE_GROUP")
-  echo -1 >"$run/main/cpu.cfs_quota_us" 2>/dev/null || true
   echo $$ >"$(dirname "$run")/cgroup.procs" 2>/dev/null || true
   for g in "$SIDE_GROUP"/*/; do rmdir "$g" 2>/dev/null || true; done
   rmdir "$SIDE_GROUP" "$run/main" "$run" 2>/dev/null || true
@@ -202,21 +192,25 @@ fi
 run_stage "build (all targets, clippy's lints as errors)" cargo build --workspace --all-targets --locked
 await_stage venv
 
-# From here the machine is CPU-bound to the end (2 cores): the tests (8 threads), capped while the six qemu guests
-# (two at a time) and the two fresh roots' runs go on beside them (cap_tests).
+# Phases 2 and 3 (above): the background stages start now, and what runs a clock in them waits for PHASE_GATE.
+rm -f "$PHASE_GATE"
 if [ "$fresh_root" = 1 ]; then
-  bg_stage guest "Debian 12 and 13 kernels under qemu (two at a time): ipset backend, egress before Linux 6.16, observation sets" \
-    cargo nextest run --profile ci-qemu --workspace --locked -E 'binary(debian_kernel)'
+  side_idle 1
+  bg_stage guest "Debian 12 and 13 kernels under qemu (two at a time, after the tests): ipset backend, egress before Linux 6.16, observation sets" \
+    bash -c 'until [ -f "$1" ]; do sleep 1; done
+      exec cargo nextest run --profile ci-qemu --workspace --locked -E "binary(debian_kernel)"' guest "$PHASE_GATE"
+  # A fresh root's run needs its bootstrap and this build. Its own build goes on beside the tests; its demo, packages
+  # and systemd check wait for the tests' end (IRONGUARD_FRESH_WAIT); without the cgroups, the whole run waits.
+  wait_all=$PHASE_GATE
+  [ -z "$SIDE_GROUP" ] || wait_all=/dev/null
   for suite in "${SUITES[@]}"; do
-    # The root's run needs its bootstrap (and this build): it waits for it in the background, so that the other
-    # root's run and the tests do not wait behind it.
-    bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands, the packages under systemd" \
-      bash -c 'until [ -f "$1" ]; do sleep 1; done
+    bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands (the demo after the tests), the packages under systemd" \
+      bash -c 'until [ -f "$1" ] && [ -e "$5" ]; do sleep 1; done
         [ "$(cat "$2")" = 0 ] || { echo "test.sh: the bootstrap of this root failed (target/ci/fresh-bootstrap-$3.log)" >&2; exit 1; }
-        exec scripts/fresh-root.sh --suite "$3" run "$4"' \
-      "fresh-run-$suite" "$CI_DIR/fresh-bootstrap-$suite.end" "$CI_DIR/fresh-bootstrap-$suite.rc" "$suite" "${FRESH[$suite]}"
+        IRONGUARD_FRESH_WAIT=$6 exec scripts/fresh-root.sh --suite "$3" run "$4"' \
+      "fresh-run-$suite" "$CI_DIR/fresh-bootstrap-$suite.end" "$CI_DIR/fresh-bootstrap-$suite.rc" "$suite" \
+      "${FRESH[$suite]}" "$wait_all" "$PHASE_GATE"
   done
-  cap_tests guest "${SUITES[@]/#/fresh-run-}"
 fi
 export IRONGUARD_FAULT_ROUNDS=${IRONGUARD_FAULT_ROUNDS:-1}
 # The property tests' case counts here: a few hundred per pure property, 48 per property that goes over the network
@@ -230,6 +224,9 @@ else
   run_stage "tests (cargo nextest, one pool: unit, integration, end-to-end, Debian kernels under qemu)" \
     cargo nextest run --profile ci --workspace --locked
 fi
+# Phase 3: the background stages get their share back, and the guests and the roots' demos start.
+side_idle 0
+touch "$PHASE_GATE"
 run_stage "benchmark smoke run (small sizes; full figures: docs/benchmarks.md)" \
   target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
   --backend-sizes 1000 --json target/bench-smoke/dataplane.json
