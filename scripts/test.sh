@@ -52,11 +52,9 @@ bg_stage() {
 # wait): a stage slowed by another costs more in all. Run side by side, the tests (alone 1.9 of the 2 cores) and the
 # background stages stretched each other and the tests starved; in phases, each goes at the speed it has alone:
 #   1. the build, beside the fresh roots' bootstraps (apt, dpkg and pip: the disk and the network as much as the CPU);
-#   2. the tests, with the machine to themselves but for the fresh roots' own builds (rustc has no clock to miss) at
-#      an eighth of the tests' weight (the background cgroup's cpu.shares: 128 to 1024), so that a root's build is
-#      mostly done when the tests end instead of starting the root's chain late (with SCHED_IDLE it got 3% of the
-#      CPU and the root ended the run 90 s after the guests); what runs a clock there (a root's demo, the qemu
-#      guests) waits for the tests to end (PHASE_GATE);
+#   2. the tests with the machine to themselves; the background stages only on what they leave idle (their cgroup
+#      is SCHED_IDLE: cpu.idle), which the fresh roots' own builds may use (rustc has no clock to miss); what runs
+#      a clock there (a root's demo, the qemu guests) waits for the tests to end (PHASE_GATE);
 #   3. then the qemu guests, the rest of the fresh roots' runs and the benchmark smoke runs, with the whole machine.
 # This needs the cgroup-v1 cpu controller (as on the CI machines): the tests in the cgroup `main` of this run's, the
 # background stages in `side`, each in a cgroup of its own. Without it the fresh roots' runs wait for the tests'
@@ -72,7 +70,7 @@ export -f side_stage
 cpu_groups_start() {
   local v1=/sys/fs/cgroup/cpu run
   run=$v1/ironguard-test-$$
-  if [ -w "$v1/cgroup.procs" ] && [ -w "$v1/cpu.shares" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
+  if [ -w "$v1/cgroup.procs" ] && [ -f "$v1/cpu.idle" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
     echo $$ >"$run/main/cgroup.procs" 2>/dev/null && grep -q "ironguard-test-$$/main" /proc/$$/cgroup; then
     export SIDE_GROUP=$run/side
     stage "CPU shares: cpu cgroups under $run (the tests in main, the background stages in side)"
@@ -81,10 +79,10 @@ cpu_groups_start() {
     stage "CPU shares: no cgroup-v1 cpu controller to use; the fresh roots' runs wait for the tests as a whole"
   fi
 }
-# side_weight N: the background stages' cgroup weight beside the tests' 1024.
-side_weight() {
+# side_idle 1|0: the background stages only on CPU the tests leave idle, or back to an equal share.
+side_idle() {
   [ -n "$SIDE_GROUP" ] || return 0
-  echo "$1" >"$SIDE_GROUP/cpu.shares" 2>/dev/null || true
+  echo "$1" >"$SIDE_GROUP/cpu.idle" 2>/dev/null || true
 }
 # The file phase 3 waits for: written when the tests have ended.
 PHASE_GATE=$CI_DIR/tests-ended
@@ -204,7 +202,7 @@ await_stage venv
 # Phases 2 and 3 (above): the background stages start now, and what runs a clock in them waits for PHASE_GATE.
 rm -f "$PHASE_GATE"
 if [ "$fresh_root" = 1 ]; then
-  side_weight 128
+  side_idle 1
   bg_stage guest "$kernels under qemu (two at a time, after the tests): ipset backend, egress before Linux 6.16, observation sets" \
     bash -c 'until [ -f "$1" ]; do sleep 1; done
       exec cargo nextest run --profile ci-qemu --workspace --locked -E "$2"' guest "$PHASE_GATE" "$guests"
@@ -234,7 +232,7 @@ else
     cargo nextest run --profile ci --workspace --locked -E "not binary(debian_kernel) | ($guests)"
 fi
 # Phase 3: the background stages get their share back, and the guests and the roots' demos start.
-side_weight 1024
+side_idle 0
 touch "$PHASE_GATE"
 run_stage "benchmark smoke run (small sizes; full figures: docs/benchmarks.md)" \
   target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
