@@ -26,6 +26,8 @@
 # Without a phase: both, in a temporary directory deleted at the end (kept with IRONGUARD_KEEP_ROOT=1).
 # `bootstrap DIR` makes the root and runs the install step (network and disk, little CPU: scripts/test.sh runs it
 # beside the build); `run DIR` does the rest. Everything runs in a private mount namespace, so no mount outlives it.
+# IRONGUARD_FRESH_WAIT=FILE (phase run): after the build, wait until FILE exists before the demo (scripts/test.sh
+# sets it to the file it writes when its own tests have ended).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
