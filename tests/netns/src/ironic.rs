@@ -309,7 +309,8 @@ impl RealIronic {
                 n["provision_state"],
                 n["last_error"]
             );
-            std::thread::sleep(Duration::from_millis(50));
+            // Each GET is Python and SQL in Ironic: four a second are enough for a state change that takes seconds.
+            std::thread::sleep(Duration::from_millis(250));
         }
     }
 

@@ -335,9 +335,12 @@ pub fn process_state(pid: i32) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
-/// Polls `f` every 10 ms until it returns `Some`, up to `timeout`.
+/// Polls `f` until it returns `Some`, up to `timeout`: after 10 ms at first, then every 100 ms at most.
 pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
+    // 10 ms at first, then longer up to 100 ms: most checks start a process or read a whole ruleset, and a check
+    // every 10 ms through a long wait kept a core busy for nothing.
+    let mut pause = Duration::from_millis(10);
     loop {
         if let Some(v) = f() {
             return Some(v);
@@ -345,7 +348,8 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
         if Instant::now() > deadline {
             return None;
         }
-        thread::sleep(Duration::from_millis(10));
+        thread::sleep(pause);
+        pause = (pause * 3 / 2).min(Duration::from_millis(100));
     }
 }
 

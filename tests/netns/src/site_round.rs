@@ -343,13 +343,87 @@ fn asked(mut child: Child) -> (usize, usize) {
     (discovers, leases)
 }
 
-/// The node as any live API shows it, asked from `node`'s namespace (each host's API in turn).
-fn node_state(node: &Netns, hosts: &[Ipv4Addr], uuid: &str) -> Option<serde_json::Value> {
-    hosts.iter().find_map(|h| {
-        let rest = RestClient { ns: node.name().to_string(), url: format!("http://{h}:{API_PORT}") };
-        let (status, v) = rest.api("GET", &format!("/v1/nodes/{uuid}"), None, Some("latest"));
-        (status == 200).then_some(v)
-    })
+/// Ironic's view of every node, read for all the node threads by one poller ([`Board::poll`]), as an operator's
+/// tool reads a list. (Thirty threads asking each for its own node every 200 ms sent the APIs about a hundred
+/// requests a second, each of them Python and SQL in a conductor: that cost more CPU than the rest of the site,
+/// and slowed the inspections the threads were waiting for.)
+struct Board {
+    inner: std::sync::Mutex<BoardState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct BoardState {
+    /// Polls begun, and the last one that an API answered.
+    begun: u64,
+    answered: u64,
+    nodes: BTreeMap<String, serde_json::Value>,
+    stopped: bool,
+}
+
+/// Stops the board's poller when dropped.
+struct StopBoard<'a>(&'a Board);
+
+impl Drop for StopBoard<'_> {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// How often [`Board::poll`] lists the nodes.
+const BOARD_EVERY: Duration = Duration::from_millis(250);
+
+impl Board {
+    fn new() -> Self {
+        Board { inner: std::sync::Mutex::new(BoardState::default()), changed: std::sync::Condvar::new() }
+    }
+
+    /// Lists the nodes (`uuid`, `provision_state`, `last_error`, `properties`) from the first API that answers, every
+    /// [`BOARD_EVERY`], until [`Board::stop`]. `apis`: each host's API, asked from that host's namespace.
+    fn poll(&self, apis: &[RestClient]) {
+        let path = "/v1/nodes?fields=uuid,provision_state,last_error,properties";
+        loop {
+            let n = {
+                let mut st = self.inner.lock().expect("board");
+                if st.stopped {
+                    return;
+                }
+                st.begun += 1;
+                st.begun
+            };
+            let listed = apis.iter().find_map(|api| {
+                let (status, v) = api.api("GET", path, None, Some("latest"));
+                (status == 200).then_some(v)
+            });
+            if let Some(nodes) = listed.as_ref().and_then(|v| v["nodes"].as_array()) {
+                let mut st = self.inner.lock().expect("board");
+                for node in nodes {
+                    if let Some(uuid) = node["uuid"].as_str() {
+                        st.nodes.insert(uuid.to_string(), node.clone());
+                    }
+                }
+                st.answered = n;
+                self.changed.notify_all();
+            }
+            std::thread::sleep(BOARD_EVERY);
+        }
+    }
+
+    fn stop(&self) {
+        self.inner.lock().expect("board").stopped = true;
+        self.changed.notify_all();
+    }
+
+    /// The node as a list begun after this call shows it; `None` when no API answered one within 10 s.
+    fn node(&self, uuid: &str) -> Option<serde_json::Value> {
+        let st = self.inner.lock().expect("board");
+        let want = st.begun + 1;
+        let (st, _) = self
+            .changed
+            .wait_timeout_while(st, Duration::from_secs(10), |st| st.answered < want && !st.stopped)
+            .expect("board");
+        (st.answered >= want).then(|| st.nodes.get(uuid).cloned()).flatten()
+    }
 }
 
 /// One request to the first API that answers (not with a connection failure): (status, body).
@@ -390,7 +464,7 @@ enum Boot {
 fn boot(
     node: &Netns,
     n: &SiteNode,
-    hosts: &[Ipv4Addr],
+    (hosts, board): (&[Ipv4Addr], &Board),
     prefix: u8,
     started: Instant,
     posted: &AtomicUsize,
@@ -409,7 +483,7 @@ fn boot(
     };
     let deadline = started + NODE_DEADLINE;
     loop {
-        match boot_once(node, n, hosts, prefix, (started, deadline), stuck, &mut out) {
+        match boot_once(node, n, (hosts, board), prefix, (started, deadline), stuck, &mut out) {
             Err(e) => {
                 out.error = Some(e);
                 return out;
@@ -429,13 +503,7 @@ fn boot(
                     let (status, reply) = any_api(node, hosts, "PUT", &path, &json!({"target": target}));
                     let reached = (status == 202).then(|| {
                         wait_for(deadline.saturating_duration_since(Instant::now()), || {
-                            node_state(node, hosts, &n.uuid)
-                                .filter(|v| v["provision_state"] == state)
-                                .map(|_| ())
-                                .or_else(|| {
-                                    std::thread::sleep(Duration::from_millis(200));
-                                    None
-                                })
+                            board.node(&n.uuid).filter(|v| v["provision_state"] == state).map(|_| ())
                         })
                     });
                     if reached.flatten().is_none() {
@@ -448,12 +516,9 @@ fn boot(
             }
         }
     }
-    // Finished: manageable again, with its data processed (asked of any API that answers).
+    // Finished: manageable again, with its data processed (as the board reads it).
     let done = wait_for(deadline.saturating_duration_since(Instant::now()), || {
-        node_state(node, hosts, &n.uuid).filter(processed).map(|_| started.elapsed()).or_else(|| {
-            std::thread::sleep(Duration::from_millis(200));
-            None
-        })
+        board.node(&n.uuid).filter(processed).map(|_| started.elapsed())
     });
     match done {
         Some(d) => out.inspect_to_finished = Some(d),
@@ -466,7 +531,7 @@ fn boot(
 fn boot_once(
     node: &Netns,
     n: &SiteNode,
-    hosts: &[Ipv4Addr],
+    (hosts, board): (&[Ipv4Addr], &Board),
     prefix: u8,
     (started, deadline): (Instant, Instant),
     stuck: &AtomicUsize,
@@ -495,7 +560,7 @@ fn boot_once(
     // `inspect` call (its MAC is let through while the node is `inspecting`), and a post that came before
     // `inspect wait` would be refused (404: Ironic looks up only nodes waiting for data). So it waits for Ironic
     // to leave `inspecting` first: seen on a busy machine with 30 nodes at once, that step took up to 6 s.
-    match wait_not_inspecting(node, hosts, &n.uuid, deadline, stuck, STUCK_FOR / 2) {
+    match wait_not_inspecting(board, &n.uuid, deadline, stuck, STUCK_FOR / 2) {
         Some(now) if now["provision_state"] == "inspect wait" => {}
         Some(now) if now["provision_state"] == "inspect failed" => {
             return Ok(Boot::FailedByIronic(now["last_error"].as_str().unwrap_or_default().to_string()));
@@ -521,7 +586,7 @@ fn boot_once(
             // Refused: the node no longer waits for data. Ironic either processed an earlier post whose answer was
             // lost, or holds the node in `inspecting` (a conductor stopped mid-callback) and fails it once that
             // conductor is back.
-            let now = wait_not_inspecting(node, hosts, &n.uuid, deadline, stuck, Duration::ZERO);
+            let now = wait_not_inspecting(board, &n.uuid, deadline, stuck, Duration::ZERO);
             let now = now.ok_or(format!("Ironic refused its data ({status}: {reply}) and kept it inspecting"))?;
             return match now["provision_state"].as_str() {
                 _ if processed(&now) => Ok(Boot::Accepted),
@@ -536,12 +601,11 @@ fn boot_once(
     }
 }
 
-/// Waits until Ironic has the node in another state than `inspecting` (asked of any API that answers) and returns
+/// Waits until Ironic has the node in another state than `inspecting` (as the board reads it) and returns
 /// it, or `None` at `deadline`. Once it has waited `stuck_after`, the node counts in `stuck` (a node held in
 /// `inspecting` by a dead conductor brings that host back: [`run_round`]).
 fn wait_not_inspecting(
-    node: &Netns,
-    hosts: &[Ipv4Addr],
+    board: &Board,
     uuid: &str,
     deadline: Instant,
     stuck: &AtomicUsize,
@@ -554,10 +618,7 @@ fn wait_not_inspecting(
             counted = true;
             stuck.fetch_add(1, Ordering::SeqCst);
         }
-        node_state(node, hosts, uuid).filter(|v| v["provision_state"] != "inspecting").or_else(|| {
-            std::thread::sleep(Duration::from_millis(200));
-            None
-        })
+        board.node(uuid).filter(|v| v["provision_state"] != "inspecting")
     });
     if counted {
         stuck.fetch_sub(1, Ordering::SeqCst);
@@ -605,11 +666,21 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
     let mut restart_took = None;
     let mut revived_after = None;
     let (stuck, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let board = Board::new();
+    // Each host's API, asked from that host's namespace.
+    let apis: Vec<RestClient> = site
+        .hosts
+        .iter()
+        .map(|h| RestClient { ns: h.ns.name().to_string(), url: format!("http://{}:{API_PORT}", h.ip) })
+        .collect();
     let outcomes: Vec<NodeOutcome> = {
         let HaSite { ironic, hosts, nodes: node_ns, dir, server, plan, .. } = &mut *site;
-        let (stuck, done) = (&stuck, &done);
+        let (stuck, done, board, apis) = (&stuck, &done, &board, &apis);
         let ironic = ironic.as_mut().expect("conductors");
         std::thread::scope(|s| {
+            s.spawn(move || board.poll(apis));
+            // The poller ends with the round, whether it ends well or by a panic (the scope waits for it).
+            let _stop = StopBoard(board);
             let mut handles = Vec::new();
             for (k, n) in nodes.inspected.iter().enumerate() {
                 let c = &ironic.conductors[live[k % live.len()]];
@@ -617,7 +688,7 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
                 let started = Instant::now();
                 let (node, hosts_ip, posted) = (&node_ns[n.j], &hosts_ip, &posted);
                 handles.push(s.spawn(move || {
-                    let out = boot(node, n, hosts_ip, prefix, started, posted, stuck);
+                    let out = boot(node, n, (hosts_ip, board), prefix, started, posted, stuck);
                     done.fetch_add(1, Ordering::SeqCst);
                     out
                 }));

@@ -78,7 +78,7 @@ fn wait_props(site: &Site, uuid: &str, what: &str, check: impl Fn(&Value) -> boo
             return p;
         }
         assert!(t.elapsed() < Duration::from_secs(20), "{what} never happened: {p}\n{}", site.cp.proc.log_text());
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(250));
     }
 }
 
@@ -407,7 +407,7 @@ fn introspection_rules_through_the_openstack_client() {
             "reapply did not apply the new rules: {:?}",
             traits(&site, &node_a)
         );
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(250));
     }
     let (ok, out) = site.openstack(&["rule", "purge"]);
     assert!(ok, "rule purge: {out}");
