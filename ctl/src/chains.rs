@@ -6,7 +6,7 @@ use ironguard_dataplane::ruleset::Side;
 use ironguard_dataplane::{Mode, Observed, ObservedTable, Verdict};
 use serde::Serialize;
 
-use crate::owner::{self, OwnerProcess};
+use crate::owner::{OwnerProcess, Owners};
 
 /// The JSON document printed by `ironguardctl chains --json`.
 #[derive(Debug, Serialize)]
@@ -38,6 +38,9 @@ pub struct ChainsReport {
     pub egress_guard: Option<ObservedTable>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_owned: Option<ObservedTable>,
+    /// Who holds which netlink port, found once for the whole report.
+    #[serde(skip)]
+    owners: Owners,
 }
 
 impl ChainsReport {
@@ -46,6 +49,7 @@ impl ChainsReport {
         let primary = if observed.present_sides() == [Side::Replies] { Side::Replies } else { Side::Requests };
         let (guard, owned) = observed.side(primary);
         let owner_portid = owned.and_then(|t| t.owner_portid);
+        let owners = Owners::new();
         Self {
             netns,
             verdict,
@@ -53,18 +57,19 @@ impl ChainsReport {
             guard_present: guard.is_some(),
             guard_persistent: guard.is_some_and(|g| g.flags & 0x4 != 0),
             guard_held_by: guard.and_then(|g| g.owner_portid),
-            guard_holder: guard.and_then(|g| g.owner_portid).and_then(owner::resolve),
+            guard_holder: guard.and_then(|g| g.owner_portid).and_then(|p| owners.resolve(p)),
             guard_drops: guard.is_some_and(|g| g.guard_drops()),
             owned_present: owned.is_some(),
             lease_expires_in_ms: owned.and_then(|t| t.lease_expires_in_ms()),
             mode: owned.map(|t| t.mode()),
             pass_rule: owned.is_some_and(|t| t.has_pass_rule()),
             owner_portid,
-            owner_process: owner_portid.and_then(owner::resolve),
+            owner_process: owner_portid.and_then(|p| owners.resolve(p)),
             guard: observed.guard,
             owned: observed.owned,
             egress_guard: observed.egress_guard,
             egress_owned: observed.egress_owned,
+            owners,
         }
     }
 
@@ -77,11 +82,11 @@ impl ChainsReport {
         let replies = self.egress_guard.is_some() || self.egress_owned.is_some();
         let requests = self.guard.is_some() || self.owned.is_some() || !replies;
         if requests {
-            render_side(&mut out, "inet", "", self.guard.as_ref(), self.owned.as_ref());
+            render_side(&mut out, &self.owners, "inet", "", self.guard.as_ref(), self.owned.as_ref());
         }
         if replies {
             let what = " (DHCP replies, egress hook)";
-            render_side(&mut out, "netdev", what, self.egress_guard.as_ref(), self.egress_owned.as_ref());
+            render_side(&mut out, &self.owners, "netdev", what, self.egress_guard.as_ref(), self.egress_owned.as_ref());
         }
         let _ = writeln!(out, "verdict: {}", self.verdict);
         out
@@ -91,6 +96,7 @@ impl ChainsReport {
 /// The guard and the agent's table of one family.
 fn render_side(
     out: &mut String,
+    owners: &Owners,
     family: &str,
     what: &str,
     guard: Option<&ObservedTable>,
@@ -98,7 +104,7 @@ fn render_side(
 ) {
     let persistent = guard.is_some_and(|g| g.flags & 0x4 != 0);
     let held_by = guard.and_then(|g| g.owner_portid);
-    let holder = held_by.and_then(owner::resolve);
+    let holder = held_by.and_then(|p| owners.resolve(p));
     match guard {
         Some(t) => {
             let held = match (persistent, held_by, &holder) {
@@ -118,7 +124,7 @@ fn render_side(
         }
     }
     let owner_portid = owned.and_then(|t| t.owner_portid);
-    let owner_process = owner_portid.and_then(owner::resolve);
+    let owner_process = owner_portid.and_then(|p| owners.resolve(p));
     match owned {
         Some(t) => {
             let owner = match (&owner_portid, &owner_process) {

@@ -12,8 +12,8 @@ use serde_json::Value;
 use crate::ironic::{RealIronic, venv_bin};
 use crate::keystone::{RealKeystone, SERVICE_PASSWORD};
 use crate::{
-    ControlPlane, Netns, Proc, PxeLan, SETUP_DEADLINE, TempDir, agent_toml, ctl, dhcp, dhcp_refused, kernel_decision,
-    start_agent, verdict, wait_for,
+    ControlPlane, Netns, Proc, PxeLan, SETUP_DEADLINE, TempDir, agent_toml, ctl, dhcp, dhcp_refused,
+    kernel_filter_refuses, start_agent, verdict, wait_for,
 };
 
 /// The agent's admin endpoint inside the PXE host namespace.
@@ -198,7 +198,7 @@ pub fn dhcp_becomes(pxe: &Netns, node: &Netns, m: MacAddr, want: bool, timeout: 
     if want {
         return wait_for(timeout, || dhcp(node, "eth0", m)).is_some();
     }
-    wait_for(timeout, || (!kernel_decision(pxe, m).served).then_some(())).is_some()
+    wait_for(timeout, || kernel_filter_refuses(pxe, m).then_some(())).is_some()
         && dhcp_refused(node, "eth0", m).is_none()
 }
 

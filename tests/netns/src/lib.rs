@@ -534,6 +534,25 @@ pub fn kernel_decision(pxe: &Netns, mac: MacAddr) -> ironguard_dataplane::MacDec
     })
 }
 
+/// Whether the kernel of `pxe` refuses `mac` by its filter: the MAC is out of the allow set and nothing else lets it
+/// through. [`kernel_decision`] alone also reads "refused" while a leader's kernel lease has lapsed for a moment (a
+/// keep-alive late on a busy machine: fenced, as it must be), and that leader serves the MAC again once it renews.
+pub fn kernel_filter_refuses(pxe: &Netns, mac: MacAddr) -> bool {
+    in_netns(pxe, move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match ironguard_dataplane::observe(true) {
+                Ok(o) => {
+                    let inputs = o.mac_inputs(mac);
+                    return !inputs.in_allow && !ironguard_dataplane::decide(inputs).served;
+                }
+                Err(ironguard_dataplane::NftError::Unstable(_)) if Instant::now() < deadline => {}
+                Err(e) => panic!("reading the kernel's tables failed: {e}"),
+            }
+        }
+    })
+}
+
 /// Fails the test unless the kernel of `pxe` refuses DHCP from `mac` now (see [`kernel_decision`]).
 pub fn assert_kernel_refuses(pxe: &Netns, mac: MacAddr) {
     let d = kernel_decision(pxe, mac);
