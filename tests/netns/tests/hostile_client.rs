@@ -9,7 +9,7 @@
 //! Not tried here: operator calls (`POST /v1/rules`, start, abort) without credentials. This site serves the
 //! inspector API with `auth_strategy = noauth` and `insecure = true` on the bridge (`ironic_site.rs`), so every
 //! operator call is accepted there by design; their refusal under `http_basic` and `keystone` is tested in
-//! `controlplane/tests/inspector_auth.rs`, and `noauth` off loopback without `insecure` does not start.
+//! `controlplane/tests/suite/inspector_auth.rs`, and `noauth` off loopback without `insecure` does not start.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::process::CommandExt as _;

@@ -79,7 +79,7 @@ fn assert_no_secret_logged(secrets: &[&str]) {
 // ---------------------------------------------------------------------------------------------------------------
 // The site: fake Ironic, control plane with the inspector API, a stand-in leader agent.
 
-mod site_support;
+use crate::site_support;
 use site_support::{Site, node};
 
 fn test_dir(tag: &str) -> std::path::PathBuf {
@@ -116,7 +116,7 @@ impl Site {
         format!("{}{path}", self.inspector)
     }
 
-    async fn state(&self, node: &str) -> Option<String> {
+    async fn node_state(&self, node: &str) -> Option<String> {
         InspectionClient::new(self.channel.clone())
             .get(NodeRequest { node: node.into() })
             .await
@@ -124,17 +124,21 @@ impl Site {
             .map(|r| r.into_inner().state)
     }
 
-    async fn wait_state(&self, node: &str, want: &str) {
+    async fn wait_node_state(&self, node: &str, want: &str) {
         let t = Instant::now();
-        while self.state(node).await.as_deref() != Some(want) {
-            assert!(t.elapsed() < Duration::from_secs(15), "{node} never reached {want}: {:?}", self.state(node).await);
+        while self.node_state(node).await.as_deref() != Some(want) {
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{node} never reached {want}: {:?}",
+                self.node_state(node).await
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     /// What must not move while calls are refused: the filter revision, both nodes' inspection state, the rules,
     /// the queue, and both nodes in Ironic.
-    async fn snapshot(&self) -> Snapshot {
+    async fn refused_snapshot(&self) -> Snapshot {
         let rules = self.engine.list_rules().await.unwrap().iter().map(|r| r.uuid.clone()).collect();
         // From the store: the gRPC Get of a node without a record asks Ironic.
         let state = |n: &'static str| async move {
@@ -248,7 +252,7 @@ async fn prepare(s: &Site, http: &reqwest::Client, auth: &[(&str, &str)]) -> Str
         .start(StartRequest { node: N2.into(), manage_boot: false, ..Default::default() })
         .await
         .unwrap();
-    s.wait_state(N2, "waiting").await;
+    s.wait_node_state(N2, "waiting").await;
     let mut req = http.post(s.u("/v1/rules")).header("X-OpenStack-Ironic-Inspector-API-Version", "1.6").body(RULE);
     for (k, v) in auth {
         req = req.header(*k, *v);
@@ -264,7 +268,7 @@ async fn prepare(s: &Site, http: &reqwest::Client, auth: &[(&str, &str)]) -> Str
 async fn assert_unchanged(s: &Site, before: &Snapshot) {
     // Anything a refused call had set off would show within this.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(&s.snapshot().await, before);
+    assert_eq!(&s.refused_snapshot().await, before);
     assert_eq!(s.ironic.calls(), vec![], "no call reached Ironic (no power, no boot device)");
     assert!(s.allow_reasons(MAC1).await.is_empty(), "N1 was never allowed");
 }
@@ -282,7 +286,7 @@ async fn operator_flow(s: &Site, http: &reqwest::Client, auth: &[(&str, &str)], 
     assert_eq!(send(Method::GET, "/v1/rules".into()).await.unwrap().status(), 200);
     assert_eq!(send(Method::GET, format!("/v1/rules/{rule}")).await.unwrap().status(), 200);
     assert_eq!(send(Method::POST, format!("/v1/introspection/{N1}")).await.unwrap().status(), 202);
-    s.wait_state(N1, "waiting").await;
+    s.wait_node_state(N1, "waiting").await;
     assert_eq!(s.ironic.power_state(N1).as_deref(), Some("power on"), "the accepted start powered N1");
     let st: Value = send(Method::GET, format!("/v1/introspection/{N1}")).await.unwrap().json().await.unwrap();
     assert_eq!(st["state"], "waiting");
@@ -290,7 +294,7 @@ async fn operator_flow(s: &Site, http: &reqwest::Client, auth: &[(&str, &str)], 
     let r = http.post(s.u("/v1/continue")).body(data_for(MAC1, "10.0.0.1")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["uuid"], N1);
-    s.wait_state(N1, "finished").await;
+    s.wait_node_state(N1, "finished").await;
     assert_eq!(send(Method::GET, format!("/v1/introspection/{N1}/data")).await.unwrap().status(), 200);
     assert_eq!(send(Method::GET, format!("/v1/introspection/{N1}/data/unprocessed")).await.unwrap().status(), 200);
     assert_eq!(send(Method::POST, format!("/v1/introspection/{N1}/data/unprocessed")).await.unwrap().status(), 202);
@@ -329,7 +333,7 @@ async fn http_basic_guards_every_operator_call() {
     let good = basic(USER, PASSWORD);
     open_calls_answer(&s, &http).await;
     let rule = prepare(&s, &http, &[("Authorization", &good)]).await;
-    let before = s.snapshot().await;
+    let before = s.refused_snapshot().await;
 
     let challenge = Some("Basic realm=\"ironguard\"");
     refuse_all(&s, &http, &rule, &[], 401, challenge).await;
@@ -528,7 +532,7 @@ async fn keystone_guards_every_operator_call() {
     let http = reqwest::Client::new();
     open_calls_answer(&s, &http).await;
     let rule = prepare(&s, &http, &[("X-Auth-Token", ADMIN_TOKEN)]).await;
-    let before = s.snapshot().await;
+    let before = s.refused_snapshot().await;
 
     let challenge = format!("Keystone uri=\"{ks_url}\"");
     let ch = Some(challenge.as_str());
@@ -597,7 +601,7 @@ async fn keystone_unreachable_fails_closed() {
     })
     .await;
     let http = reqwest::Client::new();
-    let before = s.snapshot().await;
+    let before = s.refused_snapshot().await;
     s.ironic.clear_calls();
     refuse_all(&s, &http, "00000000-0000-0000-0000-000000000000", &[("X-Auth-Token", ADMIN_TOKEN)], 503, None).await;
     assert_unchanged(&s, &before).await;
@@ -625,7 +629,7 @@ async fn continue_is_bounded_rate_limited_and_discreet() {
         .start(StartRequest { node: N1.into(), manage_boot: true, ..Default::default() })
         .await
         .unwrap();
-    s.wait_state(N1, "waiting").await;
+    s.wait_node_state(N1, "waiting").await;
     // N2's inspection is starting (as if its worker were busy powering it on): not waiting for data.
     let mut rec = NodeRecord::new(N2, ironguard_proto::time::now_ms());
     rec.state = State::Starting;
@@ -633,7 +637,7 @@ async fn continue_is_bounded_rate_limited_and_discreet() {
     rec.bmc_addresses = vec!["10.0.0.2".into()];
     s.engine.store.save(&mut rec).await.unwrap();
     s.ironic.clear_calls();
-    let before = s.snapshot().await;
+    let before = s.refused_snapshot().await;
 
     // 1: over the limit, by Content-Length.
     let mut big = data_for(MAC1, "10.0.0.1");
@@ -662,9 +666,9 @@ async fn continue_is_bounded_rate_limited_and_discreet() {
     let retry: u64 = r.headers()["Retry-After"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
     assert!(r.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("retry in"));
-    s.wait_state(N1, "finished").await;
+    s.wait_node_state(N1, "finished").await;
     // Only the one accepted submission ran: N2 untouched, N1 processed once.
-    assert_eq!(s.state(N2).await.as_deref(), Some("starting"));
+    assert_eq!(s.node_state(N2).await.as_deref(), Some("starting"));
     // (The request is consumed just after the state is saved.)
     let t = Instant::now();
     while s.engine.store.pending().await.unwrap().len() != before.pending {
@@ -735,7 +739,7 @@ async fn continue_holds_out_against_complex_bodies_and_slow_senders() {
         .start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() })
         .await
         .unwrap();
-    s.wait_state(N1, "waiting").await;
+    s.wait_node_state(N1, "waiting").await;
     // The start request is consumed after its state is saved: the snapshot is taken once it is (T30).
     let t = Instant::now();
     while !s.engine.store.pending().await.unwrap().is_empty() {
@@ -743,7 +747,7 @@ async fn continue_holds_out_against_complex_bodies_and_slow_senders() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     s.ironic.clear_calls();
-    let before = s.snapshot().await;
+    let before = s.refused_snapshot().await;
 
     // Over the value bound: 400, whatever the MACs say.
     let mut data: Value = serde_json::from_str(&data_for(MAC1, "10.0.0.1")).unwrap();
@@ -770,7 +774,7 @@ async fn continue_holds_out_against_complex_bodies_and_slow_senders() {
     assert!(msg.contains("at most 256 are looked up"), "{msg}");
     // Nothing moved: N1 still waiting, same filter revision and queue, no call to Ironic.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(s.snapshot().await, before);
+    assert_eq!(s.refused_snapshot().await, before);
     assert_eq!(s.ironic.calls(), vec![]);
 
     // 40 slow senders, each from its own address: headers, one byte of a 1000-byte body, then nothing.
@@ -803,7 +807,7 @@ async fn continue_holds_out_against_complex_bodies_and_slow_senders() {
             other => panic!("slow sender {i} was answered before the legitimate callback: {other:?}"),
         }
     }
-    s.wait_state(N1, "finished").await;
+    s.wait_node_state(N1, "finished").await;
     // Each slow sender is answered 408 at its read deadline.
     for (i, mut tcp) in slow.into_iter().enumerate() {
         let mut out = Vec::new();
@@ -823,13 +827,13 @@ async fn continue_default_limit_fits_ramdisk_logs() {
         .start(StartRequest { node: N1.into(), manage_boot: false, ..Default::default() })
         .await
         .unwrap();
-    s.wait_state(N1, "waiting").await;
+    s.wait_node_state(N1, "waiting").await;
     let limit = ironguard_controlplane::http_access::config::DEFAULT_CONTINUE_MAX_BYTES;
     let mut over = data_for(MAC1, "10.0.0.1");
     over.insert_str(1, &format!("\"logs\": \"{}\",", "A".repeat(limit)));
     let r = http.post(s.u("/v1/continue")).body(over).send().await.unwrap();
     assert_eq!(r.status(), 413);
-    assert_eq!(s.state(N1).await.as_deref(), Some("waiting"));
+    assert_eq!(s.node_state(N1).await.as_deref(), Some("waiting"));
     // Over the gRPC Continue limit (2 MiB), well under this one.
     let mut fits = data_for(MAC1, "10.0.0.1");
     fits.insert_str(1, &format!("\"logs\": \"{}\",", "A".repeat(3 << 20)));

@@ -16,7 +16,7 @@ use ironguard_proto::v1::{
 const N1: &str = "11111111-1111-1111-1111-111111111111";
 const MAC1: &str = "52:54:00:aa:00:01";
 
-mod site_support;
+use crate::site_support;
 use site_support::{Site, node};
 
 /// The site with N1 (manageable, one port MAC1) in the fake Ironic.

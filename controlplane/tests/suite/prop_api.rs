@@ -24,7 +24,7 @@
 //! site); `scripts/fuzz.sh` runs many more.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod site_support;
+use crate::site_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 
 const DEFAULT_CASES: u32 = 128;
-const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proptest-regressions/prop_api.txt");
+const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/suite/proptest-regressions/prop_api.txt");
 /// Longer than any call may take: a call that does not answer within this hangs.
 const CALL_BOUND: Duration = Duration::from_secs(15);
 

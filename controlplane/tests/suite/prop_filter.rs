@@ -20,7 +20,7 @@ use proptest::prelude::*;
 const DEFAULT_CASES: u32 = 3000;
 /// Each case of the store property is a sequence of durable writes: fewer.
 const DEFAULT_STORE_CASES: u32 = 300;
-const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proptest-regressions/prop_filter.txt");
+const REGRESSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/suite/proptest-regressions/prop_filter.txt");
 
 fn cases() -> u32 {
     ironguard_testkit::prop::cases("IRONGUARD_PROPTEST_CASES", DEFAULT_CASES)
