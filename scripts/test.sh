@@ -10,7 +10,7 @@
 #                              not under CI=true)
 #   IRONGUARD_FAULT_ROUNDS     rounds per fault in the fault matrix (1 here; `ironguard-bench ha` repeats them)
 #   IRONGUARD_DEBIAN13=1 also proves Debian 13: the README's commands in a brand-new Debian 13 root, and the qemu
-#                        tests in Debian 13's 6.12 kernel beside 6.1 (passed at 793efeb in 1045 s on 2 cores, over the
+#                        tests in Debian 13's 6.12 kernel beside 6.1 (passed at 459ac1f in 940 s on 2 cores, over the
 #                        15-minute gate: not in CI's default run; docs/testing.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
