@@ -522,11 +522,17 @@ pub fn dhcp_refused(node: &Netns, iface: &str, mac: MacAddr) -> Option<Lease> {
 /// judgement `ironguardctl explain --local` shows). A read that meets a ruleset changing under it is repeated; any
 /// other failed read fails the test.
 pub fn kernel_decision(pxe: &Netns, mac: MacAddr) -> ironguard_dataplane::MacDecision {
+    ironguard_dataplane::decide(kernel_inputs(pxe, mac))
+}
+
+/// What the kernel of `pxe` holds that decides for `mac` (its tables read back; a read that meets a ruleset changing
+/// under it is repeated, any other failed read fails the test).
+fn kernel_inputs(pxe: &Netns, mac: MacAddr) -> ironguard_dataplane::MacInputs {
     in_netns(pxe, move || {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match ironguard_dataplane::observe(true) {
-                Ok(o) => return ironguard_dataplane::decide(o.mac_inputs(mac)),
+                Ok(o) => return o.mac_inputs(mac),
                 Err(ironguard_dataplane::NftError::Unstable(_)) if Instant::now() < deadline => {}
                 Err(e) => panic!("reading the kernel's tables failed: {e}"),
             }
@@ -538,19 +544,8 @@ pub fn kernel_decision(pxe: &Netns, mac: MacAddr) -> ironguard_dataplane::MacDec
 /// through. [`kernel_decision`] alone also reads "refused" while a leader's kernel lease has lapsed for a moment (a
 /// keep-alive late on a busy machine: fenced, as it must be), and that leader serves the MAC again once it renews.
 pub fn kernel_filter_refuses(pxe: &Netns, mac: MacAddr) -> bool {
-    in_netns(pxe, move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match ironguard_dataplane::observe(true) {
-                Ok(o) => {
-                    let inputs = o.mac_inputs(mac);
-                    return !inputs.in_allow && !ironguard_dataplane::decide(inputs).served;
-                }
-                Err(ironguard_dataplane::NftError::Unstable(_)) if Instant::now() < deadline => {}
-                Err(e) => panic!("reading the kernel's tables failed: {e}"),
-            }
-        }
-    })
+    let inputs = kernel_inputs(pxe, mac);
+    !inputs.in_allow && !ironguard_dataplane::decide(inputs).served
 }
 
 /// Fails the test unless the kernel of `pxe` refuses DHCP from `mac` now (see [`kernel_decision`]).
