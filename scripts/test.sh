@@ -4,7 +4,8 @@
 # dnsmasq, udhcpc, ISC dhcpd, etcd 3.4 and 3.5, a real Ironic 39), the tests that boot Debian 12's stock kernel
 # (6.1) under qemu, benchmark smoke runs (dataplane, boot storm), and the README's two commands in a brand-new
 # Debian 12 root (scripts/fresh-root.sh), which proves the install step is complete. The stages run in phases (below);
-# the table at the end gives each stage's start, end and duration (also in target/ci/stages.txt).
+# the table at the end gives each stage's start, end, duration and the CPU time it used (also in
+# target/ci/stages.txt).
 #   --build-only   install and build only (what the fresh roots run for this command)
 #   IRONGUARD_SKIP_FRESH_ROOT=1 skips the fresh roots and runs the qemu guests in the test pool (a quick local run;
 #                              not under CI=true)
@@ -16,17 +17,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 CI_DIR=$PWD/target/ci
-STAGES=()   # "name|start|end|status"
+STAGES=()   # "name|start|end|status|cpu"
 now() { echo $(($(date +%s) - T0)); }
+# The CPU time of each stage, from the cpuacct controller (cgroup v1, as on the CI machines): the foreground stages
+# in the group `main` of this run, each background stage in a group of its own (ACCT_GROUP/side/<id>). Empty
+# without the controller. busy_cs: the machine's busy CPU time so far, in hundredths of a second (/proc/stat).
+ACCT_GROUP=
+acct_ns() { [ -n "$ACCT_GROUP" ] && cat "$ACCT_GROUP/$1/cpuacct.usage" 2>/dev/null || echo ""; }
+busy_cs() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
+BUSY0=$(busy_cs)
 stage() { echo "== $1 (at $(now) s)"; }
 # Runs a stage in the foreground and records its time.
 run_stage() {
-  local name=$1 start rc=0
+  local name=$1 start rc=0 cpu0 cpu1 cpu=
   shift
   start=$(now)
   stage "$name"
+  cpu0=$(acct_ns main)
   "$@" || rc=$?
-  STAGES+=("$name|$start|$(now)|$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")")
+  cpu1=$(acct_ns main)
+  [ -z "$cpu0" ] || [ -z "$cpu1" ] || cpu=$(((cpu1 - cpu0) / 1000000000))
+  STAGES+=("$name|$start|$(now)|$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")|$cpu")
   return "$rc"
 }
 # Starts a stage in the background; its output goes to target/ci/<id>.log and is printed when it is awaited.
@@ -39,11 +50,15 @@ bg_stage() {
   BG_START[$id]=$(now)
   # In a session of its own, so that a run that stops early ends the whole stage (cargo, nextest, the test, its
   # qemu guest), not only its first process; in the background stages' cgroup (side_stage).
-  # The stage writes its exit status in target/ci/<id>.rc, then the second it ended in target/ci/<id>.end: the
-  # table shows when it finished, not when it was awaited, and a stage that needs another one waits for its .end.
-  rm -f "$CI_DIR/$id.end" "$CI_DIR/$id.rc"
-  T0=$T0 END_FILE="$CI_DIR/$id.end" RC_FILE="$CI_DIR/$id.rc" SIDE_GROUP=${SIDE_GROUP:-} setsid -w bash -c \
-    'side_stage "$0" $$; rc=0; "$@" || rc=$?; echo "$rc" >"$RC_FILE"; echo $(($(date +%s) - T0)) >"$END_FILE"
+  # The stage writes its exit status in target/ci/<id>.rc, its CPU time in <id>.cpu, then the second it ended in
+  # target/ci/<id>.end: the table shows when it finished, not when it was awaited, and a stage that needs another
+  # one waits for its .end.
+  rm -f "$CI_DIR/$id.end" "$CI_DIR/$id.rc" "$CI_DIR/$id.cpu"
+  T0=$T0 END_FILE="$CI_DIR/$id.end" RC_FILE="$CI_DIR/$id.rc" CPU_FILE="$CI_DIR/$id.cpu" SIDE_GROUP=${SIDE_GROUP:-} \
+    ACCT_GROUP=${ACCT_GROUP:-} setsid -w bash -c \
+    'side_stage "$0" $$; rc=0; "$@" || rc=$?; echo "$rc" >"$RC_FILE"
+     [ -z "$ACCT_GROUP" ] || echo $(($(cat "$ACCT_GROUP/side/$0/cpuacct.usage" 2>/dev/null || echo 0) / 1000000000)) >"$CPU_FILE"
+     echo $(($(date +%s) - T0)) >"$END_FILE"
      exit "$rc"' "$id" "$@" >"$CI_DIR/$id.log" 2>&1 &
   BG_PID[$id]=$!
 }
@@ -61,9 +76,10 @@ bg_stage() {
 # end as a whole.
 SIDE_GROUP=
 # side_stage ID PID: PID, the leader of background stage ID, and what it starts later, in the background stages'
-# cgroup.
+# cgroup (and in a cpuacct group of its own, which counts its CPU time).
 side_stage() {
   [ -n "$SIDE_GROUP" ] && mkdir -p "$SIDE_GROUP/$1" 2>/dev/null && echo "$2" >"$SIDE_GROUP/$1/cgroup.procs" 2>/dev/null
+  [ -n "$ACCT_GROUP" ] && mkdir -p "$ACCT_GROUP/side/$1" 2>/dev/null && echo "$2" >"$ACCT_GROUP/side/$1/cgroup.procs" 2>/dev/null
   return 0
 }
 export -f side_stage
@@ -78,6 +94,15 @@ cpu_groups_start() {
     rmdir "$run/main" "$run/side" "$run" 2>/dev/null || true
     stage "CPU shares: no cgroup-v1 cpu controller to use; the fresh roots' runs wait for the tests as a whole"
   fi
+  local acct=/sys/fs/cgroup/cpuacct
+  run=$acct/ironguard-test-$$
+  if [ -w "$acct/cgroup.procs" ] && [ -f "$acct/cpuacct.usage" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
+    echo $$ >"$run/main/cgroup.procs" 2>/dev/null; then
+    export ACCT_GROUP=$run
+  else
+    rmdir "$run/main" "$run/side" "$run" 2>/dev/null || true
+    stage "CPU time per stage: no cgroup-v1 cpuacct controller; the table shows none"
+  fi
 }
 # side_idle 1|0: the background stages only on CPU the tests leave idle, or back to an equal share.
 side_idle() {
@@ -87,8 +112,13 @@ side_idle() {
 # The file phase 3 waits for: written when the tests have ended.
 PHASE_GATE=$CI_DIR/tests-ended
 cpu_groups_end() {
-  [ -n "$SIDE_GROUP" ] || return 0
   local run g
+  if [ -n "$ACCT_GROUP" ]; then
+    echo $$ >"$(dirname "$ACCT_GROUP")/cgroup.procs" 2>/dev/null || true
+    for g in "$ACCT_GROUP"/side/*/; do rmdir "$g" 2>/dev/null || true; done
+    rmdir "$ACCT_GROUP/side" "$ACCT_GROUP/main" "$ACCT_GROUP" 2>/dev/null || true
+  fi
+  [ -n "$SIDE_GROUP" ] || return 0
   run=$(dirname "$SIDE_GROUP")
   echo $$ >"$(dirname "$run")/cgroup.procs" 2>/dev/null || true
   for g in "$SIDE_GROUP"/*/; do rmdir "$g" 2>/dev/null || true; done
@@ -101,21 +131,23 @@ await_stage() {
   cat "$CI_DIR/$id.log"
   local end
   end=$(cat "$CI_DIR/$id.end" 2>/dev/null || now)
-  STAGES+=("${BG_NAME[$id]}|${BG_START[$id]}|$end|$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")")
+  STAGES+=("${BG_NAME[$id]}|${BG_START[$id]}|$end|$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")|$(cat "$CI_DIR/$id.cpu" 2>/dev/null)")
   unset "BG_PID[$id]"
   return "$rc"
 }
 print_stages() {
   {
     echo
-    echo "| stage | start (s) | end (s) | duration (s) | result |"
-    echo "|---|---:|---:|---:|---|"
-    local s name start end status
+    echo "| stage | start (s) | end (s) | duration (s) | CPU (s) | result |"
+    echo "|---|---:|---:|---:|---:|---|"
+    local s name start end status cpu busy
     for s in "${STAGES[@]}"; do
-      IFS='|' read -r name start end status <<<"$s"
-      echo "| $name | $start | $end | $((end - start)) | $status |"
+      IFS='|' read -r name start end status cpu <<<"$s"
+      echo "| $name | $start | $end | $((end - start)) | $cpu | $status |"
     done
-    echo "| **whole run** | 0 | $(now) | $(now) | |"
+    # The whole machine's busy time (every process, this run's and any other), and what its cores could give.
+    busy=$((($(busy_cs) - BUSY0) / 100))
+    echo "| **whole run** (the machine busy $busy of $(($(now) * $(nproc))) CPU-s) | 0 | $(now) | $(now) | $busy | |"
   } | tee "$CI_DIR/stages.txt"
 }
 finish() {
@@ -161,6 +193,12 @@ if [ "$BUILD_ONLY" = 0 ] && ! cargo nextest --version >/dev/null 2>&1; then
   run_stage "install cargo-nextest (crates.io)" cargo install --locked cargo-nextest
 fi
 
+if [ "$BUILD_ONLY" = 0 ]; then
+  # Every crate of the lock file, for every platform: what `cargo metadata` reads (the fresh roots run it), beyond
+  # what this machine's build downloads. Fetched here once: two roots that find a crate missing both unpack it into
+  # the shared download cache at once, and one fails ("failed to unpack package ... File exists").
+  run_stage "crates (cargo fetch: every platform's, for the fresh roots' cargo metadata)" cargo fetch --locked
+fi
 if [ "$BUILD_ONLY" = 0 ]; then
   # The etcd-backed tests run on Debian 12's etcd 3.4 (installed above) and Debian 13's 3.5 (fetched once, cached).
   run_stage "etcd 3.5 (Debian 13's etcd-server package, cached)" scripts/etcd-release.sh
