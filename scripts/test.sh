@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (as root): installs what it needs, builds with clippy's lints, runs unit,
 # integration and privileged end-to-end tests in one pool (cargo-nextest: network namespaces, real nftables,
-# dnsmasq, udhcpc, ISC dhcpd, etcd 3.4 and 3.5, a real Ironic 39), the tests that boot Debian 12's stock kernel
-# (6.1) under qemu, benchmark smoke runs (dataplane, boot storm), and the README's two commands in a brand-new
-# Debian 12 root (scripts/fresh-root.sh), which proves the install step is complete. The stages run in phases (below);
+# dnsmasq, udhcpc, ISC dhcpd, etcd 3.4 and 3.5, a real Ironic 39), the tests that boot Debian 12's (6.1) and Debian
+# 13's (6.12) stock kernels under qemu, benchmark smoke runs (dataplane, boot storm), and the README's two commands
+# in a brand-new Debian 12 root and a brand-new Debian 13 root (scripts/fresh-root.sh), which proves the install
+# step is complete on both. The stages run in phases (below);
 # the table at the end gives each stage's start, end, duration and the CPU time it used (also in
 # target/ci/stages.txt).
 #   --build-only   install and build only (what the fresh roots run for this command)
 #   IRONGUARD_SKIP_FRESH_ROOT=1 skips the fresh roots and runs the qemu guests in the test pool (a quick local run;
 #                              not under CI=true)
 #   IRONGUARD_FAULT_ROUNDS     rounds per fault in the fault matrix (1 here; `ironguard-bench ha` repeats them)
-#   IRONGUARD_DEBIAN13=1 also proves Debian 13: the README's commands in a brand-new Debian 13 root, and the qemu
-#                        tests in Debian 13's 6.12 kernel beside 6.1 (passed at 459ac1f in 940 s on 2 cores, over the
-#                        15-minute gate: not in CI's default run; docs/testing.md)
+#   IRONGUARD_DEBIAN13=0 leaves Debian 13 out (a quicker local run; CI runs both): no Debian 13 root, and the qemu
+#                        guest in Debian 12's 6.1 kernel only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
 CI_DIR=$PWD/target/ci
 STAGES=()   # "name|start|end|status|cpu"
 now() { echo $(($(date +%s) - T0)); }
-# The CPU time of each stage, from the cpuacct controller (cgroup v1, as on the CI machines): the foreground stages
-# in the group `main` of this run, each background stage in a group of its own (ACCT_GROUP/side/<id>). Empty
-# without the controller. busy_cs: the machine's busy CPU time so far, in hundredths of a second (/proc/stat).
+# The CPU time of each stage. The foreground stages: from the cpuacct controller (cgroup v1, as on the CI
+# machines), the group `main` of this run (empty without the controller). A background stage leaves that group
+# for the hierarchy's root (where it would be without this run's groups: a fresh root's systemd-nspawn container
+# under a cpuacct group of this run lost its units' cgroups, 219/CGROUP) and counts the CPU time of the processes
+# it waited for (its shell's `times`: a daemon that outlives its parent is not counted). busy_cs: the machine's
+# busy CPU time so far, in hundredths of a second (/proc/stat).
 ACCT_GROUP=
 acct_ns() { [ -n "$ACCT_GROUP" ] && cat "$ACCT_GROUP/$1/cpuacct.usage" 2>/dev/null || echo ""; }
 busy_cs() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
@@ -57,7 +60,9 @@ bg_stage() {
   T0=$T0 END_FILE="$CI_DIR/$id.end" RC_FILE="$CI_DIR/$id.rc" CPU_FILE="$CI_DIR/$id.cpu" SIDE_GROUP=${SIDE_GROUP:-} \
     ACCT_GROUP=${ACCT_GROUP:-} setsid -w bash -c \
     'side_stage "$0" $$; rc=0; "$@" || rc=$?; echo "$rc" >"$RC_FILE"
-     [ -z "$ACCT_GROUP" ] || echo $(($(cat "$ACCT_GROUP/side/$0/cpuacct.usage" 2>/dev/null || echo 0) / 1000000000)) >"$CPU_FILE"
+     times >"$CPU_FILE.times"
+     awk '"'"'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] }
+       printf "%d\n", t }'"'"' "$CPU_FILE.times" >"$CPU_FILE"
      echo $(($(date +%s) - T0)) >"$END_FILE"
      exit "$rc"' "$id" "$@" >"$CI_DIR/$id.log" 2>&1 &
   BG_PID[$id]=$!
@@ -76,10 +81,10 @@ bg_stage() {
 # end as a whole.
 SIDE_GROUP=
 # side_stage ID PID: PID, the leader of background stage ID, and what it starts later, in the background stages'
-# cgroup (and in a cpuacct group of its own, which counts its CPU time).
+# cgroup, and out of the foreground stages' cpuacct group.
 side_stage() {
   [ -n "$SIDE_GROUP" ] && mkdir -p "$SIDE_GROUP/$1" 2>/dev/null && echo "$2" >"$SIDE_GROUP/$1/cgroup.procs" 2>/dev/null
-  [ -n "$ACCT_GROUP" ] && mkdir -p "$ACCT_GROUP/side/$1" 2>/dev/null && echo "$2" >"$ACCT_GROUP/side/$1/cgroup.procs" 2>/dev/null
+  [ -n "$ACCT_GROUP" ] && echo "$2" >"$(dirname "$ACCT_GROUP")/cgroup.procs" 2>/dev/null
   return 0
 }
 export -f side_stage
@@ -96,12 +101,12 @@ cpu_groups_start() {
   fi
   local acct=/sys/fs/cgroup/cpuacct
   run=$acct/ironguard-test-$$
-  if [ -w "$acct/cgroup.procs" ] && [ -f "$acct/cpuacct.usage" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
+  if [ -w "$acct/cgroup.procs" ] && [ -f "$acct/cpuacct.usage" ] && mkdir -p "$run/main" 2>/dev/null &&
     echo $$ >"$run/main/cgroup.procs" 2>/dev/null; then
     export ACCT_GROUP=$run
   else
-    rmdir "$run/main" "$run/side" "$run" 2>/dev/null || true
-    stage "CPU time per stage: no cgroup-v1 cpuacct controller; the table shows none"
+    rmdir "$run/main" "$run" 2>/dev/null || true
+    stage "CPU time of the foreground stages: no cgroup-v1 cpuacct controller; the table shows none"
   fi
 }
 # side_idle 1|0: the background stages only on CPU the tests leave idle, or back to an equal share.
@@ -115,8 +120,7 @@ cpu_groups_end() {
   local run g
   if [ -n "$ACCT_GROUP" ]; then
     echo $$ >"$(dirname "$ACCT_GROUP")/cgroup.procs" 2>/dev/null || true
-    for g in "$ACCT_GROUP"/side/*/; do rmdir "$g" 2>/dev/null || true; done
-    rmdir "$ACCT_GROUP/side" "$ACCT_GROUP/main" "$ACCT_GROUP" 2>/dev/null || true
+    rmdir "$ACCT_GROUP/main" "$ACCT_GROUP" 2>/dev/null || true
   fi
   [ -n "$SIDE_GROUP" ] || return 0
   run=$(dirname "$SIDE_GROUP")
@@ -185,6 +189,17 @@ if [ "${free_mb:-0}" -lt 8000 ] || [ "${tmp_mb:-0}" -lt 4000 ]; then
     "root); with less, it fails with 'No space left on device'. Free some (cargo clean in old checkouts)." >&2
 fi
 
+# Every crate of the lock file, for every platform: what `cargo metadata` reads (the fresh roots run it), beyond
+# what this machine's build downloads. Fetched once, before the roots need them: two roots that find a crate missing
+# both unpack it into the shared download cache at once, and one fails ("failed to unpack package ... File exists").
+# With a toolchain already on the machine (as on CI's), the download goes on beside the install step.
+fetched=0
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+if [ "$BUILD_ONLY" = 0 ] && command -v cargo >/dev/null 2>&1; then
+  bg_stage crates "crates (cargo fetch, beside the install step: every platform's, for the fresh roots' cargo metadata)" \
+    cargo fetch --locked
+  fetched=1
+fi
 run_stage "install (scripts/install-deps.sh)" source scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 source scripts/cargo-env.sh
@@ -194,21 +209,22 @@ if [ "$BUILD_ONLY" = 0 ] && ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 if [ "$BUILD_ONLY" = 0 ]; then
-  # Every crate of the lock file, for every platform: what `cargo metadata` reads (the fresh roots run it), beyond
-  # what this machine's build downloads. Fetched here once: two roots that find a crate missing both unpack it into
-  # the shared download cache at once, and one fails ("failed to unpack package ... File exists").
-  run_stage "crates (cargo fetch: every platform's, for the fresh roots' cargo metadata)" cargo fetch --locked
+  if [ "$fetched" = 1 ]; then
+    await_stage crates
+  else
+    run_stage "crates (cargo fetch: every platform's, for the fresh roots' cargo metadata)" cargo fetch --locked
+  fi
 fi
 if [ "$BUILD_ONLY" = 0 ]; then
   # The etcd-backed tests run on Debian 12's etcd 3.4 (installed above) and Debian 13's 3.5 (fetched once, cached).
   run_stage "etcd 3.5 (Debian 13's etcd-server package, cached)" scripts/etcd-release.sh
 fi
 
-# The fresh roots: Debian 12 (bookworm), and Debian 13 (trixie) with IRONGUARD_DEBIAN13=1, each made and proven the
-# same way; the qemu guests in Debian 12's kernel, and Debian 13's with it.
+# The fresh roots: Debian 12 (bookworm) and Debian 13 (trixie; not with IRONGUARD_DEBIAN13=0), each made and proven
+# the same way; the qemu guests in Debian 12's kernel and in Debian 13's.
 SUITES=(bookworm)
 guests='binary(debian_kernel) & not test(/debian_13|6_12/)' kernels="Debian 12 kernel"
-if [ "${IRONGUARD_DEBIAN13:-0}" = 1 ]; then
+if [ "${IRONGUARD_DEBIAN13:-1}" = 1 ]; then
   SUITES=(bookworm trixie)
   guests='binary(debian_kernel)' kernels="Debian 12 and 13 kernels"
 fi
@@ -226,6 +242,12 @@ if [ "$BUILD_ONLY" = 0 ] && { [ "${IRONGUARD_SKIP_FRESH_ROOT:-0}" != 1 ] || [ "$
 fi
 if [ "$BUILD_ONLY" = 0 ]; then
   bg_stage venv "the real Ironic 39 (cached Python environment)" scripts/ironic-venv.sh
+  # The guests' kernels (Debian's linux-image packages and an initrd, cached): downloaded now, beside the build,
+  # rather than by the first guest at the end of the run.
+  kernel_suites=(bookworm)
+  [ "${IRONGUARD_DEBIAN13:-1}" = 1 ] && kernel_suites+=(trixie)
+  bg_stage kernels "the guests' kernels (Debian's linux-image packages, cached): ${kernel_suites[*]}" \
+    bash -c 'for s; do scripts/guest-kernel.sh --suite "$s" >/dev/null || exit 1; done' kernels "${kernel_suites[@]}"
 fi
 
 if [ "$BUILD_ONLY" = 1 ]; then
@@ -241,7 +263,7 @@ await_stage venv
 rm -f "$PHASE_GATE"
 if [ "$fresh_root" = 1 ]; then
   side_idle 1
-  bg_stage guest "$kernels under qemu (two at a time, after the tests): ipset backend, egress before Linux 6.16, observation sets" \
+  bg_stage guest "$kernels under qemu (one boot each, side by side, after the tests): ipset backend, egress before Linux 6.16, observation sets" \
     bash -c 'until [ -f "$1" ]; do sleep 1; done
       exec cargo nextest run --profile ci-qemu --workspace --locked -E "$2"' guest "$PHASE_GATE" "$guests"
   # A fresh root's run needs its bootstrap and this build. Its own build goes on beside the tests; its demo, packages
@@ -252,7 +274,8 @@ if [ "$fresh_root" = 1 ]; then
     bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands (the demo after the tests), the packages under systemd" \
       bash -c 'until [ -f "$1" ] && [ -e "$5" ]; do sleep 1; done
         [ "$(cat "$2")" = 0 ] || { echo "test.sh: the bootstrap of this root failed (target/ci/fresh-bootstrap-$3.log)" >&2; exit 1; }
-        IRONGUARD_FRESH_WAIT=$6 exec scripts/fresh-root.sh --suite "$3" run "$4"' \
+        rc=0; IRONGUARD_FRESH_WAIT=$6 scripts/fresh-root.sh --suite "$3" run "$4" || rc=$?
+        rm -rf --one-file-system "$4"; exit "$rc"' \
       "fresh-run-$suite" "$CI_DIR/fresh-bootstrap-$suite.end" "$CI_DIR/fresh-bootstrap-$suite.rc" "$suite" \
       "${FRESH[$suite]}" "$wait_all" "$PHASE_GATE"
   done
@@ -279,14 +302,17 @@ run_stage "boot storm smoke run (20 clients: dnsmasq alone, the 3-host site, its
   target/debug/ironguard-bench storm --clients 20 --reps 1 --fault sigkill --json target/bench-smoke/storm.json
 if [ "$fresh_root" = 1 ]; then
   rc=0
+  await_stage kernels || rc=1
   await_stage guest || rc=1
   for suite in "${SUITES[@]}"; do
     await_stage "fresh-bootstrap-$suite" || rc=1
+    # The stage deletes its root when it ends (here too, if it never got to run).
     await_stage "fresh-run-$suite" || rc=1
     rm -rf --one-file-system "${FRESH[$suite]}"
   done
   [ "$rc" = 0 ]
 else
+  await_stage kernels
   stage "fresh Debian roots skipped (IRONGUARD_SKIP_FRESH_ROOT=1)"
 fi
 stage "all tests passed"

@@ -1,4 +1,5 @@
-# Shared by the scripts that run inside the qemu guest (ipset_guest.sh, egress_guest.sh); sourced, not run.
+# Shared by the scripts that run inside the qemu guest (ipset_guest.sh, egress_guest.sh, seen_guest.sh, each a part of
+# kernel_guest.sh); sourced, not run.
 # load_modules M...: the guest kernel's modules (from the cached Debian kernel in $GUEST_KERNEL).
 load_modules() {
   for m in "$@"; do

@@ -47,11 +47,6 @@ impl GuestKernel {
     }
 }
 
-/// [`run_checks_in_kernel`] in Debian 12's kernel.
-pub fn run_checks_in_debian_kernel(script: &str, checks: &[&str]) -> String {
-    run_checks_in_kernel(GuestKernel::Debian12, script, checks)
-}
-
 /// Boots `kernel` with `script` (a file name in `tests/netns/scripts/`) and asserts that the guest finished, that
 /// no check failed, that every one of `checks` ran, and that the guest ran that kernel. Returns the guest's console
 /// output.

@@ -1,6 +1,7 @@
 //! What this machine's kernel cannot show, in stock Debian 12 (6.1) and Debian 13 (6.12) kernels booted with qemu
 //! (`scripts/guest-kernel.sh`; the guest mounts this machine's root read-only and runs a script from
-//! `tests/netns/scripts/` with the workspace's binaries). The tests of this file run their guests side by side.
+//! `tests/netns/scripts/` with the workspace's binaries). One boot per kernel runs three parts one after another
+//! (`kernel_guest.sh`, each part in PID and mount namespaces of its own); the two kernels' guests run side by side.
 //!
 //! * The ipset backend (`ipset_guest.sh`): this machine's kernel has no `hash:mac` set type
 //!   (CONFIG_IP_SET_HASH_MAC is not set). Real x_tables and ipset, iptables-legacy, dnsmasq, a DHCP relay, udhcpc,
@@ -16,7 +17,7 @@
 use ironguard_netns_tests::guest::{GuestKernel, run_checks_in_kernel};
 use ironguard_netns_tests::shapes::require_tools;
 
-/// Every check of `ipset_guest.sh`, in a Debian 12 kernel under qemu.
+/// Every check of `ipset_guest.sh`.
 const IPSET_CHECKS: &[&str] = &[
     "control-no-firewall",
     "control-relayed",
@@ -48,15 +49,6 @@ const IPSET_CHECKS: &[&str] = &[
     "tamper-allow-set-repaired",
     "agent-sigterm-closes",
 ];
-
-/// The ipset backend's dataplane tests (allow, deny and unknown with real clients, relayed DHCP, leader, follower,
-/// policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent with a control plane, tampering repaired) in a stock Debian 12
-/// kernel, which has `hash:mac`.
-#[test]
-fn the_ipset_backend_in_a_debian_kernel() {
-    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
-    ironguard_netns_tests::guest::run_checks_in_debian_kernel("ipset_guest.sh", IPSET_CHECKS);
-}
 
 /// Every check of `egress_guest.sh`.
 const EGRESS_CHECKS: &[&str] = &[
@@ -94,18 +86,6 @@ const EGRESS_CHECKS: &[&str] = &[
     "single-errors-said-once",
 ];
 
-/// Allow, deny and unknown with a real AF_PACKET server under a leader, SIGTERM, SIGKILL and SIGSTOP (the kernel
-/// lease; follower, blocked and policy allow write the same rules and are tested on this machine's kernel), and a bridge rebuilt under a leading agent, in Linux 6.1: one of two
-/// egress interfaces (the kernel unbinds it), and the only one (the kernel deletes both base chains; the agent stays
-/// closed, retries with back-off without repeating its error, and builds them again when the interface is back).
-#[test]
-fn the_egress_dataplane_in_a_debian_6_1_kernel() {
-    require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
-    let checks = [EGRESS_CHECKS, &["single-retries-back-off"]].concat();
-    let console = ironguard_netns_tests::guest::run_checks_in_debian_kernel("egress_guest.sh", &checks);
-    assert!(console.contains("guest: kernel 6.1."), "the guest runs Debian 12's 6.1 kernel");
-}
-
 /// Every check of `seen_guest.sh`.
 const SEEN_CHECKS: &[&str] = &[
     "control-no-firewall",
@@ -120,32 +100,39 @@ const SEEN_CHECKS: &[&str] = &[
     "denied-not-answered",
 ];
 
-/// What the kernel saw of a boot, in Linux 6.1: a leader's table with its observation sets loads, and a real
-/// dnsmasq and udhcpc leave an allowed MAC in all three sets and a denied one in `seen_requests` only.
-#[test]
-fn the_observation_sets_in_a_debian_6_1_kernel() {
-    let console = ironguard_netns_tests::guest::run_checks_in_debian_kernel("seen_guest.sh", SEEN_CHECKS);
-    assert!(console.contains("guest: kernel 6.1."), "the guest runs Debian 12's 6.1 kernel");
+/// Boots `kernel` once with the three parts (`kernel_guest.sh`) and asserts every check of each (with `egress_extra`,
+/// the egress part's check of this kernel), that every part ran to its end, and that the guest ran that kernel.
+fn every_part_in(kernel: GuestKernel, egress_extra: &str) {
+    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables"), ("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
+    let mut checks: Vec<String> = IPSET_CHECKS.iter().map(|c| format!("ipset/{c}")).collect();
+    checks.extend(EGRESS_CHECKS.iter().chain([&egress_extra]).map(|c| format!("egress/{c}")));
+    checks.extend(SEEN_CHECKS.iter().map(|c| format!("seen/{c}")));
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let console = run_checks_in_kernel(kernel, "kernel_guest.sh", &checks);
+    for part in ["ipset", "egress", "seen"] {
+        assert!(console.contains(&format!("guest: part {part} done")), "the {part} part did not run to its end");
+    }
 }
 
-/// The same three in Debian 13's kernel (6.12, the kernel a new site most likely runs; also before Linux 6.16, so
-/// the egress chains must be bound again when the bridge is recreated).
+/// In a stock Debian 12 kernel (6.1), which has `hash:mac`: the ipset backend's dataplane tests (allow, deny and
+/// unknown with real clients, relayed DHCP, leader, follower, policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent
+/// with a control plane, tampering repaired); the egress dataplane (allow, deny and unknown with a real AF_PACKET
+/// server under a leader, SIGTERM, SIGKILL and SIGSTOP; follower, blocked and policy allow write the same rules and
+/// are tested on this machine's kernel), and a bridge rebuilt under a leading agent: one of two egress interfaces
+/// (the kernel unbinds it), and the only one (the kernel deletes both base chains; the agent stays closed, retries
+/// with back-off without repeating its error, and builds them again when the interface is back); the observation
+/// sets (a leader's table with them loads, and a real dnsmasq and udhcpc leave an allowed MAC in all three sets and
+/// a denied one in `seen_requests` only).
 #[test]
-fn the_ipset_backend_in_a_debian_13_kernel() {
-    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
-    run_checks_in_kernel(GuestKernel::Debian13, "ipset_guest.sh", IPSET_CHECKS);
+fn the_debian_12_kernel_6_1_under_qemu() {
+    every_part_in(GuestKernel::Debian12, "single-retries-back-off");
 }
 
+/// The same in Debian 13's kernel (6.12, the kernel a new site most likely runs; also before Linux 6.16, so the
+/// egress chains must be bound again when the bridge is recreated). 6.12 keeps a netdev base chain whose last
+/// device is gone (bound to none; 6.1 deletes it): nothing fails while the bridge is away, so the agent must not
+/// retry at all.
 #[test]
-fn the_egress_dataplane_in_a_debian_6_12_kernel() {
-    require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
-    // 6.12 keeps a netdev base chain whose last device is gone (bound to none; 6.1 deletes it): nothing fails
-    // while the bridge is away, so the agent must not retry at all.
-    let checks = [EGRESS_CHECKS, &["single-chains-kept-no-retries"]].concat();
-    run_checks_in_kernel(GuestKernel::Debian13, "egress_guest.sh", &checks);
-}
-
-#[test]
-fn the_observation_sets_in_a_debian_6_12_kernel() {
-    run_checks_in_kernel(GuestKernel::Debian13, "seen_guest.sh", SEEN_CHECKS);
+fn the_debian_13_kernel_6_12_under_qemu() {
+    every_part_in(GuestKernel::Debian13, "single-chains-kept-no-retries");
 }
