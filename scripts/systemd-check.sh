@@ -87,6 +87,7 @@ cleanup() {
   ip netns del "$NS_CLI" 2>/dev/null || true
   ip link del "$HOST_IF" 2>/dev/null || true
   rm -rf "/run/systemd/nspawn/propagate/$MACHINE" "$work"
+  leave_cgroups
   exit $rc
 }
 trap cleanup EXIT
@@ -145,6 +146,32 @@ expect_verdict() { # PREFIX, why
 has_table() { ct nft list table inet "$1" >/dev/null 2>&1; }
 leader_allows() { ct ironguardctl chains --elements | grep -q '^verdict: LEADER' && ct ironguardctl chains --elements | grep -qi "$MAC_OK"; }
 main_pid() { prop ironguard-agent.service MainPID; }
+
+# The container's systemd manages the cgroups below the one systemd-nspawn runs in (--keep-unit, no systemd on the
+# host to give it a scope of its own): two checks booted at once from one cgroup shared that subtree, and one
+# container's systemd stopping a unit removed the other's cgroup of the same unit (its restart failed: "Failed to
+# kill control group ... Input/output error", status=219/CGROUP). So each check moves into a cgroup of its own, under
+# its current one in every cgroup-v1 hierarchy that takes it (cpuset is skipped: a new group there has no CPUs).
+own_cgroups() {
+  local line ctrl path dir groups
+  # Read whole first: the file changes as this shell moves.
+  groups=$(cat /proc/self/cgroup)
+  while IFS= read -r line; do
+    ctrl=${line#*:}; path=${ctrl#*:}; ctrl=${ctrl%%:*}
+    case "$ctrl" in "" | *cpuset*) continue ;; esac
+    dir=/sys/fs/cgroup/${ctrl#name=}${path%/}/$MACHINE
+    [ -d "$(dirname "$dir")" ] || continue
+    { mkdir -p "$dir" && echo $$ >"$dir/cgroup.procs"; } 2>/dev/null || rmdir "$dir" 2>/dev/null || true
+  done <<<"$groups"
+}
+# Back to the parent groups; the check's own are removed, with what the container's systemd left in them.
+leave_cgroups() {
+  local g
+  while IFS= read -r g; do
+    { echo $$ >"$(dirname "$g")/cgroup.procs"; } 2>/dev/null || true
+    find "$g" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done < <(find /sys/fs/cgroup/ -mindepth 2 -maxdepth 8 -type d -name "$MACHINE" 2>/dev/null)
+}
 
 # The container gets a private network of its own (systemd-nspawn --private-network, so a reboot starts from an
 # empty kernel state: the guard must come from the boot) with one extra veth pair: pxe0 inside, the other end moved
@@ -249,6 +276,7 @@ for u in dnsmasq pxe-net; do
 done
 
 say "1. boot the root with systemd-nspawn (the packages' postinst enabled the units)"
+own_cgroups
 boot boot1
 for u in ironguard-guard ironguard-agent ironguard-controlplane; do
   [ "$(ct systemctl is-enabled "$u.service")" = enabled ] || fail "$u.service is not enabled after installing the package"
