@@ -1,21 +1,23 @@
 #!/bin/sh
-# Every check that needs another kernel than this machine's, in one boot of a stock Debian kernel under qemu
-# (scripts/guest-kernel.sh): the ipset backend (ipset_guest.sh), the reply-side dataplane before Linux 6.16
-# (egress_guest.sh) and the observation sets (seen_guest.sh), one after another. Started by
+# Checks that need another kernel than this machine's, several parts in one boot of a stock Debian kernel under
+# qemu (scripts/guest-kernel.sh), one after another: `ipset` (the ipset backend, ipset_guest.sh), `egress` (the
+# reply-side dataplane before Linux 6.16, egress_guest.sh), `seen` (the observation sets, seen_guest.sh). Started by
 # tests/netns/tests/debian_kernel.rs; runs chrooted in this machine's root (read-only, tmpfs on /tmp and /run).
 #
-# Usage: kernel_guest.sh BIN_DIR
+# Usage: kernel_guest.sh BIN_DIR PART...
 # Each part runs in namespaces of its own: a PID namespace (its processes all end with it, whatever it leaves
 # running), and a mount namespace with a fresh tmpfs on /tmp and /run (its files, and the names of the network
 # namespaces it makes, under /run/netns, are its own; those network namespaces go when their last process and name
 # do). The parts share nothing but the kernel's modules and the page cache, so one boot and one load of the
-# binaries over 9p serve three (a boot and the first start of each binary cost the emulated CPU most).
+# binaries over 9p serve them all (a boot and the first start of each binary cost the emulated CPU most).
 # Prints each part's `RESULT <check> ...` lines with the part's name before the check (`ipset/leader-allowed`),
 # then `DONE` once every part has ended.
 BIN=$1
+shift
 dir=$(dirname "$0")
 echo "guest: kernel $(uname -r)"
-for part in ipset egress seen; do
+[ $# -gt 0 ] || echo "RESULT parts FAIL no part named"
+for part in "$@"; do
   echo "guest: part $part"
   # The inner shell makes the mounts in the new mount namespace, then runs the part. The scripts' and the
   # binaries' directories may live under /tmp or /run (a checkout under /tmp): they are bound back into the fresh

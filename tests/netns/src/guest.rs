@@ -47,10 +47,10 @@ impl GuestKernel {
     }
 }
 
-/// Boots `kernel` with `script` (a file name in `tests/netns/scripts/`) and asserts that the guest finished, that
-/// no check failed, that every one of `checks` ran, and that the guest ran that kernel. Returns the guest's console
-/// output.
-pub fn run_checks_in_kernel(kernel: GuestKernel, script: &str, checks: &[&str]) -> String {
+/// Boots `kernel` with `script` (a file name in `tests/netns/scripts/`; its arguments: the binaries' directory, then
+/// `args`, words without spaces or commas) and asserts that the guest finished, that no check failed, that every one
+/// of `checks` ran, and that the guest ran that kernel. Returns the guest's console output.
+pub fn run_checks_in_kernel(kernel: GuestKernel, script: &str, args: &[&str], checks: &[&str]) -> String {
     require_privileges();
     require_tools(&[("qemu-system-x86_64", "qemu-system-x86"), ("depmod", "kmod")]);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -75,23 +75,26 @@ pub fn run_checks_in_kernel(kernel: GuestKernel, script: &str, checks: &[&str]) 
             "{text}: the guest's kernel command line cannot carry this path (a space, a comma, or too long)"
         );
     }
+    assert!(args.iter().all(|a| !a.is_empty() && !a.contains([' ', ','])), "{args:?}: not words for the command line");
     let start = Instant::now();
     // The console goes to a file as it comes, so that a guest stopped at its limit still says how far it got.
-    // One file per script and kernel: two guests run at once (`.config/nextest.toml`), the same script in both
-    // kernels among them.
+    // One file per script, arguments and kernel: two guests run at once (`.config/nextest.toml`), the same script
+    // in both kernels or with other arguments among them.
     let console_file = bin_dir.join(format!(
-        "guest-{}-{}.console",
+        "guest-{}-{}{}.console",
         guest_kernel.suite(),
-        script.file_name().unwrap_or_default().to_string_lossy()
+        script.file_name().unwrap_or_default().to_string_lossy(),
+        args.iter().map(|a| format!("-{a}")).collect::<String>()
     ));
     let read_console = || String::from_utf8_lossy(&std::fs::read(&console_file).unwrap_or_default()).to_string();
     // no_timer_check: under an emulated CPU on a starved host the kernel's check that the 8254 timer reaches the
     // IO-APIC can miss its window and panic at boot ("IO-APIC + timer doesn't work!", T36); the check proves
     // nothing about the hardware qemu emulates, and virtual machines' kernels skip it for this reason.
     let append = format!(
-        "console=ttyS0 quiet panic=-1 no_timer_check ig.script={} ig.args={} ig.keep={},{}",
+        "console=ttyS0 quiet panic=-1 no_timer_check ig.script={} ig.args={}{} ig.keep={},{}",
         script.display(),
         bin_dir.display(),
+        args.iter().map(|a| format!(",{a}")).collect::<String>(),
         script_dir.display(),
         bin_dir.display()
     );

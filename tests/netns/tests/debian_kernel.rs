@@ -1,7 +1,8 @@
 //! What this machine's kernel cannot show, in stock Debian 12 (6.1) and Debian 13 (6.12) kernels booted with qemu
 //! (`scripts/guest-kernel.sh`; the guest mounts this machine's root read-only and runs a script from
-//! `tests/netns/scripts/` with the workspace's binaries). One boot per kernel runs three parts one after another
-//! (`kernel_guest.sh`, each part in PID and mount namespaces of its own); the two kernels' guests run side by side.
+//! `tests/netns/scripts/` with the workspace's binaries). Two boots per kernel: the ipset backend and the
+//! observation sets one after another in one (`kernel_guest.sh`, each part in PID and mount namespaces of its own),
+//! the egress dataplane in the other, about as long; the guests run two at a time.
 //!
 //! * The ipset backend (`ipset_guest.sh`): this machine's kernel has no `hash:mac` set type
 //!   (CONFIG_IP_SET_HASH_MAC is not set). Real x_tables and ipset, iptables-legacy, dnsmasq, a DHCP relay, udhcpc,
@@ -100,39 +101,55 @@ const SEEN_CHECKS: &[&str] = &[
     "denied-not-answered",
 ];
 
-/// Boots `kernel` once with the three parts (`kernel_guest.sh`) and asserts every check of each (with `egress_extra`,
-/// the egress part's check of this kernel), that every part ran to its end, and that the guest ran that kernel.
-fn every_part_in(kernel: GuestKernel, egress_extra: &str) {
-    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables"), ("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
-    let mut checks: Vec<String> = IPSET_CHECKS.iter().map(|c| format!("ipset/{c}")).collect();
-    checks.extend(EGRESS_CHECKS.iter().chain([&egress_extra]).map(|c| format!("egress/{c}")));
-    checks.extend(SEEN_CHECKS.iter().map(|c| format!("seen/{c}")));
+/// Boots `kernel` once with `parts` of `kernel_guest.sh` (each with its checks, prefixed by the part's name) and
+/// asserts every check of each, that every part ran to its end, and that the guest ran that kernel.
+fn parts_in(kernel: GuestKernel, parts: &[(&str, &[&str])]) {
+    let checks: Vec<String> =
+        parts.iter().flat_map(|(part, checks)| checks.iter().map(move |c| format!("{part}/{c}"))).collect();
     let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
-    let console = run_checks_in_kernel(kernel, "kernel_guest.sh", &checks);
-    for part in ["ipset", "egress", "seen"] {
+    let names: Vec<&str> = parts.iter().map(|(part, _)| *part).collect();
+    let console = run_checks_in_kernel(kernel, "kernel_guest.sh", &names, &checks);
+    for part in names {
         assert!(console.contains(&format!("guest: part {part} done")), "the {part} part did not run to its end");
     }
 }
 
-/// In a stock Debian 12 kernel (6.1), which has `hash:mac`: the ipset backend's dataplane tests (allow, deny and
-/// unknown with real clients, relayed DHCP, leader, follower, policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent
-/// with a control plane, tampering repaired); the egress dataplane (allow, deny and unknown with a real AF_PACKET
-/// server under a leader, SIGTERM, SIGKILL and SIGSTOP; follower, blocked and policy allow write the same rules and
-/// are tested on this machine's kernel), and a bridge rebuilt under a leading agent: one of two egress interfaces
-/// (the kernel unbinds it), and the only one (the kernel deletes both base chains; the agent stays closed, retries
-/// with back-off without repeating its error, and builds them again when the interface is back); the observation
-/// sets (a leader's table with them loads, and a real dnsmasq and udhcpc leave an allowed MAC in all three sets and
-/// a denied one in `seen_requests` only).
+/// The ipset backend's dataplane tests (allow, deny and unknown with real clients, relayed DHCP, leader, follower,
+/// policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent with a control plane, tampering repaired) in a stock Debian 12
+/// kernel (6.1), which has `hash:mac`; then, in the same boot, the observation sets: a leader's table with them
+/// loads, and a real dnsmasq and udhcpc leave an allowed MAC in all three sets and a denied one in `seen_requests`
+/// only.
 #[test]
-fn the_debian_12_kernel_6_1_under_qemu() {
-    every_part_in(GuestKernel::Debian12, "single-retries-back-off");
+fn the_ipset_backend_and_the_observation_sets_in_a_debian_6_1_kernel() {
+    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
+    parts_in(GuestKernel::Debian12, &[("ipset", IPSET_CHECKS), ("seen", SEEN_CHECKS)]);
 }
 
-/// The same in Debian 13's kernel (6.12, the kernel a new site most likely runs; also before Linux 6.16, so the
-/// egress chains must be bound again when the bridge is recreated). 6.12 keeps a netdev base chain whose last
-/// device is gone (bound to none; 6.1 deletes it): nothing fails while the bridge is away, so the agent must not
-/// retry at all.
+/// Allow, deny and unknown with a real AF_PACKET server under a leader, SIGTERM, SIGKILL and SIGSTOP (the kernel
+/// lease; follower, blocked and policy allow write the same rules and are tested on this machine's kernel), and a
+/// bridge rebuilt under a leading agent, in Linux 6.1: one of two egress interfaces (the kernel unbinds it), and the
+/// only one (the kernel deletes both base chains; the agent stays closed, retries with back-off without repeating
+/// its error, and builds them again when the interface is back).
 #[test]
-fn the_debian_13_kernel_6_12_under_qemu() {
-    every_part_in(GuestKernel::Debian13, "single-chains-kept-no-retries");
+fn the_egress_dataplane_in_a_debian_6_1_kernel() {
+    require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
+    let checks = [EGRESS_CHECKS, &["single-retries-back-off"]].concat();
+    parts_in(GuestKernel::Debian12, &[("egress", &checks)]);
+}
+
+/// The same in Debian 13's kernel (6.12, the kernel a new site most likely runs).
+#[test]
+fn the_ipset_backend_and_the_observation_sets_in_a_debian_6_12_kernel() {
+    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
+    parts_in(GuestKernel::Debian13, &[("ipset", IPSET_CHECKS), ("seen", SEEN_CHECKS)]);
+}
+
+/// 6.12 is also before Linux 6.16, so the egress chains must be bound again when the bridge is recreated; it keeps a
+/// netdev base chain whose last device is gone (bound to none; 6.1 deletes it): nothing fails while the bridge is
+/// away, so the agent must not retry at all.
+#[test]
+fn the_egress_dataplane_in_a_debian_6_12_kernel() {
+    require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
+    let checks = [EGRESS_CHECKS, &["single-chains-kept-no-retries"]].concat();
+    parts_in(GuestKernel::Debian13, &[("egress", &checks)]);
 }
