@@ -72,7 +72,9 @@ start_controlplane() {
 }
 ctl() { ip netns exec pxe "$BIN/ironguardctl" --controlplane http://127.0.0.1:9100 "$@"; }
 # write_agent_toml RECONCILE_SECS DATAPLANE_LINES: /tmp/agent.toml for an agent of that control plane (metrics on
-# 127.0.0.1:9181), with the given read-back period and [dataplane] section.
+# 127.0.0.1:9181), with the given read-back period and [dataplane] section. The local DHCP health is checked at the
+# product's default period (1 s): at 200 ms the checks cost the emulated CPU a sixth more (two 6.1 guests side by
+# side: 99 CPU-s in 101 s, 82 in 94 s at 1 s) and showed nothing more.
 write_agent_toml() {
   cat >/tmp/agent.toml <<TOML
 [agent]
@@ -82,7 +84,7 @@ network = "test"
 insecure = true
 endpoints = ["http://127.0.0.1:9100"]
 [dhcp_health]
-interval_ms = 200
+interval_ms = 1000
 [reconcile]
 interval_secs = $1
 [admin]
