@@ -21,10 +21,11 @@ STAGES=()   # "name|start|end|status|cpu"
 now() { echo $(($(date +%s) - T0)); }
 # The CPU time of each stage. The foreground stages: from the cpuacct controller (cgroup v1, as on the CI
 # machines), the group `main` of this run (empty without the controller). A background stage leaves that group
-# for the hierarchy's root (where it would be without this run's groups: a fresh root's systemd-nspawn container
-# under a cpuacct group of this run lost its units' cgroups, 219/CGROUP) and counts the CPU time of the processes
-# it waited for (its shell's `times`: a daemon that outlives its parent is not counted). busy_cs: the machine's
-# busy CPU time so far, in hundredths of a second (/proc/stat).
+# for the hierarchy's root (where it would be without this run's groups; a fresh root's systemd-nspawn container
+# boots from there as before) and counts the CPU time of the processes it waited for (its shell's `times`: a
+# daemon that outlives its parent is not counted). (A group per background stage was tried first; the 219/CGROUP
+# failures of the run that tried it were two containers sharing one cgroup, T44, not the accounting.) busy_cs: the
+# machine's busy CPU time so far, in hundredths of a second (/proc/stat).
 ACCT_GROUP=
 acct_ns() { [ -n "$ACCT_GROUP" ] && cat "$ACCT_GROUP/$1/cpuacct.usage" 2>/dev/null || echo ""; }
 busy_cs() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
