@@ -151,15 +151,25 @@ main_pid() { prop ironguard-agent.service MainPID; }
 # host to give it a scope of its own): two checks booted at once from one cgroup shared that subtree, and one
 # container's systemd stopping a unit removed the other's cgroup of the same unit (its restart failed: "Failed to
 # kill control group ... Input/output error", status=219/CGROUP). So each check moves into a cgroup of its own, under
-# its current one in every cgroup-v1 hierarchy that takes it (cpuset is skipped: a new group there has no CPUs).
+# its current one in every cgroup-v1 hierarchy that takes it (cpuset is skipped: a new group there has no CPUs), and
+# in the cgroup-v2 hierarchy too: on a hybrid host (v1 controllers, v2 mounted at /sys/fs/cgroup/unified) the
+# container's systemd keeps its units' cgroups in both, and systemd 257 starts a unit's processes straight into the
+# v2 one (clone into a cgroup). Sharing that subtree, the other root's systemd removed system.slice/ironguard-agent.service
+# under Debian 13's, whose ExecStopPost= then failed: "Failed to spawn executor: No such file or directory" (O31).
 own_cgroups() {
-  local line ctrl path dir groups
+  local line ctrl path dir groups v2
+  v2=$(findmnt -n -t cgroup2 -o TARGET 2>/dev/null | head -n 1 || true)
   # Read whole first: the file changes as this shell moves.
   groups=$(cat /proc/self/cgroup)
   while IFS= read -r line; do
     ctrl=${line#*:}; path=${ctrl#*:}; ctrl=${ctrl%%:*}
-    case "$ctrl" in "" | *cpuset*) continue ;; esac
-    dir=/sys/fs/cgroup/${ctrl#name=}${path%/}/$MACHINE
+    case "$ctrl" in *cpuset*) continue ;; esac
+    if [ -z "$ctrl" ]; then
+      [ -n "$v2" ] || continue
+      dir=$v2${path%/}/$MACHINE
+    else
+      dir=/sys/fs/cgroup/${ctrl#name=}${path%/}/$MACHINE
+    fi
     [ -d "$(dirname "$dir")" ] || continue
     { mkdir -p "$dir" && echo $$ >"$dir/cgroup.procs"; } 2>/dev/null || rmdir "$dir" 2>/dev/null || true
   done <<<"$groups"
