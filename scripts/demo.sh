@@ -24,7 +24,8 @@ source scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== building ironguard"
-cargo build --locked --workspace --bins
+# The product's binaries (the packages of scripts/package.sh); the test tools and benchmarks are not needed here.
+cargo build --locked --bins -p ironguard-agent -p ironguard-controlplane -p ironguardctl -p ironguard-gen-docs
 BIN=$PWD/target/debug
 echo "== the real Ironic 39 and OpenStack clients (a cached Python environment; made once, about a minute)"
 VENV=$(scripts/ironic-venv.sh)

@@ -251,6 +251,12 @@ insecure = true
 [dataplane]
 interfaces = ["pxe0"]
 T
+# Services of the install step's packages that this check does not test (the tests start etcd and MariaDB of their
+# own in namespaces; ISC dhcpd has no configuration here): masked, so that the container's two boots do not start
+# them beside the units under test.
+for unit in mariadb.service etcd.service isc-dhcp-server.service isc-dhcp-server6.service; do
+  ln -sfn /dev/null "$root/etc/systemd/system/$unit"
+done
 cat >"$root/etc/systemd/system/dnsmasq.service" <<'U'
 # scripts/systemd-check.sh: the PXE host's DHCP server (dnsmasq-base), under the name Debian's dnsmasq package uses,
 # so that the guard's RequiredBy=dnsmasq.service and the agent's Before=dnsmasq.service apply to it.

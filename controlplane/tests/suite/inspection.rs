@@ -499,6 +499,59 @@ async fn ironics_own_inspection_allows_its_ports_while_it_lasts() {
     assert!(s.allow_reasons(MAC1).await.is_empty());
 }
 
+/// A node's ports are read when Ironic starts inspecting it, then again once `[sync] ironic_inspection_ports_secs`
+/// has passed, not at every poll; a port added meanwhile is allowed after that refresh, and a node that leaves
+/// `inspect wait` loses its allows at the next poll whatever its ports' age. (Before, every poll read the ports of
+/// every inspected node: with thirty nodes and a 300 ms poll, a hundred port lists a second.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ironics_own_inspection_reads_a_nodes_ports_once_per_refresh() {
+    const MAC2: &str = "52:54:00:aa:00:02";
+    let s = site("own-ports", |c| {
+        c.sync.ironic_inspection = true;
+        c.sync.ironic_inspection_period_ms = 100;
+        c.sync.ironic_inspection_ports_secs = 3;
+        c.sync.ironic_sync_secs = 0;
+    })
+    .await;
+    let allowed = |mac: &'static str| {
+        let s = &s;
+        async move { s.allow_reasons(mac).await.contains(&"ironic-inspection".to_string()) }
+    };
+    let port_reads = || s.calls(&format!("node_uuid={N1}"));
+    s.ironic.set_provision_state(N1, "inspect wait").unwrap();
+    let t = Instant::now();
+    while !allowed(MAC1).await {
+        assert!(t.elapsed() < Duration::from_secs(30), "the node's port was never allowed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A port added during the inspection: allowed once the node's ports are read again.
+    s.ironic.add_port(Port { address: MAC2.into(), node_uuid: N1.into(), ..Default::default() }).unwrap();
+    let t = Instant::now();
+    while !allowed(MAC2).await {
+        assert!(t.elapsed() < Duration::from_secs(30), "the port added during the inspection was never allowed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reads = port_reads();
+    assert!(reads.len() >= 2, "read again: {reads:?}");
+    for pair in reads.windows(2) {
+        // Each read starts at least 3 s after the one before; 2 s here for the first request's own way to Ironic.
+        let gap = pair[1].at.duration_since(pair[0].at).unwrap_or_default();
+        assert!(gap >= Duration::from_secs(2), "ports read again {gap:?} after the last read: {reads:?}");
+        // ... while the nodes were listed at every poll in between.
+        let polls = s.calls("/v1/nodes?").iter().filter(|c| c.seq > pair[0].seq && c.seq < pair[1].seq).count();
+        assert!(polls >= 2, "{polls} polls between two reads of the ports");
+    }
+    // Out of `inspect wait`: both allows go at the next poll, with no read of the ports.
+    let reads = port_reads().len();
+    s.ironic.set_provision_state(N1, "manageable").unwrap();
+    let t = Instant::now();
+    while allowed(MAC1).await || allowed(MAC2).await {
+        assert!(t.elapsed() < Duration::from_secs(30), "the allows stayed after the inspection");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(port_reads().len(), reads, "no port read for a node that left the inspected states");
+}
+
 /// Ironic unreachable for longer than `[sync] ironic_inspection_unreachable_secs`: the allows of the nodes it was
 /// inspecting go (nobody can confirm them), and come back once it answers again and still inspects them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

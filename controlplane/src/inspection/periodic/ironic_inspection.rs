@@ -6,8 +6,14 @@
 //! Ironic's list filter is not trusted alone: every node is re-checked here (the client re-checks the provision
 //! state; this task the inspect interface and maintenance). With `while-inspecting`, this task also publishes the
 //! effective unknown-MAC policy; when Ironic cannot be asked, only ironguard's own inspections count (closed).
+//!
+//! What each poll asks Ironic: the nodes in those states (one list per state), every period. A node's ports are
+//! read when it starts being inspected and again once `[sync] ironic_inspection_ports_secs` has passed, not at
+//! every poll: with thirty nodes in `inspect wait` a poll every 300 ms was a hundred port lists a second. A node
+//! that leaves the inspected states loses its allows at the next poll, whatever its ports' age; one that comes back
+//! has its ports read again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,12 +41,20 @@ pub(super) struct IronicInspections {
     allow: ReasonMirror,
     /// When Ironic last answered the poll (the task's creation before the first answer).
     answered: Mutex<Instant>,
+    /// The allowable MACs of each node being inspected, and when its ports were read.
+    ports: Mutex<HashMap<String, NodePorts>>,
+}
+
+#[derive(Debug)]
+struct NodePorts {
+    read: Instant,
+    macs: BTreeSet<MacAddr>,
 }
 
 impl IronicInspections {
     pub(super) fn new(engine: Arc<Engine>, ironic: Arc<Ironic>, sync: SyncConfig, policy: PolicySetting) -> Self {
         let allow = ReasonMirror::new(Side::Allow, IRONIC_INSPECTION);
-        Self { engine, ironic, sync, policy, allow, answered: Mutex::new(Instant::now()) }
+        Self { engine, ironic, sync, policy, allow, answered: Mutex::new(Instant::now()), ports: Mutex::default() }
     }
 
     /// Whether a listed node is one whose ports this task allows.
@@ -62,22 +76,25 @@ impl IronicInspections {
     }
 
     async fn allow_ports(&self, nodes: &[Node], fence: &Fence) -> anyhow::Result<()> {
-        let mut macs = BTreeSet::new();
-        for n in nodes {
-            for p in self.ironic.list_ports_detail(&n.uuid).await? {
-                let address = p["address"].as_str().unwrap_or_default();
-                match address.parse::<MacAddr>() {
-                    // A port ironguard's processing created without evidence that the machine owns it.
-                    Ok(m) if p["extra"].get(crate::inspection::process::UNVERIFIED).is_some() => {
-                        debug!(node = %n.uuid, address = %m, "unverified port (extra.ironguard_unverified): not allowed");
-                    }
-                    Ok(m) => {
-                        macs.insert(m);
-                    }
-                    Err(e) => warn!(node = %n.uuid, address = %address, "port address ironguard cannot use: {e}"),
-                }
-            }
+        let refresh = Duration::from_secs(self.sync.ironic_inspection_ports_secs);
+        let due: Vec<&str> = {
+            let mut cached = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+            cached.retain(|uuid, _| nodes.iter().any(|n| &n.uuid == uuid));
+            nodes
+                .iter()
+                .filter(|n| cached.get(&n.uuid).is_none_or(|c| c.read.elapsed() >= refresh))
+                .map(|n| n.uuid.as_str())
+                .collect()
+        };
+        for uuid in due {
+            let read = Instant::now();
+            let macs = self.node_macs(uuid).await?;
+            self.ports.lock().unwrap_or_else(|e| e.into_inner()).insert(uuid.to_string(), NodePorts { read, macs });
         }
+        let macs: BTreeSet<MacAddr> = {
+            let cached = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+            nodes.iter().filter_map(|n| cached.get(&n.uuid)).flat_map(|c| c.macs.iter().copied()).collect()
+        };
         let synced = self.allow.sync(&self.engine, macs, None, fence).await?;
         if synced.changed > 0 {
             info!(
@@ -88,6 +105,25 @@ impl IronicInspections {
             );
         }
         Ok(())
+    }
+
+    /// The MACs of `uuid`'s ports that may be allowed: every port but those ironguard's processing created without
+    /// evidence that the machine owns them.
+    async fn node_macs(&self, uuid: &str) -> anyhow::Result<BTreeSet<MacAddr>> {
+        let mut macs = BTreeSet::new();
+        for p in self.ironic.list_ports_detail(uuid).await? {
+            let address = p["address"].as_str().unwrap_or_default();
+            match address.parse::<MacAddr>() {
+                Ok(m) if p["extra"].get(crate::inspection::process::UNVERIFIED).is_some() => {
+                    debug!(node = %uuid, address = %m, "unverified port (extra.ironguard_unverified): not allowed");
+                }
+                Ok(m) => {
+                    macs.insert(m);
+                }
+                Err(e) => warn!(node = %uuid, address = %address, "port address ironguard cannot use: {e}"),
+            }
+        }
+        Ok(macs)
     }
 
     /// Ironic did not answer: once that has lasted `ironic_inspection_unreachable_secs`, the allows go.

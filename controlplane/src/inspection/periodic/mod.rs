@@ -65,8 +65,12 @@ pub struct SyncConfig {
     /// Also allow nodes Ironic inspects while they are in maintenance (by default they get no DHCP: an operator
     /// who puts a node in maintenance wants it left alone).
     pub ironic_inspection_maintenance: bool,
-    /// Period of that (cheap) poll, milliseconds.
+    /// Period of that poll (a list of the nodes in `inspect wait` and `inspecting`), milliseconds.
     pub ironic_inspection_period_ms: u64,
+    /// A node's ports are read when Ironic starts inspecting it and again once this many seconds have passed (not
+    /// at every poll): a port added to or removed from a node during its inspection counts within this long. 0
+    /// reads them at every poll.
+    pub ironic_inspection_ports_secs: u64,
     /// Once Ironic has not answered that poll for this long (seconds), the `ironic-inspection` allows are dropped
     /// (DHCP closes for those nodes) until it answers again: an allow nobody can confirm does not stay open for a
     /// whole outage. 0 keeps them for ever.
@@ -103,6 +107,7 @@ impl Default for SyncConfig {
             ironic_inspect_interfaces: vec!["agent".into()],
             ironic_inspection_maintenance: false,
             ironic_inspection_period_ms: 2000,
+            ironic_inspection_ports_secs: 10,
             ironic_inspection_unreachable_secs: 300,
             auto_discovery: false,
             timeout_check_secs: 60,
