@@ -56,7 +56,7 @@ pub use model::{
     UnknownMacPolicy,
 };
 pub use observe::{
-    MacDecision, MacInputs, MacSeen, Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Seen, Verdict,
-    decide, dhcp_seen, leader_rules_present, observe, set_members,
+    MacDecision, MacInputs, MacSeen, Observed, ObservedChain, ObservedRule, ObservedSet, ObservedTable, Seen,
+    ServingReader, Verdict, decide, dhcp_seen, leader_rules_present, observe, set_members,
 };
 pub use ruleset::{GUARD_TABLE, LEASE_SET, OWNED_TABLE};

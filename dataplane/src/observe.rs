@@ -512,15 +512,51 @@ impl Tries {
 
 /// Whether this host's table currently lets DHCP through for someone: the whitelist's marking rules or the pass
 /// rule are present (Leader) *and* the kernel lease is live (an unexpired element in the lease set). Two small
-/// dumps of the agent's table: cheap enough to sample every few milliseconds. No table: nothing can be open.
+/// dumps of the agent's table. No table: nothing can be open. To read it again and again, [`ServingReader`].
 pub fn leader_rules_present() -> Result<bool, NftError> {
-    let sock = DumpSocket::open()?;
-    for side in Side::ALL {
-        if side_open(&sock, side.nfproto())? {
-            return Ok(true);
-        }
+    ServingReader::open()?.serving()
+}
+
+/// [`leader_rules_present`] read again and again on one socket (the end-to-end tests sample every PXE host's
+/// kernel every few milliseconds). The rules change only in a transaction, which moves the ruleset's generation;
+/// the lease element also ends on its own, with no transaction. So a read asks the generation first and dumps the
+/// rules again only when it moved; the lease set is dumped at every read of a host whose rules mark packets. A host
+/// that is not leading costs one small request a read.
+#[derive(Debug)]
+pub struct ServingReader {
+    sock: DumpSocket,
+    /// The generation the rules were last dumped at, and for each side whether they mark packets.
+    rules: Option<(u32, [bool; 2])>,
+}
+
+impl ServingReader {
+    pub fn open() -> Result<Self, NftError> {
+        Ok(Self { sock: DumpSocket::open()?, rules: None })
     }
-    Ok(false)
+
+    /// One read, as [`leader_rules_present`]. [`NftError::Unstable`] when the ruleset changed during a dump.
+    pub fn serving(&mut self) -> Result<bool, NftError> {
+        let generation = self.sock.generation()?;
+        let marks = match self.rules {
+            Some((g, marks)) if g == generation => marks,
+            _ => {
+                let mut marks = [false; 2];
+                for (mark, side) in marks.iter_mut().zip(Side::ALL) {
+                    *mark = rules_mark(&self.sock, side.nfproto())?;
+                }
+                // A transaction between the generation's read and the dumps may show in them: they are kept only
+                // when the generation did not move meanwhile (otherwise the next read dumps again).
+                self.rules = (self.sock.generation()? == generation).then_some((generation, marks));
+                marks
+            }
+        };
+        for (mark, side) in marks.into_iter().zip(Side::ALL) {
+            if mark && lease_live(&self.sock, side.nfproto())? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
 }
 
 /// What the probe rules of the agent's tables counted (both families; a family without the table counts 0):
@@ -564,25 +600,26 @@ fn probe_counts_once(sock: &DumpSocket, probe: MacAddr) -> Result<Option<ProbeCo
     Ok(Some(ProbeCounts { discovers, offers }))
 }
 
-/// [`leader_rules_present`] for the agent's table of one family.
-fn side_open(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
-    let mut open = false;
+/// Whether the agent's table of one family has a whitelist or blacklist rule that marks packets (Leader).
+fn rules_mark(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
+    let mut marks = false;
     let d = sock.dump(NFT_MSG_GETRULE, family, &[(1, OWNED_TABLE)], &mut |m| {
         let (table, chain, r) = decode_rule(m)?;
         if table == OWNED_TABLE && (chain == "whitelist" || chain == "blacklist") && rule::marks(&r.statements) {
-            open = true;
+            marks = true;
         }
         Ok(())
     });
     match d {
-        Ok(Dumped::Complete) => {}
-        Ok(Dumped::Interrupted) => return Err(NftError::Unstable(1)),
-        Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => return Ok(false),
-        Err(e) => return Err(e),
+        Ok(Dumped::Complete) => Ok(marks),
+        Ok(Dumped::Interrupted) => Err(NftError::Unstable(1)),
+        Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => Ok(false),
+        Err(e) => Err(e),
     }
-    if !open {
-        return Ok(false);
-    }
+}
+
+/// Whether the lease set of the agent's table of one family holds an unexpired element.
+fn lease_live(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
     let mut live = 0usize;
     let d = sock.dump(NFT_MSG_GETSETELEM, family, &[(1, OWNED_TABLE), (2, LEASE_SET)], &mut |m| {
         for a in m.nft_attrs()? {
@@ -596,7 +633,7 @@ fn side_open(sock: &DumpSocket, family: u8) -> Result<bool, NftError> {
     match d {
         Ok(Dumped::Complete) => Ok(live > 0),
         Ok(Dumped::Interrupted) => Err(NftError::Unstable(1)),
-        // The table went away between the two dumps: closed.
+        // The table went away since the rules were read: closed.
         Err(NftError::Query { errno: nix::errno::Errno::ENOENT, .. }) => Ok(false),
         Err(e) => Err(e),
     }

@@ -614,11 +614,12 @@ impl Watcher {
             threads.push(std::thread::spawn(move || {
                 let f = std::fs::File::open(&path).expect("netns");
                 nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                let mut reader = ironguard_dataplane::ServingReader::open().expect("a netlink socket in the namespace");
                 let mut samples = Vec::new();
                 let mut errors = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let t0 = Instant::now();
-                    match ironguard_dataplane::leader_rules_present() {
+                    match reader.serving() {
                         Ok(open) => {
                             samples.push((t0, Instant::now(), open));
                             let mut p = seen.lock().expect("watcher progress");

@@ -1052,8 +1052,8 @@ pub struct ServingSample {
     pub serving: bool,
 }
 
-/// Reads [`ironguard_dataplane::leader_rules_present`] in `ns` about every millisecond until stopped. A read error
-/// fails the test (it is never taken for "closed").
+/// Reads whether `ns` serves ([`ironguard_dataplane::ServingReader`]) about every millisecond until stopped. A read
+/// error fails the test (it is never taken for "closed"); a read the ruleset changed under is made again.
 #[derive(Debug)]
 pub struct ServingSampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -1070,10 +1070,15 @@ impl ServingSampler {
         let handle = thread::spawn(move || {
             let f = File::open(&path).expect("open netns");
             nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            let mut reader = ironguard_dataplane::ServingReader::open().expect("a netlink socket in the namespace");
             let mut out = Vec::new();
             while !flag.load(Ordering::Relaxed) {
                 let before = Instant::now();
-                let serving = ironguard_dataplane::leader_rules_present().expect("reading the kernel's state failed");
+                let serving = match reader.serving() {
+                    // The ruleset changed during the read: read again at once (no sample, not "closed").
+                    Err(ironguard_dataplane::NftError::Unstable(_)) => continue,
+                    r => r.expect("reading the kernel's state failed"),
+                };
                 out.push(ServingSample { before, after: Instant::now(), serving });
                 *seen.lock().expect("sampler progress") = Some(before);
                 thread::sleep(Duration::from_millis(1));

@@ -523,8 +523,12 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
     let (until, samples, verdict_after, dropped) = in_netns(&lan.pxe, || {
         let mut dp = KernelDataplane::open().unwrap();
         let cfg = RulesetConfig { interfaces: vec!["br0".into()], ..Default::default() };
-        dp.apply(&DesiredState { config: cfg, mode: Mode::Leader, ..Default::default() }).unwrap();
+        dp.apply(&DesiredState { config: cfg.clone(), mode: Mode::Leader, ..Default::default() }).unwrap();
         assert!(!ironguard_dataplane::leader_rules_present().unwrap(), "leader rules without a lease serve nobody");
+        // The samplers' reader: one socket, the rules dumped again only when the ruleset's generation moved. The
+        // lease's end below moves no generation: the reader must see it all the same.
+        let mut reader = ironguard_dataplane::ServingReader::open().unwrap();
+        assert!(!reader.serving().unwrap(), "the reader: no lease, nobody served");
         assert_eq!(ironguard_dataplane::observe(false).unwrap().verdict(), ironguard_dataplane::Verdict::Fenced);
         // A long lease first: the rules serve while it is live (no race with its end here). On a starved machine a
         // write that reaches the kernel late more than LEASE_REWRITES times in a row is dropped (the agent then
@@ -535,6 +539,7 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
         })
         .expect("a lease is written");
         assert!(ironguard_dataplane::leader_rules_present().unwrap(), "a live lease serves");
+        assert!(reader.serving().unwrap(), "the reader: a live lease serves");
         // Then one that ends soon, and nothing from this process until well after its end.
         let until = wait_for(DEADLINE, || {
             let until = Instant::now() + Duration::from_millis(600);
@@ -546,7 +551,7 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
         let deadline = Instant::now() + DEADLINE;
         loop {
             let before = Instant::now();
-            let serving = ironguard_dataplane::leader_rules_present().unwrap();
+            let serving = reader.serving().unwrap();
             samples.push((before, Instant::now(), serving));
             // Reads go on until one that began a while after the end saw it closed.
             if (!serving && before > until + Duration::from_millis(200)) || before > deadline {
@@ -562,9 +567,25 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
             ironguard_dataplane::leader_rules_present().unwrap().then_some(())
         });
         assert!(again.is_some(), "refreshed: serving again");
+        assert!(reader.serving().unwrap(), "the reader: refreshed, serving again");
+        // Follower rules under a live lease (a transaction: the generation moves): nobody is served.
+        dp.apply(&DesiredState { config: cfg.clone(), mode: Mode::Follower, ..Default::default() }).unwrap();
+        wait_for(DEADLINE, || {
+            dp.refresh_lease(Some(Instant::now() + Duration::from_secs(10))).unwrap();
+            dp.lease_until().map(|_| ())
+        })
+        .expect("a lease is written under follower rules");
+        let follower_closed = !reader.serving().unwrap() && !ironguard_dataplane::leader_rules_present().unwrap();
+        // Leader rules again (the generation moves again): served once more.
+        dp.apply(&DesiredState { config: cfg, mode: Mode::Leader, ..Default::default() }).unwrap();
+        let leading_again = wait_for(DEADLINE, || {
+            dp.refresh_lease(Some(Instant::now() + Duration::from_secs(10))).unwrap();
+            reader.serving().unwrap().then_some(())
+        });
+        assert!(leading_again.is_some(), "the reader: leader rules again, serving");
         dp.refresh_lease(None).unwrap();
-        let dropped = !ironguard_dataplane::leader_rules_present().unwrap();
-        (until, samples, verdict_after, dropped)
+        let dropped = !ironguard_dataplane::leader_rules_present().unwrap() && !reader.serving().unwrap();
+        (until, samples, verdict_after, dropped && follower_closed)
     });
     // The kernel counts in ticks (4 ms at HZ 250), and the lease's timeout is computed just before it is written (a
     // write more than LEASE_APPLY_SLACK late is written again): its end is the deadline within a few milliseconds.
@@ -575,7 +596,7 @@ fn the_kernel_stops_serving_when_the_lease_ends() {
     assert_eq!(closed_early, 0, "no read that ended before the lease's end saw it closed");
     assert!(samples.last().is_some_and(|s| !s.2), "the lease ended: {} reads, none closed", samples.len());
     assert_eq!(verdict_after, ironguard_dataplane::Verdict::Fenced);
-    assert!(dropped, "dropping the lease closes at once");
+    assert!(dropped, "follower rules under a live lease serve nobody, and dropping the lease closes at once");
     assert!(no_dhcp(&lan.pxe, &lan.nodes[0], "eth0", mac(UNKNOWN)).is_none(), "nobody is served after the lease's end");
 }
 
