@@ -43,6 +43,7 @@ pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -246,6 +247,13 @@ pub async fn serve(config: &ControlPlaneConfig) -> anyhow::Result<Server> {
 impl Server {
     /// Serves gRPC (with health and reflection) and the admin endpoint until `shutdown` resolves.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        // The server itself is not generic: compiled once in this crate, not again for each caller's kind of
+        // shutdown future (a copy of the whole server per test made the integration tests' build the workspace's
+        // longest).
+        self.run_until(Box::pin(shutdown)).await
+    }
+
+    async fn run_until(self, shutdown: Pin<Box<dyn Future<Output = ()> + Send>>) -> anyhow::Result<()> {
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter.set_serving::<PxeFilterServer<PxeFilterService>>().await;
         let reflection = tonic_reflection::server::Builder::configure()
