@@ -24,8 +24,10 @@ source scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== building ironguard"
-# The product's binaries (the packages of scripts/package.sh); the test tools and benchmarks are not needed here.
-cargo build --locked --bins -p ironguard-agent -p ironguard-controlplane -p ironguardctl -p ironguard-gen-docs
+# The workspace's binaries but the benchmark's and the fake Ironic's, which the demo does not need. (The whole
+# workspace, not `-p` of the product's packages: cargo then resolves the crates' features as the test build does, so
+# a checkout that ran the tests reuses their build.)
+cargo build --locked --workspace --bins --exclude ironguard-bench --exclude fake-ironic
 BIN=$PWD/target/debug
 echo "== the real Ironic 39 and OpenStack clients (a cached Python environment; made once, about a minute)"
 VENV=$(scripts/ironic-venv.sh)
