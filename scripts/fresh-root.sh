@@ -13,10 +13,11 @@
 # does), and why that proves the same: pure Rust crates compiled by the same rustc give the same output on any
 # distribution, so they are taken from an overlay of this machine's target/debug. Everything that touches the
 # system is done again in the root:
-#   - every crate whose build runs a system tool (a C compiler, libclang through bindgen, protoc: found from
-#     `cargo metadata`, e.g. ring, rustables, etcd-client, ironguard-proto) is cleaned, so that the test command's
-#     build runs its build script from scratch, and a missing -dev package or compiler fails here;
-#   - every binary of the workspace is compiled and linked again in the root (its C library, its linker);
+#   - every crate whose build runs a system tool beyond the C compiler (libclang through bindgen, protoc: found
+#     from `cargo metadata`, e.g. rustables, etcd-client, ironguard-proto) is cleaned, so that the test command's
+#     build runs its build script from scratch, and a missing -dev package or tool fails here;
+#   - every binary of the workspace is compiled and linked again in the root (its C compiler driver, its C
+#     library's development files: what a crate that compiles C with the `cc` crate, like ring, needs too);
 #   - the Python environment of the real Ironic is made in the root (pip's download cache is shared).
 # The checkout is copied (as a clean clone would hold it) to the same absolute path in the root as here, so the
 # build's fingerprints match; the Rust toolchain (~/.rustup, ~/.cargo/bin, read-only) and cargo's download cache
@@ -144,13 +145,17 @@ export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin
 cd "$SRC"
 source scripts/cargo-env.sh
 t=$(date +%s)
-# The crates whose build runs a system tool: their artifacts are removed, so that the build of the test command below
-# runs their build scripts from scratch here (the C compiler, bindgen with libclang, protoc) and compiles and links
-# everything that depends on them again. (A separate `cargo build -p` of them resolved other features than the
-# workspace and rebuilt 57 crates for nothing: 338 s beside the tests.)
+# The crates whose build runs a system tool beyond the C compiler: their artifacts are removed, so that the build of
+# the test command below runs their build scripts from scratch here (bindgen with libclang and the kernel's headers,
+# protoc with the well-known types of libprotobuf-dev) and compiles and links everything that depends on them again.
+# The C compiler needs no crate of its own: every binary of the workspace is linked here by `cc` (gcc, the C
+# library's development files), which is all that a crate built with the `cc` crate alone (ring) asks of the system;
+# rebuilding ring too rebuilt rustls, tonic, reqwest and what depends on them (22 crates instead of 11: a root's
+# build took 120 CPU-seconds instead of 97, measured on 2026-12-07), for nothing more: gcc brings binutils and cpp. (A separate `cargo build -p` of these crates resolved other features than the workspace and
+# rebuilt 57 crates for nothing: 338 s beside the tests.)
 native=$(cargo metadata --locked --format-version 1 | jq -r '"'"'
   .packages[] | select(any(.dependencies[]; .kind == "build" and (.optional | not) and
-    (.name | IN("cc", "bindgen", "prost-build", "tonic-prost-build", "tonic-build", "pkg-config", "cmake"))))
+    (.name | IN("bindgen", "prost-build", "tonic-prost-build", "tonic-build", "pkg-config", "cmake"))))
   | .name'"'"' | sort -u)
 [ -n "$native" ] || { echo "fresh-root: found no crate with a native build step" >&2; exit 1; }
 members=$(cargo metadata --locked --no-deps --format-version 1 | jq -r '"'"'.packages[].name'"'"')
