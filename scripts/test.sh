@@ -276,7 +276,7 @@ await_stage venv
 rm -f "$PHASE_GATE"
 if [ "$fresh_root" = 1 ]; then
   side_idle 1
-  bg_stage guest "$kernels under qemu (two boots each, two at a time, after the tests): ipset backend, egress before Linux 6.16, observation sets" \
+  bg_stage guest "$kernels under qemu (one boot each, side by side, after the tests): ipset backend, observation sets, egress before Linux 6.16" \
     bash -c 'until [ -f "$1" ]; do sleep 1; done
       exec cargo nextest run --profile ci-qemu --workspace --locked -E "$2"' guest "$PHASE_GATE" "$guests"
   # A fresh root's run needs its bootstrap and this build. Its own build goes on beside the tests; its demo, packages

@@ -1,8 +1,9 @@
 //! What this machine's kernel cannot show, in stock Debian 12 (6.1) and Debian 13 (6.12) kernels booted with qemu
 //! (`scripts/guest-kernel.sh`; the guest mounts this machine's root read-only and runs a script from
-//! `tests/netns/scripts/` with the workspace's binaries). Two boots per kernel: the ipset backend and the
-//! observation sets one after another in one (`kernel_guest.sh`, each part in PID and mount namespaces of its own),
-//! the egress dataplane in the other, about as long; the guests run two at a time.
+//! `tests/netns/scripts/` with the workspace's binaries). One boot per kernel: the ipset backend, the observation
+//! sets and the egress dataplane one after another (`kernel_guest.sh`, each part in PID and mount namespaces of its
+//! own); the two kernels' guests run side by side. (A boot costs the emulated CPU about 12 s before the first check:
+//! two boots per kernel cost two more of them.)
 //!
 //! * The ipset backend (`ipset_guest.sh`): this machine's kernel has no `hash:mac` set type
 //!   (CONFIG_IP_SET_HASH_MAC is not set). Real x_tables and ipset, iptables-legacy, dnsmasq, a DHCP relay, udhcpc,
@@ -114,42 +115,30 @@ fn parts_in(kernel: GuestKernel, parts: &[(&str, &[&str])]) {
     }
 }
 
-/// The ipset backend's dataplane tests (allow, deny and unknown with real clients, relayed DHCP, leader, follower,
-/// policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent with a control plane, tampering repaired) in a stock Debian 12
-/// kernel (6.1), which has `hash:mac`; then, in the same boot, the observation sets: a leader's table with them
-/// loads, and a real dnsmasq and udhcpc leave an allowed MAC in all three sets and a denied one in `seen_requests`
-/// only.
+/// In a stock Debian 12 kernel (6.1), one boot:
+/// * the ipset backend's dataplane tests (allow, deny and unknown with real clients, relayed DHCP, leader, follower,
+///   policy allow, SIGTERM, SIGKILL, SIGSTOP, the agent with a control plane, tampering repaired): 6.1 has `hash:mac`;
+/// * the observation sets: a leader's table with them loads, and a real dnsmasq and udhcpc leave an allowed MAC in
+///   all three sets and a denied one in `seen_requests` only;
+/// * the egress dataplane: allow, deny and unknown with a real AF_PACKET server under a leader, SIGTERM, SIGKILL and
+///   SIGSTOP (the kernel lease; follower, blocked and policy allow write the same rules and are tested on this
+///   machine's kernel), and a bridge rebuilt under a leading agent, in Linux 6.1: one of two egress interfaces (the
+///   kernel unbinds it), and the only one (the kernel deletes both base chains; the agent stays closed, retries with
+///   back-off without repeating its error, and builds them again when the interface is back).
 #[test]
-fn the_ipset_backend_and_the_observation_sets_in_a_debian_6_1_kernel() {
-    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
-    parts_in(GuestKernel::Debian12, &[("ipset", IPSET_CHECKS), ("seen", SEEN_CHECKS)]);
+fn the_ipset_backend_observation_sets_and_egress_in_a_debian_6_1_kernel() {
+    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables"), ("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
+    let egress = [EGRESS_CHECKS, &["single-retries-back-off"]].concat();
+    parts_in(GuestKernel::Debian12, &[("ipset", IPSET_CHECKS), ("seen", SEEN_CHECKS), ("egress", &egress)]);
 }
 
-/// Allow, deny and unknown with a real AF_PACKET server under a leader, SIGTERM, SIGKILL and SIGSTOP (the kernel
-/// lease; follower, blocked and policy allow write the same rules and are tested on this machine's kernel), and a
-/// bridge rebuilt under a leading agent, in Linux 6.1: one of two egress interfaces (the kernel unbinds it), and the
-/// only one (the kernel deletes both base chains; the agent stays closed, retries with back-off without repeating
-/// its error, and builds them again when the interface is back).
+/// The same in Debian 13's kernel (6.12, the kernel a new site most likely runs). 6.12 is also before Linux 6.16, so
+/// the egress chains must be bound again when the bridge is recreated; it keeps a netdev base chain whose last device
+/// is gone (bound to none; 6.1 deletes it): nothing fails while the bridge is away, so the agent must not retry at
+/// all.
 #[test]
-fn the_egress_dataplane_in_a_debian_6_1_kernel() {
-    require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
-    let checks = [EGRESS_CHECKS, &["single-retries-back-off"]].concat();
-    parts_in(GuestKernel::Debian12, &[("egress", &checks)]);
-}
-
-/// The same in Debian 13's kernel (6.12, the kernel a new site most likely runs).
-#[test]
-fn the_ipset_backend_and_the_observation_sets_in_a_debian_6_12_kernel() {
-    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables")]);
-    parts_in(GuestKernel::Debian13, &[("ipset", IPSET_CHECKS), ("seen", SEEN_CHECKS)]);
-}
-
-/// 6.12 is also before Linux 6.16, so the egress chains must be bound again when the bridge is recreated; it keeps a
-/// netdev base chain whose last device is gone (bound to none; 6.1 deletes it): nothing fails while the bridge is
-/// away, so the agent must not retry at all.
-#[test]
-fn the_egress_dataplane_in_a_debian_6_12_kernel() {
-    require_tools(&[("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
-    let checks = [EGRESS_CHECKS, &["single-chains-kept-no-retries"]].concat();
-    parts_in(GuestKernel::Debian13, &[("egress", &checks)]);
+fn the_ipset_backend_observation_sets_and_egress_in_a_debian_6_12_kernel() {
+    require_tools(&[("ipset", "ipset"), ("iptables-legacy", "iptables"), ("dhcpd", "isc-dhcp-server"), ("jq", "jq")]);
+    let egress = [EGRESS_CHECKS, &["single-chains-kept-no-retries"]].concat();
+    parts_in(GuestKernel::Debian13, &[("ipset", IPSET_CHECKS), ("seen", SEEN_CHECKS), ("egress", &egress)]);
 }
