@@ -516,6 +516,7 @@ pub(crate) fn sample_json() -> Value {
         dual_open: Duration::ZERO,
         ironic_requests: 120.0,
         ironic_failovers: 0.0,
+        ironic_failovers_ever: 0.0,
         wall: Duration::from_secs(20),
     };
     let round = |fault, extra_ms| Round { report: report(fault, extra_ms), violations: Vec::new() };

@@ -159,6 +159,9 @@ pub struct RoundReport {
     /// Requests the control planes sent Ironic during the round, and their moves to another Ironic API.
     pub ironic_requests: f64,
     pub ironic_failovers: f64,
+    /// The control planes' moves to another Ironic API since they started, before the round too (a slow answer of
+    /// an API under load moves them as a dead one does).
+    pub ironic_failovers_ever: f64,
     pub wall: Duration,
 }
 
@@ -843,6 +846,7 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
         dual_open: dual,
         ironic_requests: cp_total(site_ref, "ironguard_controlplane_ironic_requests_total") - requests0,
         ironic_failovers: cp_total(site_ref, "ironguard_controlplane_ironic_failovers_total") - failovers0,
+        ironic_failovers_ever: cp_total(site_ref, "ironguard_controlplane_ironic_failovers_total"),
         wall: t_round.elapsed(),
     }
 }

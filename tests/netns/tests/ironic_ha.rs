@@ -86,8 +86,9 @@ fn thirty_nodes_inspected_at_once_through_a_leader_host_death_and_a_conductor_re
                 assert!(report.failover_gap.is_some(), "another host served after the leader host died");
                 let dead = report.fault_host.expect("the host killed");
                 if dead == 0 {
-                    // Host 0's API is the control planes' `[ironic] url`: they moved to the next.
-                    assert!(report.ironic_failovers > 0.0, "the control planes moved off the dead host's API");
+                    // Host 0's API is the control planes' `[ironic] url`: they moved to the next, at its death or
+                    // before (an answer slower than their timeout during the setup moves them too, T45).
+                    assert!(report.ironic_failovers_ever > 0.0, "the control planes moved off the dead host's API");
                 }
             }
             SiteFault::ConductorRestarts => assert!(report.restart_took.is_some()),
