@@ -17,7 +17,9 @@
 #     from `cargo metadata`, e.g. rustables, etcd-client, ironguard-proto) is cleaned, so that the test command's
 #     build runs its build script from scratch, and a missing -dev package or tool fails here;
 #   - every binary of the workspace is compiled and linked again in the root (its C compiler driver, its C
-#     library's development files: what a crate that compiles C with the `cc` crate, like ring, needs too);
+#     library's development files: what a crate that compiles C with the `cc` crate, like ring, needs too),
+#     without clippy's lints (IRONGUARD_LINTS=0: they depend on the code and the toolchain only, and the test
+#     command has run them on this machine);
 #   - the Python environment of the real Ironic is made in the root (pip's download cache is shared).
 # The checkout is copied (as a clean clone would hold it) to the same absolute path in the root as here, so the
 # build's fingerprints match; the Rust toolchain (~/.rustup, ~/.cargo/bin, read-only) and cargo's download cache
@@ -143,16 +145,19 @@ echo "== [fresh root] the README's commands ($suite)"
 in_root 'set -euo pipefail
 export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 cd "$SRC"
+# Without clippy: the test command on this machine has linted this checkout with the same toolchain (cargo-env.sh).
+export IRONGUARD_LINTS=0
 source scripts/cargo-env.sh
 t=$(date +%s)
 # The crates whose build runs a system tool beyond the C compiler: their artifacts are removed, so that the build of
-# the test command below runs their build scripts from scratch here (bindgen with libclang and the kernel's headers,
+# the test command below runs their build scripts from scratch here (bindgen with libclang and the kernel headers,
 # protoc with the well-known types of libprotobuf-dev) and compiles and links everything that depends on them again.
 # The C compiler needs no crate of its own: every binary of the workspace is linked here by `cc` (gcc, the C
-# library's development files), which is all that a crate built with the `cc` crate alone (ring) asks of the system;
-# rebuilding ring too rebuilt rustls, tonic, reqwest and what depends on them (22 crates instead of 11: a root's
-# build took 120 CPU-seconds instead of 97, measured on 2026-12-07), for nothing more: gcc brings binutils and cpp. (A separate `cargo build -p` of these crates resolved other features than the workspace and
-# rebuilt 57 crates for nothing: 338 s beside the tests.)
+# library development files), which is all that a crate built with the `cc` crate alone (ring) asks of the system;
+# rebuilding ring too rebuilt rustls, tonic, reqwest and what depends on them (22 crates instead of 11: a root
+# build took 120 CPU-seconds instead of 97, measured on 2026-12-07), for nothing more: gcc brings binutils and cpp.
+# (A separate `cargo build -p` of these crates resolved other features than the workspace and rebuilt 57 crates for
+# nothing: 338 s beside the tests.) No apostrophe in this quoted script.
 native=$(cargo metadata --locked --format-version 1 | jq -r '"'"'
   .packages[] | select(any(.dependencies[]; .kind == "build" and (.optional | not) and
     (.name | IN("bindgen", "prost-build", "tonic-prost-build", "tonic-build", "pkg-config", "cmake"))))
@@ -184,6 +189,7 @@ in_root 'set -euo pipefail
 export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 cd "$SRC"
 # The build above, as the test command made it (the same cargo settings: the demo finds its binaries built).
+export IRONGUARD_LINTS=0
 source scripts/cargo-env.sh
 echo "== [fresh root] the demo"
 ./scripts/demo.sh
