@@ -29,8 +29,8 @@
 # Without a phase: both, in a temporary directory deleted at the end (kept with IRONGUARD_KEEP_ROOT=1).
 # `bootstrap DIR` makes the root and runs the install step (network and disk, little CPU: scripts/test.sh runs it
 # beside the build); `run DIR` does the rest. Everything runs in a private mount namespace, so no mount outlives it.
-# IRONGUARD_FRESH_WAIT=FILE (phase run): after the build, wait until FILE exists before the demo (scripts/test.sh
-# sets it to the file it writes when its own tests have ended).
+# IRONGUARD_FRESH_BUILT=FILE (phase run): written when the build is done, before the demo (scripts/test.sh starts
+# its tests when every root has built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
@@ -178,13 +178,10 @@ for b in $(cargo metadata --locked --no-deps --format-version 1 | jq -r '"'"'.pa
 done
 echo "== [fresh root] the test command: install step and build"
 ./scripts/test.sh --build-only'
-# The test command runs this beside its own tests, and has this root wait until they have ended before the demo (a
-# file to wait for in IRONGUARD_FRESH_WAIT): the demo runs Ironic and the daemons on their clocks, and must not be
-# starved by the tests, nor slow them down (scripts/test.sh, "How the stages share the CPU").
-if [ -n "${IRONGUARD_FRESH_WAIT:-}" ] && [ ! -e "$IRONGUARD_FRESH_WAIT" ]; then
-  echo "== [fresh root] built ($(($(date +%s) - t0)) s so far); the demo waits for the test command's tests to end"
-  until [ -e "$IRONGUARD_FRESH_WAIT" ]; do sleep 1; done
-fi
+# The test command starts its tests when this build is done (IRONGUARD_FRESH_BUILT): the demo, the packages and the
+# systemd check then run beside them (scripts/test.sh, "How the stages share the CPU").
+echo "== [fresh root] built ($(($(date +%s) - t0)) s so far)"
+[ -z "${IRONGUARD_FRESH_BUILT:-}" ] || touch "$IRONGUARD_FRESH_BUILT"
 in_root 'set -euo pipefail
 export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 cd "$SRC"

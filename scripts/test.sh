@@ -69,16 +69,18 @@ bg_stage() {
 }
 # How the stages share the CPU. From the build to the end the run is CPU-bound on 2 cores, and most of its work costs
 # CPU in proportion to its wall time (etcd, Ironic's conductors, the agents and the emulated guests tick while they
-# wait): a stage slowed by another costs more in all. Run side by side, the tests (alone 1.9 of the 2 cores) and the
-# background stages stretched each other and the tests starved; in phases, each goes at the speed it has alone:
+# wait): a stage slowed by another costs more in all. The stages that mostly wait on clocks (the qemu guests on DHCP
+# timeouts, a fresh root's demo on Ironic and DHCP, its systemd check on boots and restarts: about 0.3-0.5 of a core
+# each) must not be left for the end, where they ran on alone for 3-4 minutes with the CPU half idle; the compilers
+# must not run beside the tests (two fresh roots' builds on the CPU the tests left idle still cost the tests 90
+# CPU-seconds more, measured on 2026-12-07). So:
 #   1. the build, beside the fresh roots' bootstraps (apt, dpkg and pip: the disk and the network as much as the CPU);
-#   2. the tests with the machine to themselves; the background stages only on what they leave idle (their cgroup
-#      is SCHED_IDLE: cpu.idle), which the fresh roots' own builds may use (rustc has no clock to miss); what runs
-#      a clock there (a root's demo, the qemu guests) waits for the tests to end (PHASE_GATE);
-#   3. then the qemu guests, the rest of the fresh roots' runs and the benchmark smoke runs, with the whole machine.
-# This needs the cgroup-v1 cpu controller (as on the CI machines): the tests in the cgroup `main` of this run's, the
-# background stages in `side`, each in a cgroup of its own. Without it the fresh roots' runs wait for the tests'
-# end as a whole.
+#   2. the fresh roots' builds, with the machine to themselves but for the qemu guests, which start now;
+#   3. the tests, beside the guests and the rest of the fresh roots' runs (demo, packages, systemd check); then the
+#      benchmark smoke runs.
+# With the cgroup-v1 cpu controller (as on the CI machines) the tests run in the cgroup `main` of this run's, the
+# background stages in `side`, each in a cgroup of its own: with the same weight, neither can take more than half
+# of the machine from the other (the tests start dozens of processes; a guest is one).
 SIDE_GROUP=
 # side_stage ID PID: PID, the leader of background stage ID, and what it starts later, in the background stages'
 # cgroup, and out of the foreground stages' cpuacct group.
@@ -91,13 +93,13 @@ export -f side_stage
 cpu_groups_start() {
   local v1=/sys/fs/cgroup/cpu run
   run=$v1/ironguard-test-$$
-  if [ -w "$v1/cgroup.procs" ] && [ -f "$v1/cpu.idle" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
+  if [ -w "$v1/cgroup.procs" ] && mkdir -p "$run/main" "$run/side" 2>/dev/null &&
     echo $$ >"$run/main/cgroup.procs" 2>/dev/null && grep -q "ironguard-test-$$/main" /proc/$$/cgroup; then
     export SIDE_GROUP=$run/side
     stage "CPU shares: cpu cgroups under $run (the tests in main, the background stages in side)"
   else
     rmdir "$run/main" "$run/side" "$run" 2>/dev/null || true
-    stage "CPU shares: no cgroup-v1 cpu controller to use; the fresh roots' runs wait for the tests as a whole"
+    stage "CPU shares: no cgroup-v1 cpu controller to use; the stages share the CPU as the kernel shares it"
   fi
   local acct=/sys/fs/cgroup/cpuacct
   run=$acct/ironguard-test-$$
@@ -109,13 +111,6 @@ cpu_groups_start() {
     stage "CPU time of the foreground stages: no cgroup-v1 cpuacct controller; the table shows none"
   fi
 }
-# side_idle 1|0: the background stages only on CPU the tests leave idle, or back to an equal share.
-side_idle() {
-  [ -n "$SIDE_GROUP" ] || return 0
-  echo "$1" >"$SIDE_GROUP/cpu.idle" 2>/dev/null || true
-}
-# The file phase 3 waits for: written when the tests have ended.
-PHASE_GATE=$CI_DIR/tests-ended
 cpu_groups_end() {
   local run g
   if [ -n "$ACCT_GROUP" ]; then
@@ -274,26 +269,30 @@ fi
 run_stage "build (all targets, clippy's lints as errors)" cargo build --workspace --all-targets --locked
 await_stage venv
 
-# Phases 2 and 3 (above): the background stages start now, and what runs a clock in them waits for PHASE_GATE.
-rm -f "$PHASE_GATE"
+# Phase 2 (above): the guests and the fresh roots' runs start now; the tests when every root has built.
 if [ "$fresh_root" = 1 ]; then
-  side_idle 1
-  bg_stage guest "$kernels under qemu (one boot each, side by side, after the tests): ipset backend, observation sets, egress before Linux 6.16" \
-    bash -c 'until [ -f "$1" ]; do sleep 1; done
-      exec cargo nextest run --profile ci-qemu --workspace --locked -E "$2"' guest "$PHASE_GATE" "$guests"
-  # A fresh root's run needs its bootstrap and this build. Its own build goes on beside the tests; its demo, packages
-  # and systemd check wait for the tests' end (IRONGUARD_FRESH_WAIT); without the cgroups, the whole run waits.
-  wait_all=$PHASE_GATE
-  [ -z "$SIDE_GROUP" ] || wait_all=/dev/null
+  bg_stage guest "$kernels under qemu (one boot each, side by side, beside the roots' builds and the tests): ipset backend, observation sets, egress before Linux 6.16" \
+    cargo nextest run --profile ci-qemu --workspace --locked -E "$guests"
+  # A fresh root's run needs its bootstrap and this build. It writes fresh-built-<suite> when its own build is done,
+  # and goes on with the demo, the packages and the systemd check beside the tests.
   for suite in "${SUITES[@]}"; do
-    bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands (the demo after the tests), the packages under systemd" \
-      bash -c 'until [ -f "$1" ] && [ -e "$5" ]; do sleep 1; done
+    rm -f "$CI_DIR/fresh-built-$suite"
+    bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands (the demo beside the tests), the packages under systemd" \
+      bash -c 'until [ -f "$1" ]; do sleep 1; done
         [ "$(cat "$2")" = 0 ] || { echo "test.sh: the bootstrap of this root failed (target/ci/fresh-bootstrap-$3.log)" >&2; exit 1; }
-        rc=0; IRONGUARD_FRESH_WAIT=$6 scripts/fresh-root.sh --suite "$3" run "$4" || rc=$?
+        rc=0; IRONGUARD_FRESH_BUILT=$5 scripts/fresh-root.sh --suite "$3" run "$4" || rc=$?
         rm -rf --one-file-system "$4"; exit "$rc"' \
       "fresh-run-$suite" "$CI_DIR/fresh-bootstrap-$suite.end" "$CI_DIR/fresh-bootstrap-$suite.rc" "$suite" \
-      "${FRESH[$suite]}" "$wait_all" "$PHASE_GATE"
+      "${FRESH[$suite]}" "$CI_DIR/fresh-built-$suite"
   done
+  # The roots' builds (or their failure: a stage that ended): the tests wait for them, not for their outcome.
+  roots_built() {
+    local suite
+    for suite in "${SUITES[@]}"; do
+      until [ -e "$CI_DIR/fresh-built-$suite" ] || [ -e "$CI_DIR/fresh-run-$suite.end" ]; do sleep 1; done
+    done
+  }
+  run_stage "the fresh roots' builds (${SUITES[*]}: the crates with native build steps and every binary, again, in each)" roots_built
 fi
 export IRONGUARD_FAULT_ROUNDS=${IRONGUARD_FAULT_ROUNDS:-1}
 # The property tests' case counts here: a few hundred per pure property, 48 per property that goes over the network
@@ -307,9 +306,6 @@ else
   run_stage "tests (cargo nextest, one pool: unit, integration, end-to-end, $kernels under qemu)" \
     cargo nextest run --profile ci --workspace --locked -E "not (binary(end_to_end) & test(/^debian_kernel::/)) | ($guests)"
 fi
-# Phase 3: the background stages get their share back, and the guests and the roots' demos start.
-side_idle 0
-touch "$PHASE_GATE"
 run_stage "benchmark smoke run (small sizes; full figures: docs/benchmarks.md)" \
   target/debug/ironguard-bench dataplane --sizes 1000 --delta-at 1000 --reps 5 --load-reps 1 --iptables-macs 20 \
   --backend-sizes 1000 --json target/bench-smoke/dataplane.json
