@@ -81,9 +81,10 @@ bg_stage() {
 # The benchmark smoke runs (mostly waiting on DHCP) run in phase 2, beside the roots' builds.
 # With the cgroup-v1 cpu controller (as on the CI machines) the tests run in the cgroup `main` of this run's, the
 # background stages in `side`, each in a cgroup of its own: with the same weight, neither can take more than half
-# of the machine from the other (the tests start dozens of processes; a guest is one). In `side` the guests have
-# half the weight of a fresh root: a root's demo runs one short step after another (Ironic's CLI, curl, DHCP), and
-# under the load of the tests with an equal share it took 367 s instead of 48 s, the end of the run (2026-12-07).
+# of the machine from the other (the tests start dozens of processes; a guest is one). In `side` a fresh root has
+# twice the weight of the guests: a root's demo runs one short step after another (Ironic's CLI, curl, DHCP) and
+# needs little CPU but gets it late under load: with equal weights it took 367 s instead of 48 s, and the roots
+# ended the run 77 s after the tests (2026-12-07); with the guests at half weight too, the guests ended after them.
 SIDE_GROUP=
 # side_stage ID PID: PID, the leader of background stage ID, and what it starts later, in the background stages'
 # cgroup, and out of the foreground stages' cpuacct group.
@@ -285,13 +286,13 @@ smoke_runs() {
 smoke_rc=0
 # Phase 2 (above): the guests and the fresh roots' runs start now; the tests when every root has built.
 if [ "$fresh_root" = 1 ]; then
-  STAGE_SHARES=512 bg_stage guest "$kernels under qemu (one boot each, side by side, beside the roots' builds and the tests): ipset backend, observation sets, egress before Linux 6.16" \
+  bg_stage guest "$kernels under qemu (one boot each, side by side, beside the roots' builds and the tests): ipset backend, observation sets, egress before Linux 6.16" \
     cargo nextest run --profile ci-qemu --workspace --locked -E "$guests"
   # A fresh root's run needs its bootstrap and this build. It writes fresh-built-<suite> when its own build is done,
   # and goes on with the demo, the packages and the systemd check beside the tests.
   for suite in "${SUITES[@]}"; do
     rm -f "$CI_DIR/fresh-built-$suite"
-    bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands (the demo beside the tests), the packages under systemd" \
+    STAGE_SHARES=2048 bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands (the demo beside the tests), the packages under systemd" \
       bash -c 'until [ -f "$1" ]; do sleep 1; done
         [ "$(cat "$2")" = 0 ] || { echo "test.sh: the bootstrap of this root failed (target/ci/fresh-bootstrap-$3.log)" >&2; exit 1; }
         rc=0; IRONGUARD_FRESH_BUILT=$5 scripts/fresh-root.sh --suite "$3" run "$4" || rc=$?
