@@ -313,6 +313,13 @@ dnsmasq_start=$(since_boot dnsmasq.service InactiveExitTimestampMonotonic)
 [ "$guard_up" -ge 0 ] && [ "$guard_up" -le "$agent_start" ] && [ "$guard_up" -le "$dnsmasq_start" ] ||
   fail "boot order: guard installed at ${guard_up} ms, agent started at ${agent_start} ms, dnsmasq at ${dnsmasq_start} ms"
 ok "boot order: guard installed at ${guard_up} ms, before the agent started (${agent_start} ms) and dnsmasq (${dnsmasq_start} ms); dnsmasq.service requires the guard"
+# The guard's private /dev is made in /tmp by Debian 12's systemd, which systemd-tmpfiles-setup.service empties at
+# boot: the guard must start after it (O32: at once, the guard failed with 226/NAMESPACE now and then).
+guard_start=$(since_boot ironguard-guard.service InactiveExitTimestampMonotonic)
+tmpfiles_done=$(since_boot systemd-tmpfiles-setup.service ActiveEnterTimestampMonotonic)
+[ "$tmpfiles_done" -ge 0 ] && [ "$tmpfiles_done" -le "$guard_start" ] ||
+  fail "boot order: systemd-tmpfiles-setup.service done at ${tmpfiles_done} ms, the guard started at ${guard_start} ms"
+ok "boot order: systemd-tmpfiles-setup.service (which empties /tmp) done at ${tmpfiles_done} ms, before the guard started (${guard_start} ms)"
 
 say "2. systemctl start ironguard-guard ironguard-controlplane ironguard-agent (after stopping the daemons)"
 ct systemctl stop ironguard-agent.service ironguard-controlplane.service
