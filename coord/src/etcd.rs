@@ -12,7 +12,7 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use crate::amnesia::{Amnesia, StoreLook, StoreMemory, judge};
 use crate::lanes::{Lanes, keep_alive};
@@ -820,16 +820,21 @@ async fn lock(
             .or_else([TxnOp::get(k.clone(), None)]);
         async move { cl.txn(txn).await }
     });
+    tokio::pin!(created);
     let r = tokio::select! {
-        r = created => r?,
+        r = &mut created => r?,
         _ = cancel.cancelled() => {
-            // The put may have landed: take it back, as etcd's own `Lock` does when its caller goes.
-            let _ = c
-                .retry("unlock", |mut cl| {
-                    let k = key.clone();
-                    async move { cl.delete(k, None).await }
-                })
-                .await;
+            // Cancelled while the put is in flight: its answer is awaited (bounded by the request timeout and the
+            // retries) rather than dropped, since a dropped request may still land in etcd after a delete sent now
+            // (T46: a cancelled waiter's key outlived its delete on a loaded machine, and every later waiter queued
+            // behind it). Taken back if it landed, as etcd's own `Lock` does when its caller goes; if its answer
+            // never came, deleted all the same.
+            let rev = match created.await {
+                Ok(r) if r.succeeded() => r.header().map(|h| h.revision()).unwrap_or(0),
+                Ok(_) => return Err(CoordError::Cancelled), // the key was there before this call: not ours to take
+                Err(_) => 0,
+            };
+            release_waiter_key(c, key, rev, session).await;
             return Err(CoordError::Cancelled);
         }
     };
@@ -842,14 +847,7 @@ async fn lock(
         let key = key.clone();
         async move {
             if ours {
-                let _ = c
-                    .retry("unlock", |mut cl| {
-                        let txn = Txn::new()
-                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, my_rev)])
-                            .and_then([TxnOp::delete(key.clone(), None)]);
-                        async move { cl.txn(txn).await }
-                    })
-                    .await;
+                release_waiter_key(c, key, my_rev, session).await;
             }
             Err(err)
         }
@@ -924,6 +922,47 @@ async fn lock(
             }
         }
     }
+}
+
+/// Deletes the key of a lock waiter that gives up (`rev`: its create revision, 0 if unknown). Until it is gone, every
+/// later waiter of the lock queues behind it, for as long as the session lives: so a delete that fails (etcd slow or
+/// away) is not left at that. The first try is awaited; after a failure the delete is retried in the background, with
+/// back-off, until it succeeds or the session's lease has ended (which deletes the key with it).
+async fn release_waiter_key(c: &EtcdCoordinator, key: String, rev: i64, session: &Session) {
+    async fn delete_once(c: &EtcdCoordinator, key: &str, rev: i64) -> Result<(), CoordError> {
+        c.retry("unlock", |mut cl| {
+            let key = key.to_string();
+            let txn = if rev > 0 {
+                Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+                    .and_then([TxnOp::delete(key, None)])
+            } else {
+                Txn::new().and_then([TxnOp::delete(key, None)])
+            };
+            async move { cl.txn(txn).await }
+        })
+        .await
+        .map(|_| ())
+    }
+    let Err(err) = delete_once(c, &key, rev).await else { return };
+    warn!(%key, error = %err, "could not delete a lock waiter's key that gave up; retrying in the background \
+        (later waiters of this lock queue behind it until it is gone or its session ends)");
+    let (c, expiry) = (c.clone(), session.expiry.clone());
+    tokio::spawn(async move {
+        for attempt in 0u32.. {
+            tokio::time::sleep(crate::backoff(attempt, Duration::from_secs(2))).await;
+            if *expiry.borrow() == Expiry::Expired || expiry.has_changed().is_err() {
+                return; // the lease has ended (or the session is gone): the key went with it
+            }
+            match delete_once(&c, &key, rev).await {
+                Ok(()) => {
+                    info!(%key, attempt, "deleted the key of a lock waiter that gave up");
+                    return;
+                }
+                Err(err) => debug!(%key, attempt, error = %err, "lock waiter's key still there"),
+            }
+        }
+    });
 }
 
 /// Revokes a session's lease: its keys (candidacy, membership, locks) disappear at once.
