@@ -260,20 +260,26 @@ async fn tls_client_certificates_and_user_password() {
     assert!(denied, "a wrong password must be refused");
 }
 
-/// A lock held longer than the request timeout (here 3 s against 400 ms: the reboot throttle's quantum against the
-/// connection's bound) is waited for, not failed: the waiter gets it after the release. Waiters queue in order; a
-/// waiter cancelled leaves no key behind (the next one is not stuck behind it); a waiter whose session ends gets
-/// an error, not the lock; the lock key is tied to the session's lease.
-async fn check_a_lock_waits_longer_than_the_request_timeout(release: EtcdRelease) {
-    let e = EtcdProcess::start_loopback_release("lockwait", release);
-    coord(&e).await;
+/// A coordinator whose requests time out after 400 ms (etcd up first): for the lock tests, whose holders keep a lock
+/// many times that long.
+async fn short_timeout_coord(e: &EtcdProcess) -> EtcdCoordinator {
+    coord(e).await;
     let cfg = EtcdConfig {
         endpoints: vec![e.url.clone()],
         prefix: "/t".into(),
         request_timeout_ms: 400,
         ..Default::default()
     };
-    let c = EtcdCoordinator::connect(&cfg).await.unwrap();
+    EtcdCoordinator::connect(&cfg).await.unwrap()
+}
+
+/// A lock held longer than the request timeout (here 3 s against 400 ms: the reboot throttle's quantum against the
+/// connection's bound) is waited for, not failed: the waiter gets it after the release. Waiters queue in order; a
+/// waiter cancelled leaves no key behind (the next one is not stuck behind it); a waiter whose session ends gets
+/// an error, not the lock; the lock key is tied to the session's lease.
+async fn check_a_lock_waits_longer_than_the_request_timeout(release: EtcdRelease) {
+    let e = EtcdProcess::start_loopback_release("lockwait", release);
+    let c = short_timeout_coord(&e).await;
     let holder = c.session(Duration::from_secs(5)).await.unwrap();
     let g = c.lock("reboot-throttle", &holder, CancellationToken::new()).await.unwrap();
     assert!(g.key.ends_with(&format!("/{:x}", holder.lease)), "{}", g.key);
@@ -455,14 +461,7 @@ fn a_session_outlives_a_dead_etcd_leader_on_etcd_3_5() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_gives_up_while_etcd_is_frozen_leaves_no_key_once_etcd_answers() {
     let e = EtcdProcess::start_loopback_release("lockquit", EtcdRelease::Debian13);
-    coord(&e).await;
-    let cfg = EtcdConfig {
-        endpoints: vec![e.url.clone()],
-        prefix: "/t".into(),
-        request_timeout_ms: 400,
-        ..Default::default()
-    };
-    let c = EtcdCoordinator::connect(&cfg).await.unwrap();
+    let c = short_timeout_coord(&e).await;
     let holder = c.session(Duration::from_secs(60)).await.unwrap();
     let g = c.lock("quit", &holder, CancellationToken::new()).await.unwrap();
     let quitter = c.session(Duration::from_secs(60)).await.unwrap();
@@ -500,7 +499,8 @@ async fn a_waiter_that_gives_up_while_etcd_is_frozen_leaves_no_key_once_etcd_ans
     // The next waiter is not queued behind it: it gets the lock once the holder releases it.
     let next = c.session(Duration::from_secs(60)).await.unwrap();
     let c2 = c.clone();
-    let waiting = tokio::spawn(async move { c2.lock("quit", &next, CancellationToken::new()).await.map(|g| (g, next)) });
+    let waiting =
+        tokio::spawn(async move { c2.lock("quit", &next, CancellationToken::new()).await.map(|g| (g, next)) });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "the lock is held");
     c.unlock(&g).await.unwrap();
