@@ -260,26 +260,28 @@ async fn tls_client_certificates_and_user_password() {
     assert!(denied, "a wrong password must be refused");
 }
 
-/// A coordinator whose requests time out after 400 ms (etcd up first): for the lock tests, whose holders keep a lock
-/// many times that long.
-async fn short_timeout_coord(e: &EtcdProcess) -> EtcdCoordinator {
+/// A coordinator whose requests time out after `timeout_ms` (etcd up first): for the lock tests, whose holders keep
+/// a lock many times that long.
+async fn short_timeout_coord(e: &EtcdProcess, timeout_ms: u64) -> EtcdCoordinator {
     coord(e).await;
     let cfg = EtcdConfig {
         endpoints: vec![e.url.clone()],
         prefix: "/t".into(),
-        request_timeout_ms: 400,
+        request_timeout_ms: timeout_ms,
         ..Default::default()
     };
     EtcdCoordinator::connect(&cfg).await.unwrap()
 }
 
-/// A lock held longer than the request timeout (here 3 s against 400 ms: the reboot throttle's quantum against the
+/// A lock held longer than the request timeout (here 3 s against 1 s: the reboot throttle's quantum against the
 /// connection's bound) is waited for, not failed: the waiter gets it after the release. Waiters queue in order; a
 /// waiter cancelled leaves no key behind (the next one is not stuck behind it); a waiter whose session ends gets
-/// an error, not the lock; the lock key is tied to the session's lease.
+/// an error, not the lock; the lock key is tied to the session's lease. (The timeout was 400 ms: on a machine
+/// loaded three times over, a waiter's requests outlasted it and its retries, and the waiter gave up before the
+/// test saw its key.)
 async fn check_a_lock_waits_longer_than_the_request_timeout(release: EtcdRelease) {
     let e = EtcdProcess::start_loopback_release("lockwait", release);
-    let c = short_timeout_coord(&e).await;
+    let c = short_timeout_coord(&e, 1000).await;
     let holder = c.session(Duration::from_secs(5)).await.unwrap();
     let g = c.lock("reboot-throttle", &holder, CancellationToken::new()).await.unwrap();
     assert!(g.key.ends_with(&format!("/{:x}", holder.lease)), "{}", g.key);
@@ -304,14 +306,25 @@ async fn check_a_lock_waits_longer_than_the_request_timeout(release: EtcdRelease
         let g = c3.lock("reboot-throttle", &waiter, CancellationToken::new()).await;
         (g, std::time::Instant::now(), waiter)
     });
-    // Until every waiter has its key.
-    for _ in 0..100 {
-        if c.get_prefix("lock/reboot-throttle/").await.unwrap().len() == 4 {
+    // Until every waiter has its key (a deadline for something stuck; a waiter that ended meanwhile fails at once).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let keys = c.get_prefix("lock/reboot-throttle/").await.unwrap().len();
+        if keys == 4 {
             break;
         }
+        let ended = [
+            ("the quitter", quitting.is_finished()),
+            ("the doomed", dying.is_finished()),
+            ("the waiter", got.is_finished()),
+        ];
+        assert!(
+            ended.iter().all(|(_, done)| !done),
+            "a waiter ended before it was cancelled or the lock released ({keys} keys): {ended:?}"
+        );
+        assert!(std::time::Instant::now() < deadline, "holder and three waiters: {keys} keys after 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(c.get_prefix("lock/reboot-throttle/").await.unwrap().len(), 4, "holder and three waiters");
     q.cancel();
     let r = bounded("cancelled lock", quitting).await.unwrap();
     assert!(matches!(r, Err(ironguard_coord::CoordError::Cancelled)), "{r:?}");
@@ -461,7 +474,7 @@ fn a_session_outlives_a_dead_etcd_leader_on_etcd_3_5() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_gives_up_while_etcd_is_frozen_leaves_no_key_once_etcd_answers() {
     let e = EtcdProcess::start_loopback_release("lockquit", EtcdRelease::Debian13);
-    let c = short_timeout_coord(&e).await;
+    let c = short_timeout_coord(&e, 400).await;
     let holder = c.session(Duration::from_secs(60)).await.unwrap();
     let g = c.lock("quit", &holder, CancellationToken::new()).await.unwrap();
     let quitter = c.session(Duration::from_secs(60)).await.unwrap();
