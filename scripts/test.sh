@@ -171,6 +171,11 @@ finish() {
     for id in "${ids[@]}"; do pkill -KILL -s "${BG_PID[$id]}" 2>/dev/null || true; done
   fi
   cpu_groups_end
+  # Why each failed test failed, just above the table: its whole output (an HA test's ends with a dozen daemons'
+  # logs) is far above, where a reader of the end of the log does not look.
+  if [ "$rc" != 0 ] && [ "${BUILD_ONLY:-0}" != 1 ]; then
+    python3 scripts/failed-tests.py "${CARGO_TARGET_DIR:-target}"/nextest/{ci,ci-qemu}/junit.xml || true
+  fi
   [ "${BUILD_ONLY:-0}" = 1 ] || print_stages
   exit "$rc"
 }
@@ -275,6 +280,8 @@ if [ "$BUILD_ONLY" = 1 ]; then
   exit 0
 fi
 run_stage "build (all targets, clippy's lints as errors)" cargo build --workspace --all-targets --locked
+# The JUnit reports of an earlier run in this checkout, which the summary of failed tests would read as this one's.
+rm -f "${CARGO_TARGET_DIR:-target}"/nextest/{ci,ci-qemu}/junit.xml
 await_stage venv
 
 smoke_runs() {
