@@ -28,7 +28,10 @@ now() { echo $(($(date +%s) - T0)); }
 ACCT_GROUP=
 acct_ns() { [ -n "$ACCT_GROUP" ] && cat "$ACCT_GROUP/$1/cpuacct.usage" 2>/dev/null || echo ""; }
 busy_cs() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat; }
-BUSY0=$(busy_cs)
+# Of which stolen: time the hypervisor gave this virtual machine's CPUs to others (/proc/stat's steal), which no
+# stage's accounting sees and which makes the same work take longer.
+steal_cs() { awk '$1 == "cpu" { print $9; exit }' /proc/stat; }
+BUSY0=$(busy_cs) STEAL0=$(steal_cs)
 stage() { echo "== $1 (at $(now) s)"; }
 # Runs a stage in the foreground and records its time.
 run_stage() {
@@ -154,7 +157,7 @@ print_stages() {
     done
     # The whole machine's busy time (every process, this run's and any other), and what its cores could give.
     busy=$((($(busy_cs) - BUSY0) / 100))
-    echo "| **whole run** (the machine busy $busy of $(($(now) * $(nproc))) CPU-s) | 0 | $(now) | $(now) | $busy | |"
+    echo "| **whole run** (the machine busy $busy of $(($(now) * $(nproc))) CPU-s, $((($(steal_cs) - STEAL0) / 100)) of them stolen by the hypervisor) | 0 | $(now) | $(now) | $busy | |"
   } | tee "$CI_DIR/stages.txt"
 }
 finish() {

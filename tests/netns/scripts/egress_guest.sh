@@ -171,7 +171,11 @@ RUST_LOG=info ip netns exec pxe "$BIN/ironguard-agent" --config /tmp/agent.toml 
 AGENT=$!
 check_eventually single-leads 300 is_leader
 stop_dhcpd
-before=$(grep -c 'watching filters' /tmp/agent1.log)
+# A snapshot retry reopens the stream ("watching filters") without a warning; a stream lost for another reason (the
+# control plane silent for 10 s: the emulated guest starved beside CI's tests) reopens it after a "stream lost"
+# warning. Only the first are counted.
+retries() { echo $(($(grep -c 'watching filters' /tmp/agent1.log) - $(grep -c 'control plane stream lost' /tmp/agent1.log))); }
+before=$(retries)
 ip -n pxe link del br0
 # Eight seconds without br0 (the retries' pace is judged over them).
 sleep 8
@@ -179,13 +183,13 @@ sleep 8
 # so the agent's repairs fail until br0 is back (it retries, backing off); 6.12 keeps them, bound to no device, so
 # nothing fails and there is nothing to retry.
 unbound=$(chains | jq '[.egress_guard.chains[]?, .egress_owned.chains[]? | select(.hook == "egress" and (.devices // []) == [])] | length')
-reconnects=$(($(grep -c 'watching filters' /tmp/agent1.log) - before))
+reconnects=$(($(retries) - before))
 i=0
 if [ "$unbound" != 2 ]; then
   # ... and on until two retries were seen.
   while [ "$reconnects" -lt 2 ] && [ $i -lt 600 ]; do
     sleep 0.2; i=$((i + 1))
-    reconnects=$(($(grep -c 'watching filters' /tmp/agent1.log) - before))
+    reconnects=$(($(retries) - before))
   done
 fi
 echo "guest: br0 gone: verdict $(verdict); egress chains $(chains | jq -c '[.egress_guard.chains[]? , .egress_owned.chains[]? | {name, devices}]')"
@@ -202,7 +206,7 @@ check single-errors-said-once yes test "$(grep -c ERROR /tmp/agent1.log)" -le 4
 echo "guest: $reconnects snapshot retries in the 8 s without br0"
 if [ "$unbound" = 2 ]; then
   # The kernel kept both chains: the agent saw no error and did not churn.
-  check single-chains-kept-no-retries yes test "$reconnects" -eq 0
+  check single-chains-kept-no-retries yes test "$reconnects" -le 0
 else
   check single-retries-back-off yes test "$reconnects" -ge 2 -a "$reconnects" -le $((10 + i / 5))
 fi
