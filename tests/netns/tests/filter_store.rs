@@ -456,3 +456,58 @@ async fn check_etcd_store_finishes_a_large_call_its_writer_did_not(release: Etcd
     assert_eq!(again.snapshot().allow.len(), 302);
     drop(etcd);
 }
+
+on_both!(check_etcd_store_follows_the_writes_after_a_restore_it_re_seeded: etcd_store_follows_the_writes_after_a_restore_it_re_seeded, etcd_store_follows_the_writes_after_a_restore_it_re_seeded_on_etcd_3_5);
+/// etcd restored from a snapshot taken before a MAC was denied: the replica sees its filter state go back, re-seeds
+/// etcd from its own copy (the MAC stays denied) — and then follows what is written after, although the restored
+/// store's revisions start again far below the last one the replica's watch had seen (here 40 other writes went
+/// between the snapshot and the deny: etcd's revision 42 before, 5 after). Written while looking for O34's cause:
+/// a replica that went back to watching from its old revision would miss every write below it.
+async fn check_etcd_store_follows_the_writes_after_a_restore_it_re_seeded(release: EtcdRelease) {
+    use ironguard_coord::Coordinator as _;
+    let mut etcd = EtcdProcess::start_loopback_release("store-restore", release);
+    let cfg = ironguard_coord::EtcdConfig { endpoints: vec![etcd.url.clone()], ..Default::default() };
+    let coord = ironguard_coord::etcd::EtcdCoordinator::connect(&cfg).await.unwrap();
+    let store = ironguard_controlplane::store::etcd::open(coord.clone(), 100).await.unwrap().filters;
+    let (m1, m2): (MacAddr, MacAddr) = ("52:54:00:44:02:01".parse().unwrap(), "52:54:00:44:02:02".parse().unwrap());
+    store.apply(api_changes(&[m1.to_string()], &[], &[]).unwrap(), None).await.unwrap();
+    wait_entry(store.as_ref(), m1, |e| e.allow.contains("api")).await;
+
+    let snapshot = std::env::temp_dir().join(format!("ig-store-restore-{}-{}.db", std::process::id(), now_ms()));
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.url, "snapshot", "save"])
+        .arg(&snapshot)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "etcdctl snapshot save: {}", String::from_utf8_lossy(&out.stderr));
+    for i in 0..40 {
+        coord.put(&format!("other/{i}"), b"x".to_vec(), None).await.unwrap();
+    }
+    let denied = store.apply(api_changes(&[], &[m1.to_string()], &[]).unwrap(), None).await.unwrap();
+    wait_entry(store.as_ref(), m1, |e| e.deny.contains("api") && !e.allow.contains("api")).await;
+    assert!(store.snapshot().deny.contains(&m1));
+
+    etcd.stop();
+    etcd.restore_from(&snapshot, None).unwrap();
+    etcd.launch();
+    etcd.wait_up(std::time::Duration::from_secs(60));
+    let _ = std::fs::remove_file(&snapshot);
+
+    // The replica notices and re-seeds etcd from its copy.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !store.amnesia().is_some_and(|a| a.contains("re-seeded")) {
+        assert!(std::time::Instant::now() < deadline, "no re-seed after the restore: {:?}", store.amnesia());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(store.snapshot().deny.contains(&m1), "the deny outlives the restore");
+    assert!(!store.snapshot().allow.contains(&m1), "nothing loosened by the restore");
+
+    // A write after it reaches the replica's copy.
+    let allowed = store.apply(api_changes(&[m2.to_string()], &[], &[]).unwrap(), None).await.unwrap();
+    assert!(allowed.revision > denied.revision, "{allowed:?} after {denied:?}");
+    wait_entry(store.as_ref(), m2, |e| e.allow.contains("api")).await;
+    let s = store.snapshot();
+    assert!(s.allow.contains(&m2) && s.deny.contains(&m1), "the copy after the restore: {s:?}");
+    assert!(*store.revision().borrow() >= allowed.revision);
+}
