@@ -20,16 +20,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
+# A step's header, with the seconds since the demo began (beside a loaded machine's tests, where the time goes).
+say() { echo "== $* (at $(($(date +%s) - T0)) s)"; }
 source scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
-echo "== building ironguard"
+say "building ironguard"
 # The workspace's binaries but the benchmark's and the fake Ironic's, which the demo does not need. (The whole
 # workspace, not `-p` of the product's packages: cargo then resolves the crates' features as the test build does, so
 # a checkout that ran the tests reuses their build.)
 cargo build --locked --workspace --bins --exclude ironguard-bench --exclude fake-ironic
 BIN=$PWD/target/debug
-echo "== the real Ironic 39 and OpenStack clients (a cached Python environment; made once, about a minute)"
+say "the real Ironic 39 and OpenStack clients (a cached Python environment; made once, about a minute)"
 VENV=$(scripts/ironic-venv.sh)
 export PYTHONWARNINGS=ignore
 
@@ -79,7 +81,7 @@ wait_until() { # seconds, description, command...
 }
 
 echo
-echo "== topology: PXE host $PXE (br0 10.77.0.1/24) and machines ${NODES[*]}"
+say "topology: PXE host $PXE (br0 10.77.0.1/24) and machines ${NODES[*]}"
 ip netns add "$PXE"
 in_pxe ip link set lo up
 in_pxe ip link add br0 type bridge forward_delay 0
@@ -94,7 +96,7 @@ for i in "${!NODES[@]}"; do
   in_pxe ip link set "p$i" master br0 up
 done
 
-echo "== 0. the guard (installed before dnsmasq, as systemd does on a real host), then dnsmasq"
+say "0. the guard (installed before dnsmasq, as systemd does on a real host), then dnsmasq"
 in_pxe "$BIN/ironguard-agent" guard install --interface br0
 in_pxe dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --user=root --interface=br0 \
   --dhcp-range=10.77.0.100,10.77.0.200,255.255.255.0,1h --no-ping --dhcp-authoritative \
@@ -129,7 +131,7 @@ dhcp_expect() { # space-separated "index:yes|no" pairs, run at once
   [ -z "$bad" ] || fail "unexpected DHCP outcome for:$bad"
 }
 
-echo "== 0. Ironic 39 on $IRONIC (standalone, fake-hardware) with three enrolled, manageable machines"
+say "0. Ironic 39 on $IRONIC (standalone, fake-hardware) with three enrolled, manageable machines"
 mkdir -p "$WORK/ironic-locks"
 cp "$VENV/ironguard-template.sqlite" "$WORK/ironic.sqlite" 2>/dev/null ||
   "$VENV/bin/ironic-dbsync" --config-file <(printf '[database]\nconnection = sqlite:///%s\n' "$WORK/ironic.sqlite") create_schema >/dev/null 2>&1
@@ -191,7 +193,7 @@ for i in 0 1 2; do UUIDS+=("$(node_field "node$((i + 1))" uuid)"); done
 baremetal node list --fields name provision_state power_state
 
 echo
-echo "== 0. ironguard: control plane (embedded store, unknown MACs denied) and agent on the PXE host"
+say "0. ironguard: control plane (embedded store, unknown MACs denied) and agent on the PXE host"
 echo "   certificates (openssl): a CA, the control plane's, the agent's (its name is its id) and the operator's"
 for cert in "ca" "server controlplane.demo IP:127.0.0.1" "client demo-pxe-host" "client operator"; do
   # shellcheck disable=SC2086
@@ -261,7 +263,7 @@ wait_until 20 "Ironic's ports denied" sh -c "ip netns exec $PXE '$BIN/ironguardc
 "$BIN/ironguardctl" chains --netns "$PXE" | tail -n 1
 
 echo
-echo "== 1. nothing is inspected: nobody gets DHCP (Ironic's machines are denied, the stranger is unknown)"
+say "1. nothing is inspected: nobody gets DHCP (Ironic's machines are denied, the stranger is unknown)"
 dhcp_expect 0:no 1:no 2:no 3:no
 ctl filters show
 echo "   without the operator's certificate, opening DHCP to the stranger is refused (and changes nothing):"
@@ -284,7 +286,7 @@ ip netns exec "${NODES[3]}" ip addr flush dev eth0
 dhcp_expect 3:no
 
 echo
-echo "== 2. ironguard inspects node1: ironguardctl inspect start node1"
+say "2. ironguard inspects node1: ironguardctl inspect start node1"
 ctl inspect start node1
 UUID1=${UUIDS[0]}
 wait_until 30 "node1 waiting for its ramdisk" sh -c "ip netns exec $PXE '$BIN/ironguardctl' inspect status $UUID1 | grep -q 'state: waiting'"
@@ -348,7 +350,7 @@ echo "-- DHCP: closed again"
 dhcp_expect 0:no 1:no 2:no 3:no
 
 echo
-echo "== 3. Ironic inspects node2 itself (baremetal node inspect), ironguard as its PXE filter"
+say "3. Ironic inspects node2 itself (baremetal node inspect), ironguard as its PXE filter"
 baremetal node inspect node2
 wait_until 30 "node2 in inspect wait" node_is node2 provision_state "inspect wait"
 baremetal node show node2 --fields name provision_state power_state
@@ -367,7 +369,7 @@ echo "-- DHCP: closed again"
 dhcp_expect 0:no 1:no 2:no 3:no
 
 echo
-echo "== 4. node3 is being inspected when the agent dies (SIGKILL): the kernel drops its table, the guard closes DHCP"
+say "4. node3 is being inspected when the agent dies (SIGKILL): the kernel drops its table, the guard closes DHCP"
 ctl inspect start node3
 UUID3=${UUIDS[2]}
 wait_until 30 "node3 waiting" sh -c "ip netns exec $PXE '$BIN/ironguardctl' inspect status $UUID3 | grep -q 'state: waiting'"
