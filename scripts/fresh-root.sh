@@ -5,7 +5,8 @@
 #   2. ./scripts/test.sh --build-only   the test command's install step and build
 #   3. ./scripts/demo.sh                the demo: install step, build, the whole demo
 # A package that install-deps.sh forgets makes one of them fail here even when this machine already has it.
-# Then, in the same root, scripts/package.sh makes the Debian packages from that build and apt installs them, and
+# Then, in the same root and beside the demo, scripts/package.sh makes the Debian packages from that build and apt
+# installs them, and
 # scripts/systemd-check.sh boots the root with systemd-nspawn and checks the packaged units under a real systemd
 # (readiness, privileges, watchdog, guard across restarts and a reboot) with real DHCP traffic.
 #
@@ -182,21 +183,38 @@ echo "== [fresh root] the test command: install step and build"
 # systemd check then run beside them (scripts/test.sh, "How the stages share the CPU").
 echo "== [fresh root] built ($(($(date +%s) - t0)) s so far)"
 [ -z "${IRONGUARD_FRESH_BUILT:-}" ] || touch "$IRONGUARD_FRESH_BUILT"
+# The demo, and beside it the packages of the same build and their systemd check: the demo mostly waits (on DHCP,
+# Ironic and its clients), as the systemd check does (on boots, restarts and the watchdog), and one after the other
+# they ended the test command's run, 70 s after its tests. They share nothing but the root's files: the demo runs in
+# network namespaces of its own from the build's binaries, its /run and /tmp private; the container boots the same
+# root with its own /run and /tmp and a private network; the packages are installed while the demo runs from
+# target/debug (the demo's install step finds every system package there already, so it runs no apt).
+demo_log=$base/demo.log
 in_root 'set -euo pipefail
 export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 cd "$SRC"
 # The build above, as the test command made it (the same cargo settings: the demo finds its binaries built).
 export IRONGUARD_LINTS=0
 source scripts/cargo-env.sh
-echo "== [fresh root] the demo"
-./scripts/demo.sh
+./scripts/demo.sh' >"$demo_log" 2>&1 &
+demo_pid=$!
+echo "== [fresh root] the demo: started beside the packages ($demo_log)"
+rc=0
+in_root 'set -euo pipefail
+export HOME=/root PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+cd "$SRC"
 echo "== [fresh root] the Debian packages of this build (scripts/package.sh), installed with apt"
 t=$(date +%s)
 ./scripts/package.sh --profile dev --no-build
 apt-get install -y -qq --no-install-recommends ./target/debian/*.deb
 rm -rf /var/cache/ironguard-debs && mkdir -p /var/cache/ironguard-debs && cp target/debian/*.deb /var/cache/ironguard-debs/
-echo "== [fresh root] packages built and installed ($(($(date +%s) - t)) s)"'
-echo "== fresh root ($suite): the README's commands passed, the packages are installed ($(($(date +%s) - t0)) s)"
+echo "== [fresh root] packages built and installed ($(($(date +%s) - t)) s)"' || rc=$?
 # The same root booted under systemd-nspawn: the packages' units under a real systemd, with real DHCP traffic.
-scripts/systemd-check.sh "$root" /var/cache/ironguard-debs
-echo "== fresh root ($suite): passed ($(($(date +%s) - t0)) s)"
+[ "$rc" != 0 ] || scripts/systemd-check.sh "$root" /var/cache/ironguard-debs || rc=$?
+demo_rc=0
+wait "$demo_pid" || demo_rc=$?
+echo "== [fresh root] the demo ($( [ "$demo_rc" = 0 ] && echo passed || echo "FAILED ($demo_rc)")):"
+sed 's/^/   demo: /' "$demo_log"
+[ "$demo_rc" = 0 ] || { echo "fresh-root ($suite): the demo failed" >&2; exit 1; }
+[ "$rc" = 0 ] || { echo "fresh-root ($suite): the packages or their systemd check failed" >&2; exit 1; }
+echo "== fresh root ($suite): the README's commands passed, the packages installed and checked under systemd; passed ($(($(date +%s) - t0)) s)"

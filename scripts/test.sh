@@ -302,7 +302,7 @@ if [ "$fresh_root" = 1 ]; then
   bg_stage guest "$kernels under qemu (one boot each, side by side, beside the roots' builds and the tests): ipset backend, observation sets, egress before Linux 6.16" \
     cargo nextest run --profile ci-qemu --workspace --locked -E "$guests"
   # A fresh root's run needs its bootstrap and this build. It writes fresh-built-<suite> when its own build is done,
-  # and goes on with the demo, the packages and the systemd check beside the tests.
+  # and goes on with the demo beside the tests, and the packages and their systemd check beside the demo.
   for suite in "${SUITES[@]}"; do
     rm -f "$CI_DIR/fresh-built-$suite"
     STAGE_SHARES=2048 bg_stage "fresh-run-$suite" "fresh ${RELEASE[$suite]} root: the README's commands (the demo beside the tests), the packages under systemd" \
