@@ -7,8 +7,10 @@
 //! - every inspected node is put in `inspect` through one of the conductors' APIs (in turn), and its namespace then
 //!   boots as a ramdisk would: DHCP (busybox udhcpc, again until a lease comes), then ironic-python-agent's callback
 //!   `POST /v1/continue_inspection` to the API of the host that leased it. A callback that finds no API there
-//!   (its host died) or gets a 5xx (the node's conductor died and Ironic has not moved it yet) is sent again, a
-//!   second later, to the next host's API: what a VIP in front of the conductors gives a real ramdisk. The node is
+//!   (its host died), a 5xx (the node's conductor died and Ironic has not moved it yet) or a 409 (the node is
+//!   locked by a conductor's other task: "please retry") is sent again, a second later, to the next host's API:
+//!   ironic-python-agent retries on a 5xx and a 409 (`ironic_python_agent/inspector.py`), and a VIP in front of the
+//!   conductors gives a real ramdisk the next API. The node is
 //!   done when Ironic has it back in `manageable` with its data processed.
 //! - meanwhile the nodes Ironic does not inspect (enroll, manageable, available, active, maintenance) and a stranger
 //!   no one enrolled ask for DHCP every 2 s, and a probe node that Ironic inspects but whose ramdisk never reports
@@ -461,7 +463,7 @@ enum Boot {
 }
 
 /// One node's inspection as a ramdisk and its operator live it: DHCP until a lease, the callback to the leasing host's
-/// API (the next host's on no answer or a 5xx), then waiting for Ironic to finish. An inspection Ironic fails is
+/// API (the next host's on no answer, a 5xx or a 409), then waiting for Ironic to finish. An inspection Ironic fails is
 /// started again (`manage`, `inspect`), as Metal3's baremetal-operator or an operator does, at most twice.
 /// `hosts` are the PXE hosts' provisioning addresses.
 fn boot(
@@ -585,7 +587,9 @@ fn boot_once(
         if Instant::now() > deadline {
             return Err(format!("Ironic never accepted its data: last answer {status}: {reply}"));
         }
-        if status != 0 && status < 500 {
+        // ironic-python-agent retries a 5xx and a 409 Conflict ("Node ... is locked by host ..., please retry after
+        // the current operation is completed": a conductor's periodic task or takeover holds the node's lock).
+        if status != 0 && status < 500 && status != 409 {
             // Refused: the node no longer waits for data. Ironic either processed an earlier post whose answer was
             // lost, or holds the node in `inspecting` (a conductor stopped mid-callback) and fails it once that
             // conductor is back.
