@@ -450,6 +450,24 @@ fn any_api(
     last
 }
 
+/// `PUT /v1/nodes/{uuid}/states/provision` with `target` through `api`, as an operator or Metal3 would send it: a
+/// 5xx is sent again a second later, up to 10 times. Ironic's API answers 500 to the first call after the node's
+/// conductor restarted ("Unable to establish connection to http://<conductor>:8089: RemoteDisconnected": its
+/// JSON-RPC client reused a connection to the conductor's previous process), and the next call goes through.
+fn provision(api: &crate::ironic::RealIronic, uuid: &str, target: &str) {
+    let path = format!("/v1/nodes/{uuid}/states/provision");
+    for _ in 0..10 {
+        let (status, reply) = api.api("PUT", &path, Some(&json!({"target": target})));
+        if (200..300).contains(&status) {
+            return;
+        }
+        assert!(status >= 500, "Ironic answered {status} to PUT {path} ({target}): {reply}");
+        eprintln!("Ironic answered {status} to PUT {path} ({target}); sending it again: {reply}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    panic!("Ironic answered 5xx to PUT {path} ({target}) 10 times");
+}
+
 fn processed(v: &serde_json::Value) -> bool {
     v["provision_state"] == "manageable" && v["properties"]["cpu_arch"] == "x86_64"
 }
@@ -650,7 +668,7 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
     let api = |k: usize| &ironic.conductors[live[k % live.len()]];
 
     // The probe node: inspected, its ramdisk silent; its DISCOVERs each get one offer.
-    api(0).provision(&nodes.probe.uuid, "inspect");
+    provision(api(0), &nodes.probe.uuid, "inspect");
     let probe_open = wait_for(crate::DEADLINE, || {
         site.hosts.iter().any(|h| crate::kernel_decision(&h.ns, nodes.probe.mac).served).then_some(())
     });
@@ -691,7 +709,7 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
             let mut handles = Vec::new();
             for (k, n) in nodes.inspected.iter().enumerate() {
                 let c = &ironic.conductors[live[k % live.len()]];
-                c.provision(&n.uuid, "inspect");
+                provision(c, &n.uuid, "inspect");
                 let started = Instant::now();
                 let (node, hosts_ip, posted) = (&node_ns[n.j], &hosts_ip, &posted);
                 handles.push(s.spawn(move || {
@@ -826,9 +844,9 @@ pub fn run_round(site: &mut HaSite, nodes: &SiteNodes, fault: SiteFault) -> Roun
     let ironic = site_ref.ironic.as_ref().expect("conductors");
     let api =
         ironic.conductors.iter().enumerate().find(|(i, _)| site_ref.hosts[*i].agent.is_some()).expect("a live API").1;
-    api.provision(&nodes.probe.uuid, "abort");
+    provision(api, &nodes.probe.uuid, "abort");
     api.wait_provision_state(&nodes.probe.uuid, "inspect failed", Duration::from_secs(60));
-    api.provision(&nodes.probe.uuid, "manage");
+    provision(api, &nodes.probe.uuid, "manage");
     api.wait_provision_state(&nodes.probe.uuid, "manageable", Duration::from_secs(60));
 
     RoundReport {
