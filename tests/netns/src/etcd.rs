@@ -258,11 +258,7 @@ impl EtcdProcess {
         let deadline = Instant::now() + within;
         loop {
             let up = match &self.netns {
-                Some(ns) => Command::new("ip")
-                    .args(["netns", "exec", ns, "curl", "-sf", "--max-time", "1", &format!("{}/health", self.url)])
-                    .stdout(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success()),
+                Some(ns) => crate::http::get_ok(ns, &format!("{}/health", self.url), Duration::from_secs(1)).is_some(),
                 None => std::net::TcpStream::connect((self.host.as_str(), self.port)).is_ok(),
             };
             if up {

@@ -373,7 +373,7 @@ impl RealIronic {
     }
 }
 
-/// Raw HTTP (curl) to an Ironic-like API inside a namespace, as an operator's client would send it.
+/// Raw HTTP ([`crate::http`]) to an Ironic-like API inside a namespace, as an operator's client would send it.
 #[derive(Debug, Clone)]
 pub struct RestClient {
     pub ns: String,
@@ -387,23 +387,22 @@ impl RestClient {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
-    /// One call: (status, response headers in lower case, body text).
+    /// One call: (status, response headers in lower case, body text). No answer (refused, timed out, not HTTP)
+    /// gives status 0 and nothing else.
     pub fn raw(&self, method: &str, path: &str, body: Option<&Value>, version: Option<&str>) -> (u16, String, String) {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns, "curl", "-s", "-D", "-", "--max-time", "30", "-X", method])
-            .arg(format!("{}{path}", self.url))
-            .args(["-w", "\n%{http_code}"]);
+        let mut headers = Vec::new();
         if let Some(v) = version {
-            c.args(["-H", &format!("X-OpenStack-Ironic-API-Version: {v}")]);
+            headers.push(("X-OpenStack-Ironic-API-Version", v));
         }
-        if let Some(b) = body {
-            c.args(["-H", "Content-Type: application/json", "-d", &b.to_string()]);
+        if body.is_some() {
+            headers.push(("Content-Type", "application/json"));
         }
-        let out = c.output().expect("run curl");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (rest, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        let (headers, body) = rest.split_once("\r\n\r\n").unwrap_or((rest, ""));
-        (code.trim().parse().unwrap_or(0), headers.to_lowercase(), body.to_string())
+        let data = body.map(|b| b.to_string().into_bytes());
+        let url = format!("{}{path}", self.url);
+        match crate::http::request(&self.ns, method, &url, &headers, data.as_deref(), Duration::from_secs(30)) {
+            Ok(r) => (r.status, r.headers, r.body),
+            Err(_) => (0, String::new(), String::new()),
+        }
     }
 }
 

@@ -28,6 +28,7 @@ pub mod etcd;
 pub mod faults;
 pub mod guest;
 pub mod ha;
+pub mod http;
 pub mod ironic;
 pub mod ironic_ha;
 pub mod ironic_site;
@@ -392,10 +393,7 @@ impl Dnsmasq {
     }
 
     fn wait_listening(&mut self, ns: &Netns) {
-        let ok = wait_for(SETUP_DEADLINE, || {
-            let out = ns.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
-            (!out.stdout.is_empty()).then_some(())
-        });
+        let ok = wait_for(SETUP_DEADLINE, || port_bound(ns, Transport::Udp, 67).then_some(()));
         assert!(
             ok.is_some() && self.proc.running(),
             "dnsmasq did not start listening on udp/67:\n{}",
@@ -653,9 +651,24 @@ pub fn chains_json(ns: &Netns) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("ironguardctl chains --json prints JSON")
 }
 
-/// The verdict string of `ironguardctl chains --json`.
+/// The verdict string of `ironguardctl chains --json` (`LEADER`, `FENCED`, `FOLLOWER`, `BLOCKED`, `CLOSED`,
+/// `UNGUARDED`), computed as that command computes it (`ironguard_dataplane::observe`, then
+/// [`ironguard_dataplane::Observed::verdict`]) by a thread inside the namespace. The wait loops ask it thousands of
+/// times a run, and starting `ironguardctl` for each cost about 8 ms of CPU (5% of the test pool under perf); the
+/// command itself is run by [`chains_json`] and the tests of `ironguardctl chains`. A read that the ruleset changed
+/// under is made again, as the command's user would run it again.
 pub fn verdict(ns: &Netns) -> String {
-    chains_json(ns)["verdict"].as_str().expect("verdict").to_string()
+    let observed = in_netns(ns, || {
+        let mut tries = 0;
+        loop {
+            match ironguard_dataplane::observe(false) {
+                Err(ironguard_dataplane::NftError::Unstable(_)) if tries < 100 => tries += 1,
+                other => return other.map(|o| o.verdict()),
+            }
+        }
+    });
+    let verdict = observed.unwrap_or_else(|e| panic!("reading the kernel's tables in {}: {e}", ns.name()));
+    serde_json::to_value(verdict).expect("a verdict is JSON").as_str().expect("a verdict is a string").to_string()
 }
 
 /// Waits (up to [`DEADLINE`]) until `ns` reads LEADER: the leader's tables with a live kernel lease. A single read
@@ -671,7 +684,12 @@ pub const LEADER_TABLES: [&str; 2] = ["LEADER", "FENCED"];
 
 /// Runs `f` on a thread that has entered `ns`, so in-process netlink sockets live in that namespace.
 pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{}", ns.name());
+    in_named_netns(ns.name(), f)
+}
+
+/// [`in_netns`] by the namespace's name.
+pub fn in_named_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{name}");
     thread::spawn(move || {
         let fd = File::open(&path).expect("open netns");
         nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
@@ -681,10 +699,9 @@ pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 's
     .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
-/// Runs `curl` inside the namespace: the body if the server answered 2xx. (busybox wget segfaults on Debian 12.)
+/// `GET url` inside the namespace: the body if the server answered 2xx within 2 s ([`http::get_ok`]).
 pub fn http_get(ns: &Netns, url: &str) -> Option<String> {
-    let out = ns.cmd("curl").args(["-sf", "--max-time", "2", url]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    http::get_ok(ns.name(), url, Duration::from_secs(2))
 }
 
 /// The value of a Prometheus metric (first sample whose name and labels start with `name`).
@@ -711,11 +728,41 @@ pub fn ctl_cmd(ns: &Netns) -> Command {
 
 /// Waits until a TCP port listens in the namespace.
 pub fn wait_tcp_listen(ns: &Netns, port: u16, timeout: Duration) -> bool {
-    wait_for(timeout, || {
-        let out = ns.cmd("ss").args(["-Hltn", &format!("sport = :{port}")]).output().ok()?;
-        (!out.stdout.is_empty()).then_some(())
+    wait_for(timeout, || port_bound(ns, Transport::Tcp, port).then_some(())).is_some()
+}
+
+/// A transport of [`port_bound`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Udp,
+}
+
+/// Whether a socket in `ns` waits on local `port`: a listening TCP socket, or an unconnected UDP one (what
+/// `ss -Hl[tu]n 'sport = :PORT'` lists). Read from the kernel's socket tables as the namespace sees them
+/// (`/proc/thread-self/net/{tcp,tcp6,udp,udp6}`, from a thread inside it): the wait loops ask this hundreds of times
+/// a run, and `ip netns exec NS ss` started two programs each time.
+pub fn port_bound(ns: &Netns, transport: Transport, port: u16) -> bool {
+    let (tables, state) = match transport {
+        Transport::Tcp => (["tcp", "tcp6"], "0A"),
+        Transport::Udp => (["udp", "udp6"], "07"),
+    };
+    in_netns(ns, move || {
+        tables.iter().any(|t| {
+            let text = std::fs::read_to_string(format!("/proc/thread-self/net/{t}")).unwrap_or_default();
+            socket_table_has(&text, port, state)
+        })
     })
-    .is_some()
+}
+
+/// Whether a `/proc/net/{tcp,udp}[6]` table has a socket on local `port` in `state` (hexadecimal, as the table
+/// writes it).
+fn socket_table_has(table: &str, port: u16, state: &str) -> bool {
+    table.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let local_port = f.get(1).and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+        local_port == Some(port) && f.get(3) == Some(&state)
+    })
 }
 
 /// An `ironguard-controlplane` process in a namespace, on that namespace's loopback.
@@ -918,25 +965,16 @@ impl FakeIronicProc {
         Self { proc, url: format!("http://127.0.0.1:{port}"), ns: ns.name().to_string() }
     }
 
+    /// One call to the fake's API; panics unless it answers 2xx within 5 s.
     fn curl(&self, method: &str, path: &str, body: Option<&serde_json::Value>) -> String {
-        let mut c = Command::new("ip");
-        c.args([
-            "netns",
-            "exec",
-            &self.ns,
-            "curl",
-            "-sf",
-            "--max-time",
-            "5",
-            "-X",
-            method,
-            &format!("{}{path}", self.url),
-        ]);
-        if let Some(b) = body {
-            c.args(["-H", "Content-Type: application/json", "-d", &b.to_string()]);
+        let url = format!("{}{path}", self.url);
+        let data = body.map(|b| b.to_string().into_bytes());
+        let headers: &[(&str, &str)] = if body.is_some() { &[("Content-Type", "application/json")] } else { &[] };
+        match http::request(&self.ns, method, &url, headers, data.as_deref(), Duration::from_secs(5)) {
+            Ok(r) if (200..300).contains(&r.status) => r.body,
+            Ok(r) => panic!("{method} {url}: {} {}", r.status, r.body),
+            Err(e) => panic!("{method} {url}: {e}"),
         }
-        let out = run_ok(&mut c);
-        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Adds a node (`{"uuid": ..., "provision_state": ...}`) and one port per MAC.
@@ -1095,5 +1133,25 @@ impl ServingSampler {
         });
         self.stop.store(true, Ordering::Relaxed);
         self.handle.join().expect("serving sampler")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_socket_on_its_port_and_state_only() {
+        let udp = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+                   1234: 00000000:0043 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 4242 2 0000000000000000 0\n";
+        assert!(socket_table_has(udp, 67, "07"));
+        assert!(!socket_table_has(udp, 68, "07"));
+        assert!(!socket_table_has(udp, 67, "0A"));
+        let tcp6 = "  sl  local_address                         remote_address                        st\n\
+                    0: 00000000000000000000000001000000:2382 00000000000000000000000000000000:0000 0A\n\
+                    1: 00000000000000000000000001000000:2383 00000000000000000000000001000000:9C40 01\n";
+        assert!(socket_table_has(tcp6, 0x2382, "0A"));
+        assert!(!socket_table_has(tcp6, 0x2383, "0A"), "an established connection is not a listener");
+        assert!(!socket_table_has("", 67, "07"));
     }
 }

@@ -18,8 +18,8 @@ use std::time::Duration;
 use ironguard_dataplane::MacAddr;
 
 use crate::{
-    ControlPlane, Dnsmasq, Netns, Proc, SETUP_DEADLINE, TempDir, Want, agent_toml, bin, ctl, run_ok, start_agent,
-    unique, verdict, wait_for,
+    ControlPlane, Dnsmasq, Netns, Proc, SETUP_DEADLINE, TempDir, Transport, Want, agent_toml, bin, ctl, port_bound,
+    run_ok, start_agent, unique, verdict, wait_for,
 };
 
 /// Fails the test unless every `(command, Debian package)` is installed: these shapes need more than
@@ -108,10 +108,7 @@ pub fn dnsmasq(ns: &Netns, dir: &TempDir, tag: &str, args: &[&str], port: u16) -
         .arg(format!("--pid-file={}", dnsmasq_pid_file(dir, tag).display()))
         .args(args);
     let mut proc = Proc::spawn(&format!("dnsmasq {tag}"), cmd, dir.join(&format!("dnsmasq-{tag}.log")));
-    let listening = wait_for(SETUP_DEADLINE, || {
-        let out = ns.cmd("ss").args(["-Hlun", &format!("sport = :{port}")]).output().ok()?;
-        (!out.stdout.is_empty()).then_some(())
-    });
+    let listening = wait_for(SETUP_DEADLINE, || port_bound(ns, Transport::Udp, port).then_some(()));
     assert!(
         listening.is_some() && proc.running(),
         "dnsmasq {tag} did not start listening on udp/{port}:\n{}",
@@ -558,9 +555,7 @@ pub fn dhcpd_with_leases(
     cmd.args(["-4", "-f", "-d", "--no-pid", "-cf"]).arg(file("conf")).arg("-lf").arg(file("leases")).args(interfaces);
     let mut proc = Proc::spawn(&format!("dhcpd {tag}"), cmd, file("log"));
     let listening = wait_for(SETUP_DEADLINE, || {
-        let out = ns.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
-        let text = proc.log_text();
-        (!out.stdout.is_empty() && text.contains("Sending on")).then_some(())
+        (port_bound(ns, Transport::Udp, 67) && proc.log_text().contains("Sending on")).then_some(())
     });
     assert!(listening.is_some() && proc.running(), "dhcpd {tag} did not start:\n{}", proc.log_text());
     Dhcpd { proc }

@@ -171,11 +171,8 @@ fn relayed_dhcp_is_filtered_by_chaddr() {
         "--interface=r1",
     ]);
     let mut relay_proc = Proc::spawn("dnsmasq relay", relay_cmd, dir.join("relay.log"));
-    wait_for(Duration::from_secs(5), || {
-        let out = relay.cmd("ss").args(["-Hlun", "sport = :67"]).output().ok()?;
-        (!out.stdout.is_empty()).then_some(())
-    })
-    .unwrap_or_else(|| panic!("relay did not start: {}", relay_proc.log_text()));
+    wait_for(Duration::from_secs(5), || port_bound(&relay, Transport::Udp, 67).then_some(()))
+        .unwrap_or_else(|| panic!("relay did not start: {}", relay_proc.log_text()));
     assert!(relay_proc.running());
 
     // Control: the relay path works and the server sees the relay's Ethernet address, not the node's.
