@@ -511,9 +511,30 @@ const RESTORED_MAC: &str = "52:54:00:5e:57:0e";
 fn allow_restored_mac(site: &HaSite) -> Result<(ironguard_dataplane::MacAddr, &'static str), String> {
     let x = crate::mac(RESTORED_MAC);
     let cp = "https://10.90.0.1:9100";
-    let allow = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "allow", RESTORED_MAC]);
+    // Right after the previous restore round the control plane may still refuse writes: it found etcd's filter
+    // state older than its own copy ("store amnesia") and refuses them until it has re-seeded etcd from that copy.
+    // The refusal says so, and an operator sends the write again; so does this, for up to 60 s.
+    let t = Instant::now();
+    let allow = loop {
+        let allow = crate::ctl(&site.mgmt, &["--controlplane", cp, "filters", "allow", RESTORED_MAC]);
+        let refused_until_reseeded = String::from_utf8_lossy(&allow.stderr).contains("store amnesia");
+        if allow.status.success() || !refused_until_reseeded || t.elapsed() > Duration::from_secs(60) {
+            break allow;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
     if !allow.status.success() {
-        return Err(format!("allowing {RESTORED_MAC}: {}", String::from_utf8_lossy(&allow.stderr)));
+        return Err(format!(
+            "allowing {RESTORED_MAC} ({:?} after the first try): {}",
+            t.elapsed(),
+            String::from_utf8_lossy(&allow.stderr)
+        ));
+    }
+    if t.elapsed() > Duration::from_millis(400) {
+        eprintln!(
+            "allowing {RESTORED_MAC}: accepted {:?} after the first try (the control plane re-seeded etcd)",
+            t.elapsed()
+        );
     }
     crate::wait_for(Duration::from_secs(20), || (!site.all_refuse(x)).then_some(()))
         .ok_or("the allowed MAC never reached a host's kernel")?;
