@@ -191,9 +191,10 @@ impl Netns {
         c
     }
 
-    /// `ip ARGS` inside the namespace; panics on failure.
+    /// `ip ARGS` inside the namespace (`ip -n NAME ARGS`: ip enters the namespace itself, one program instead of two
+    /// and no mount namespace of `ip netns exec`); panics on failure.
     pub fn ip(&self, args: &[&str]) -> Output {
-        run_ok(self.cmd("ip").args(args))
+        run_ok(Command::new("ip").args(["-n", &self.name]).args(args))
     }
 
     /// `nft ARGS` inside the namespace.
