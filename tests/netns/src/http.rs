@@ -105,8 +105,7 @@ fn whole(raw: &[u8], head_only: bool) -> bool {
     if head_only || no_body {
         return true;
     }
-    let header =
-        |name: &str| head.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':')).map(str::trim));
+    let header = |name: &str| header(&head, name);
     if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
         return dechunk(body).is_ok();
     }
@@ -126,9 +125,7 @@ fn parse(raw: &[u8], head_only: bool) -> Result<Response, String> {
         .ok_or_else(|| format!("not an HTTP status line: {:?}", head.lines().next()))?;
     let headers = head.to_lowercase();
     let mut body = &raw[end + 4..];
-    let header = |name: &str| {
-        headers.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':')).map(str::trim))
-    };
+    let header = |name: &str| header(&headers, name);
     let chunked = header("transfer-encoding").is_some_and(|v| v.contains("chunked"));
     let body = if head_only {
         Vec::new()
@@ -144,6 +141,11 @@ fn parse(raw: &[u8], head_only: bool) -> Result<Response, String> {
         body.to_vec()
     };
     Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+/// The value of header `name` (lower case) in a lower-cased header block.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':')).map(str::trim))
 }
 
 /// A chunked body's data.
